@@ -1,0 +1,8 @@
+"""jupyter_gpusched: GPU scheduling for JupyterHub.
+
+The scheduling engine lives in :mod:`jupyter_gpusched.core` (pure, deterministic, no I/O);
+:mod:`jupyter_gpusched.sim` replays traces through it; the command line is
+:mod:`jupyter_gpusched.cli`.
+"""
+
+__version__ = "0.1.0"

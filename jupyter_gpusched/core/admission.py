@@ -1,0 +1,119 @@
+"""Admission: which jobs can never run here (rejected at submit), and which must wait for policy.
+
+Both read the cluster and the quota tree; neither changes anything.
+"""
+
+from __future__ import annotations
+
+from .cluster import Cluster
+from .errors import ConfigError
+from .jobs import KINDS, TIERS, Job, Reason
+from .quotas import Queue, QueueTree
+
+
+def validate(job: Job) -> None:
+    """Raise ConfigError for a malformed request (bad input, not a rejection)."""
+
+    def fail(message, field):
+        raise ConfigError(message, entry=f"job {job.id}", field=field)
+
+    if isinstance(job.gpus, bool) or not isinstance(job.gpus, int) or job.gpus < 1:
+        fail(f"'gpus' must be a whole number >= 1, got {job.gpus!r}", "gpus")
+    if job.tier not in TIERS:
+        fail(f"'tier' must be 1, 2 or 3, got {job.tier!r}", "tier")
+    if job.kind not in KINDS:
+        fail(f"'kind' must be batch or notebook, got {job.kind!r}", "kind")
+    if job.gpus_per_node is not None and (job.gpus_per_node < 1 or job.gpus % job.gpus_per_node):
+        fail(
+            f"'gpus_per_node' ({job.gpus_per_node}) must divide 'gpus' ({job.gpus})",
+            "gpus_per_node",
+        )
+    for name in ("cpus", "memory_gb", "walltime"):
+        value = getattr(job, name)
+        if value is not None and value < 0:
+            fail(f"'{name}' must not be negative, got {value!r}", name)
+
+
+def rejection(job: Job, cluster: Cluster, tree: QueueTree, quotas: bool) -> str | None:
+    """Why ``job`` can never run on this cluster under these quotas, or None."""
+    if job.gpu_models is not None and not job.gpu_models & set(cluster.gpu_models):
+        known = ", ".join(cluster.gpu_models)
+        wanted = "|".join(sorted(job.gpu_models))
+        return f"no GPU of model {wanted} in this cluster (it has {known})"
+    nodes = [
+        n
+        for n in cluster.nodes
+        if (job.gpu_models is None or n.gpu_model in job.gpu_models)
+        and all(n.labels.get(k) == v for k, v in job.labels.items())
+    ]
+    if not nodes:
+        return f"no node has the labels {job.labels}"
+    total = sum(n.gpus for n in nodes)
+    if job.gpus > total:
+        return f"asks for {job.gpus} GPUs but the cluster has {total} that match"
+    if job.gpus_per_node and job.gpus_per_node > max(n.gpus for n in nodes):
+        return f"asks for {job.gpus_per_node} GPUs per node; the largest node has fewer"
+    if job.gpus_per_node:
+        fitting = sum(1 for n in nodes if n.gpus >= job.gpus_per_node)
+        if fitting < job.gpus // job.gpus_per_node:
+            return f"needs {job.gpus // job.gpus_per_node} nodes of {job.gpus_per_node} GPUs"
+    if job.cpus and job.cpus > sum(n.cpus or float("inf") for n in nodes):
+        return f"asks for {job.cpus:g} CPUs, more than the matching nodes have"
+    if job.memory_gb and job.memory_gb > sum(n.memory_gb or float("inf") for n in nodes):
+        return f"asks for {job.memory_gb:g} GB of memory, more than the matching nodes have"
+    if not quotas:
+        return None
+    queue = tree.get(job.queue)
+    if queue is None:
+        return f"unknown queue {job.queue!r}"
+    if not queue.is_leaf:
+        return f"queue {queue.label()} has sub-queues; submit to one of them"
+    for node in queue.chain():
+        if job.gpus > node.limit:
+            return (
+                f"asks for {job.gpus} GPUs, more than queue {node.label()}'s limit "
+                f"of {node.limit:g}"
+            )
+    if job.tier == 1 and job.gpus > queue.guaranteed:
+        return (
+            f"a tier-1 job runs only inside its queue's guarantee; {queue.label()} guarantees "
+            f"{queue.guaranteed:g} GPUs and the job asks for {job.gpus}"
+        )
+    return None
+
+
+def policy_block(job: Job, queue: Queue) -> tuple[Reason, Queue | None] | None:
+    """The policy reason that keeps ``job`` waiting, or None when quotas let it start.
+
+    The second item is the ancestor whose limit blocks (None for other reasons), which
+    pre-emption may relieve by reclaiming borrowed GPUs from under it.
+    """
+    if job.tier == 1 and queue.tier1_running + job.gpus > queue.guaranteed + 1e-9:
+        return (
+            Reason(
+                "policy",
+                "tier1-guarantee",
+                f"tier-1 jobs of {queue.label()} already use {queue.tier1_running:g} of its "
+                f"{queue.guaranteed:g} guaranteed GPUs",
+            ),
+            None,
+        )
+    for node in queue.chain():
+        if node.running + node.claimed + job.gpus > node.limit + 1e-9:
+            return (
+                Reason(
+                    "policy",
+                    "queue-limit",
+                    f"queue {node.label()} is at its limit of {node.limit:g} GPUs "
+                    f"({node.running + node.claimed:g} in use)",
+                ),
+                node,
+            )
+    return None
+
+
+def under_guarantee(job: Job, queue: Queue) -> bool:
+    """True when the job fits inside the guarantee of its queue and of every ancestor."""
+    return all(
+        node.running + node.claimed + job.gpus <= node.guaranteed + 1e-9 for node in queue.chain()
+    )

@@ -1,0 +1,86 @@
+"""Jobs: what a user asked for, and where the engine has got with it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+KINDS = ("batch", "notebook")
+TIERS = (1, 2, 3)
+
+
+class JobState(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"  # a notebook pre-empted for good; batch victims go back to PENDING
+    REJECTED = "rejected"  # can never run on this cluster under these quotas
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = {
+    JobState.COMPLETED,
+    JobState.FAILED,
+    JobState.CANCELLED,
+    JobState.PREEMPTED,
+    JobState.REJECTED,
+}
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a job is pending: one ``family`` (capacity | placement | policy), a finer ``detail``
+    (e.g. ``queue-limit``, ``reservation``) and a message a user understands."""
+
+    family: str
+    detail: str
+    message: str
+    eta: float | None = None  # estimated start (engine time), where the reservation gives one
+
+
+@dataclass(eq=False)
+class Job:
+    """A request for GPUs. The first block is the request; the rest is engine bookkeeping.
+
+    ``gpus`` is the total; ``gpus_per_node`` fixes the gang shape (without it a multi-GPU job uses
+    the fewest nodes that fit); ``gpu_models`` lists acceptable models (None = any);
+    ``labels`` must all match node labels; ``cpus`` and ``memory_gb`` are per job, spread over its
+    nodes; ``walltime`` is the user's estimate in seconds (None = the policy default).
+    """
+
+    id: str
+    gpus: int
+    submit_time: float
+    tier: int = 2
+    queue: str = ""
+    user: str = ""
+    kind: str = "batch"
+    gpus_per_node: int | None = None
+    gpu_models: frozenset[str] | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    cpus: float | None = None
+    memory_gb: float | None = None
+    walltime: float | None = None
+
+    state: JobState = JobState.PENDING
+    reason: Reason | None = None
+    start_time: float | None = None  # start of the current (or last) run
+    first_start: float | None = None
+    end_time: float | None = None
+    runs: int = 0
+    preemptions: int = 0
+    preempted_by: str | None = None  # while a pre-emption signal is pending
+    first_reason: Reason | None = None
+    reject_reason: str | None = None
+
+    @property
+    def is_gang(self) -> bool:
+        return self.gpus > 1
+
+    def sort_key(self) -> tuple:
+        return (self.submit_time, self.id)

@@ -1,0 +1,219 @@
+"""Gang placement: all of a job's GPUs at once, or nothing.
+
+``topology=True`` (gpusched) keeps a job inside the tightest domain that fits: one NVLink domain,
+then one PCIe switch, then one node, then one leaf switch, then one spine; among equally tight
+candidates it takes the best fit (the node or leaf with the fewest free GPUs left), so small jobs
+fill partly used nodes and leave whole nodes and whole leaves to the gangs that need them.
+``topology=False`` is the topology-blind first fit of a default scheduler (the ``fifo`` baseline).
+
+Every function here reads a :class:`ClusterState` and returns a :class:`Placement` or None; none
+changes anything.
+"""
+
+from __future__ import annotations
+
+from .jobs import Job
+from .state import ClusterState, Part, Placement
+
+
+def lowest_bits(mask: int, k: int) -> int:
+    out = 0
+    for _ in range(k):
+        bit = mask & -mask
+        out |= bit
+        mask ^= bit
+    return out
+
+
+def pick_gpus(node, free_mask: int, k: int) -> tuple[int, int]:
+    """Choose ``k`` free GPUs in one node: (mask, level) with level 0 = one NVLink domain,
+    1 = one PCIe switch, 2 = spread over the node. Best fit inside each level."""
+    for level, groups in enumerate((node.domains, node.pcie_groups)):
+        best = None
+        for group in groups:
+            free = (free_mask & group).bit_count()
+            if free >= k and (best is None or free < best[0]):
+                best = (free, group)
+        if best is not None:
+            return lowest_bits(free_mask & best[1], k), level
+    return lowest_bits(free_mask, k), 2
+
+
+def nodes_needed(job: Job, max_node_gpus: int) -> int | None:
+    """The node count of a shaped gang, or None when the job is free to use the fewest nodes."""
+    if job.gpus_per_node:
+        return job.gpus // job.gpus_per_node
+    return 1 if job.gpus <= max_node_gpus else None
+
+
+def find_placement(
+    state: ClusterState, job: Job, *, topology: bool = True, exclude: frozenset = frozenset()
+) -> Placement | None:
+    """Where ``job`` can run now, or None. Nodes in ``exclude`` are not used."""
+    per_node = job.gpus_per_node or job.gpus
+    if per_node <= state.cluster.max_node_gpus and (job.gpus_per_node or 0) in (0, job.gpus):
+        return _single_node(state, job, exclude, topology)
+    return _multi_node(state, job, exclude, topology)
+
+
+def _models(state: ClusterState, job: Job):
+    if job.gpu_models is None:
+        return state.cluster.gpu_models
+    return [m for m in state.cluster.gpu_models if m in job.gpu_models]
+
+
+def _fits(state: ClusterState, job: Job, idx: int, share: float) -> bool:
+    """Labels, CPUs and memory of node ``idx`` for ``share`` (0..1) of the job's CPUs/memory."""
+    node = state.cluster.nodes[idx]
+    if job.labels and any(node.labels.get(k) != v for k, v in job.labels.items()):
+        return False
+    if job.cpus and state.cpu_free[idx] < job.cpus * share - 1e-9:
+        return False
+    return not (job.memory_gb and state.mem_free[idx] < job.memory_gb * share - 1e-9)
+
+
+def _part(state: ClusterState, job: Job, idx: int, mask: int, share: float) -> Part:
+    return Part(idx, mask, (job.cpus or 0.0) * share, (job.memory_gb or 0.0) * share)
+
+
+def level_floor(node, k: int) -> int:
+    """The tightest level (see :func:`pick_gpus`) that ``k`` GPUs can ever have on ``node``."""
+    if any(d.bit_count() >= k for d in node.domains):
+        return 0
+    return 1 if any(g.bit_count() >= k for g in node.pcie_groups) else 2
+
+
+def _single_node(state, job, exclude, topology) -> Placement | None:
+    """Best single node. Topology order: (level, GPUs left free on the node, free GPUs of its leaf,
+    leaf, node index); blind order: node index."""
+    k = job.gpus
+    nodes = state.cluster.nodes
+    best = None  # (key, mask)
+    for model in _models(state, job):
+        buckets = state.index[model]
+        for count in range(k, len(buckets)):
+            by_leaf = buckets[count]
+            if not by_leaf:
+                continue
+            found_tightest = False
+            leaves = sorted(by_leaf, key=lambda leaf: (state.leaf_free[leaf], leaf))
+            for leaf in leaves if topology else by_leaf:
+                for idx in sorted(by_leaf[leaf]):
+                    if idx in exclude or not _fits(state, job, idx, 1.0):
+                        continue
+                    if not topology:
+                        if best is None or idx < best[0][0]:
+                            best = ((idx,), lowest_bits(state.free_mask[idx], k))
+                        break  # the lowest index of this leaf and bucket
+                    mask, level = pick_gpus(nodes[idx], state.free_mask[idx], k)
+                    key = (level, count - k, state.leaf_free[leaf], leaf, idx)
+                    if best is None or key < best[0]:
+                        best = (key, mask)
+                    if level == level_floor(nodes[idx], k):
+                        found_tightest = True
+                        break  # later nodes of this leaf and bucket can only tie
+                if found_tightest and level == 0:
+                    break  # the fullest leaf with a single-domain fit wins this bucket
+            if topology and best is not None and best[0][0] == 0:
+                break  # a single-domain fit in the tightest bucket: nothing later is better
+    if best is None:
+        return None
+    idx = best[0][-1]
+    return Placement((_part(state, job, idx, best[1], 1.0),))
+
+
+def _candidates(state, job, exclude, minimum: int, share: float | None):
+    """Eligible nodes with at least ``minimum`` free GPUs, grouped by leaf: {leaf: [(free, idx)]}.
+    ``share`` is the fraction of the job's CPUs/memory each node must hold (None: checked later)."""
+    by_leaf: dict[str, list[tuple[int, int]]] = {}
+    for model in _models(state, job):
+        buckets = state.index[model]
+        for count in range(max(minimum, 1), len(buckets)):
+            for leaf, members in buckets[count].items():
+                for idx in members:
+                    if idx in exclude or not _fits(state, job, idx, share or 0.0):
+                        continue
+                    by_leaf.setdefault(leaf, []).append((count, idx))
+    return by_leaf
+
+
+def _multi_node(state, job, exclude, topology) -> Placement | None:
+    cluster = state.cluster
+    shape = job.gpus_per_node
+    count = job.gpus // shape if shape else None
+    by_leaf = _candidates(state, job, exclude, shape or 1, (1 / count) if count else None)
+    if not topology:
+        flat = sorted((c for cands in by_leaf.values() for c in cands), key=lambda c: c[1])
+        return _gather(state, job, flat, shape, count)
+    # 1. inside one leaf: best fit (fewest nodes, then the leaf with the fewest free GPUs)
+    best = None
+    for leaf, cands in by_leaf.items():
+        chosen = _gather(state, job, _order(cands, shape), shape, count)
+        if chosen is not None:
+            key = (len(chosen.parts), _waste(state, chosen), state.leaf_free[leaf], leaf)
+            if best is None or key < best[0]:
+                best = (key, chosen)
+    if best is not None:
+        return best[1]
+    # 2. inside one spine, then 3. anywhere: fill from the leaves with the most room first
+    for spine in sorted(cluster.spines):
+        leaves = [leaf for leaf in cluster.spines[spine] if leaf in by_leaf]
+        chosen = _gather(state, job, _pooled(by_leaf, leaves, shape), shape, count)
+        if chosen is not None:
+            return chosen
+    return _gather(state, job, _pooled(by_leaf, list(by_leaf), shape), shape, count)
+
+
+def _order(cands, shape):
+    # shaped gangs take the tightest nodes; free-form gangs the emptiest (fewest nodes)
+    return sorted(cands) if shape else sorted(cands, key=lambda c: (-c[0], c[1]))
+
+
+def _pooled(by_leaf, leaves, shape):
+    room = {
+        leaf: (len(by_leaf[leaf]) if shape else sum(c[0] for c in by_leaf[leaf])) for leaf in leaves
+    }
+    out = []
+    for leaf in sorted(leaves, key=lambda leaf: (-room[leaf], leaf)):
+        out.extend(_order(by_leaf[leaf], shape))
+    return out
+
+
+def _waste(state, placement) -> int:
+    return sum(state.free[p.node] - p.gpus for p in placement.parts)
+
+
+def _gather(state, job, cands, shape, count) -> Placement | None:
+    """Take nodes from ``cands`` (in order) until the job is whole, or return None."""
+    if shape:
+        if len(cands) < count:
+            return None
+        parts = tuple(
+            _part(state, job, idx, _pick(state, idx, shape), 1 / count) for _, idx in cands[:count]
+        )
+        return Placement(parts)
+    need, taken = job.gpus, []
+    for position, (free, idx) in enumerate(cands):
+        take = min(free, need)
+        if not _fits(state, job, idx, take / job.gpus):
+            continue
+        if take < free:  # the last piece: use the tightest later node that holds it
+            for later_free, later_idx in reversed(cands[position:]):
+                if later_free >= need and _fits(state, job, later_idx, need / job.gpus):
+                    free, idx = later_free, later_idx
+                    break
+        taken.append((idx, take))
+        need -= take
+        if need == 0:
+            break
+    if need:
+        return None
+    return Placement(
+        tuple(
+            _part(state, job, idx, _pick(state, idx, take), take / job.gpus) for idx, take in taken
+        )
+    )
+
+
+def _pick(state, idx: int, k: int) -> int:
+    return pick_gpus(state.cluster.nodes[idx], state.free_mask[idx], k)[0]

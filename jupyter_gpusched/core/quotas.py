@@ -1,0 +1,222 @@
+"""The quota tree: org -> department -> team -> user queues, each with a guarantee and a limit.
+
+A queue's ``running`` counts the GPUs of running jobs in its whole subtree; ``claimed`` counts GPUs
+held for jobs that are waiting for their pre-emption victims to leave. Admission compares
+``running + claimed + request`` with ``limit`` at the queue and at every ancestor.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from .durations import parse_duration
+from .errors import ConfigError, line_of
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-@]+$")
+_QUEUE_FIELDS = {"guaranteed", "limit", "weight", "children", "users", "groups"}
+ROOT = "root"
+
+
+@dataclass(eq=False)
+class Queue:
+    name: str
+    path: str  # "research/vision"; the implicit root is ""
+    parent: Queue | None
+    guaranteed: float
+    limit: float  # math.inf when not given
+    weight: float = 1.0
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    children: list[Queue] = field(default_factory=list)
+    running: float = 0.0
+    claimed: float = 0.0
+    tier1_running: float = 0.0  # tier-1 GPUs running or claimed in this queue itself
+    # decayed usage in GPU-seconds at ``usage_time``, and the GPUs running since then
+    usage: float = 0.0
+    usage_time: float = 0.0
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def chain(self) -> list[Queue]:
+        """This queue and its ancestors up to (and including) the root."""
+        node, out = self, []
+        while node is not None:
+            out.append(node)
+            node = node.parent
+        return out
+
+    def label(self) -> str:
+        return self.path or ROOT
+
+
+class QueueTree:
+    """All queues by path; the root is implicit and guarantees the whole cluster."""
+
+    def __init__(self, root: Queue, half_life: float | None = None, default_queue: str = ""):
+        self.root = root
+        self.half_life = half_life  # None: the policy file's value applies
+        self.by_path: dict[str, Queue] = {}
+        stack = [root]
+        while stack:
+            queue = stack.pop()
+            self.by_path[queue.path] = queue
+            stack.extend(queue.children)
+        self.default_queue = default_queue
+        self.leaves = [q for q in self.by_path.values() if q.is_leaf]
+
+    @classmethod
+    def single(cls, cluster_gpus: int) -> QueueTree:
+        """No queue file: one root queue that guarantees the whole cluster."""
+        return cls(Queue(ROOT, "", None, float(cluster_gpus), math.inf))
+
+    def get(self, path: str) -> Queue | None:
+        path = (path or self.default_queue).strip("/")
+        if path == ROOT:
+            path = ""
+        return self.by_path.get(path)
+
+    def account(self, queue: Queue, gpus: float, now: float, half_life: float) -> None:
+        """Add (or with negative ``gpus`` remove) running GPUs along the chain, settling the
+        decayed usage of each queue up to ``now`` first."""
+        for node in queue.chain():
+            settle_usage(node, now, half_life)
+            node.running += gpus
+
+    def claim(self, queue: Queue, gpus: float) -> None:
+        for node in queue.chain():
+            node.claimed += gpus
+
+    @classmethod
+    def from_dict(cls, data, cluster_gpus: int, source: str = "queue file") -> QueueTree:
+        if not isinstance(data, dict) or not isinstance(data.get("queues"), dict):
+            raise ConfigError("expected a mapping with a 'queues' mapping", source=source)
+        for key in data:
+            if key not in ("queues", "fair_share_half_life", "default_queue"):
+                raise ConfigError(
+                    f"unknown key {key!r} (expected queues, fair_share_half_life, default_queue)",
+                    source=source,
+                    field=key,
+                    line=line_of(data, key),
+                )
+        half_life = None
+        if "fair_share_half_life" in data:
+            try:
+                half_life = parse_duration(data["fair_share_half_life"])
+            except ValueError as exc:
+                raise ConfigError(
+                    str(exc),
+                    source=source,
+                    field="fair_share_half_life",
+                    line=line_of(data, "fair_share_half_life"),
+                ) from None
+            if half_life <= 0:
+                raise ConfigError(
+                    "must be longer than 0", source=source, field="fair_share_half_life"
+                )
+        root = Queue(ROOT, "", None, float(cluster_gpus), math.inf)
+        _parse_children(root, data["queues"], source, data)
+        if sum(c.guaranteed for c in root.children) > cluster_gpus + 1e-9:
+            total = sum(c.guaranteed for c in root.children)
+            raise ConfigError(
+                f"the top-level queues guarantee {total:g} GPUs but the cluster has {cluster_gpus}",
+                source=source,
+                field="guaranteed",
+            )
+        tree = cls(root, half_life, str(data.get("default_queue") or "").strip("/"))
+        if tree.default_queue and tree.get(tree.default_queue) is None:
+            raise ConfigError(
+                f"default_queue {tree.default_queue!r} is not a queue in this file",
+                source=source,
+                field="default_queue",
+                line=line_of(data, "default_queue"),
+            )
+        return tree
+
+
+def _parse_children(parent: Queue, entries, source: str, container) -> None:
+    if not isinstance(entries, dict):
+        raise ConfigError(
+            "must map queue names to their settings",
+            source=source,
+            entry=parent.label(),
+            field="children",
+            line=line_of(container, "children"),
+        )
+    for name, spec in entries.items():
+        path = f"{parent.path}/{name}" if parent.path else str(name)
+
+        def fail(message, key, spec=spec, path=path, name=name):
+            line = line_of(spec, key) if isinstance(spec, dict) else line_of(entries, name)
+            raise ConfigError(message, source=source, entry=f"queue {path}", field=key, line=line)
+
+        if not isinstance(name, str) or not _NAME.match(name) or name == ROOT:
+            fail(f"queue name {name!r} must use letters, digits, '_', '-', '.', '@'", "name")
+        spec = {} if spec is None else spec
+        if not isinstance(spec, dict):
+            fail("queue settings must be a mapping (guaranteed, limit, weight, ...)", "name")
+        for key in spec:
+            if key not in _QUEUE_FIELDS:
+                fail(f"unknown field {key!r}; known: {', '.join(sorted(_QUEUE_FIELDS))}", key)
+        guaranteed = _number(spec, "guaranteed", 0.0, fail)
+        limit = _number(spec, "limit", math.inf, fail)
+        weight = _number(spec, "weight", 1.0, fail)
+        if weight <= 0:
+            fail("'weight' must be greater than 0", "weight")
+        if limit < guaranteed:
+            fail(f"'limit' ({limit:g}) is below 'guaranteed' ({guaranteed:g})", "limit")
+        users, groups = (_names(spec, key, fail) for key in ("users", "groups"))
+        queue = Queue(str(name), path, parent, guaranteed, limit, weight, users, groups)
+        parent.children.append(queue)
+        if "children" in spec:
+            _parse_children(queue, spec["children"], source, spec)
+            total = sum(c.guaranteed for c in queue.children)
+            if "guaranteed" not in spec:
+                queue.guaranteed = total  # a parent without a figure guarantees its children's
+            elif total > guaranteed + 1e-9:
+                fail(
+                    f"children guarantee {total:g} GPUs, more than this queue's {guaranteed:g}",
+                    "guaranteed",
+                )
+
+
+def _number(spec, key, default, fail) -> float:
+    value = spec.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        fail(f"'{key}' must be a number of GPUs >= 0, got {value!r}", key)
+    return float(value)
+
+
+def _names(spec, key, fail) -> tuple[str, ...]:
+    value = spec.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        fail(f"'{key}' must be a list of names", key)
+    return tuple(value)
+
+
+def settle_usage(queue: Queue, now: float, half_life: float) -> None:
+    """Bring ``queue.usage`` (decayed GPU-seconds) up to ``now``.
+
+    Between two changes the queue runs ``r`` GPUs, so with ``d = 2^(-(now - t0) / h)``:
+    ``U(now) = U(t0) * d + r * h / ln 2 * (1 - d)``, exact for piecewise-constant ``r``.
+    """
+    elapsed = now - queue.usage_time
+    if elapsed <= 0:
+        return
+    decay = 2.0 ** (-elapsed / half_life)
+    queue.usage = queue.usage * decay + queue.running * half_life / math.log(2) * (1 - decay)
+    queue.usage_time = now
+
+
+def decayed_usage(queue: Queue, now: float, half_life: float) -> float:
+    """``queue.usage`` as it will be at ``now``, without changing the queue."""
+    elapsed = now - queue.usage_time
+    if elapsed <= 0:
+        return queue.usage
+    decay = 2.0 ** (-elapsed / half_life)
+    return queue.usage * decay + queue.running * half_life / math.log(2) * (1 - decay)

@@ -1,0 +1,184 @@
+"""The policy file: one documented schema, read by ``replay --config`` and by the live service.
+
+Every key is optional; the defaults below are the documented ones (see docs/policy.md)::
+
+    tiers:                         # per-tier pre-emption settings (tier 1 is never pre-empted)
+      2: {grace_period: 5m, minimum_run_time: 10m}
+      3: {grace_period: 1m, minimum_run_time: 0}
+    preemption_signal: SIGTERM     # sent to victims; SIGKILL follows after the grace period
+    checkpoint:
+      interval: 30m                # a running job saves progress this often
+      on_signal: false             # true: victims save at the signal and lose no work
+    fair_share:
+      half_life: 7d                # usage decay (a queue file may set its own)
+      weight: 1.0                  # weight of the fair-share factor in the priority score
+      recalc_interval: 5m          # fair-share factors are recomputed at most this often
+    age:
+      weight: 0.5                  # weight of the age factor, which grows linearly ...
+      max_age: 7d                  # ... until a job has waited this long
+    walltime:                      # used when a job gives no walltime estimate
+      batch: 24h
+      notebook: 12h                # a notebook's maximum lifetime
+    backfill:
+      depth: 200                   # pending jobs examined for backfill per scheduling pass
+    reaper: {...}                  # idle-session timeouts, see jupyter_gpusched.reaper
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass, field, fields
+
+from .durations import parse_duration
+from .errors import ConfigError, line_of
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    grace_period: float
+    minimum_run_time: float
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    tiers: dict[int, TierSettings] = field(
+        default_factory=lambda: {
+            1: TierSettings(grace_period=0.0, minimum_run_time=0.0),
+            2: TierSettings(grace_period=300.0, minimum_run_time=600.0),
+            3: TierSettings(grace_period=60.0, minimum_run_time=0.0),
+        }
+    )
+    preemption_signal: str = "SIGTERM"
+    checkpoint_interval: float = 1800.0
+    checkpoint_on_signal: bool = False
+    fair_share_half_life: float = 7 * 86400.0
+    fair_share_weight: float = 1.0
+    fair_share_recalc_interval: float = 300.0
+    age_weight: float = 0.5
+    max_age: float = 7 * 86400.0
+    walltime_batch: float = 86400.0
+    walltime_notebook: float = 12 * 3600.0
+    backfill_depth: int = 200
+    reaper: dict = field(default_factory=dict)
+
+    def default_walltime(self, kind: str) -> float:
+        return self.walltime_notebook if kind == "notebook" else self.walltime_batch
+
+    def replace(self, **changes) -> PolicySettings:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return PolicySettings(**values)
+
+    @classmethod
+    def from_dict(cls, data, source: str = "policy file") -> PolicySettings:
+        """Parse the policy file; an error names the file, line and field to fix."""
+        if data is None:
+            return cls()
+        if not isinstance(data, dict):
+            raise ConfigError("expected a mapping of settings", source=source)
+        reader = _Reader(data, source)
+        defaults = cls()
+        tiers = dict(defaults.tiers)
+        for key, spec in (data.get("tiers") or {}).items():
+            where = f"tiers.{key}"
+            if key not in (2, 3, "2", "3"):
+                reader.fail("only tiers 2 and 3 can be pre-empted; tier 1 has no settings", where)
+            tier = int(key)
+            if not isinstance(spec, dict):
+                reader.fail("must be a mapping with grace_period and minimum_run_time", where)
+            unknown = set(spec) - {"grace_period", "minimum_run_time"}
+            if unknown:
+                reader.fail(f"unknown field {sorted(unknown)[0]!r}", where)
+            old = tiers[tier]
+            tiers[tier] = TierSettings(
+                grace_period=reader.duration(spec, "grace_period", old.grace_period, where),
+                minimum_run_time=reader.duration(
+                    spec, "minimum_run_time", old.minimum_run_time, where
+                ),
+            )
+        checkpoint = reader.section("checkpoint", {"interval", "on_signal"})
+        fair = reader.section("fair_share", {"half_life", "weight", "recalc_interval"})
+        age = reader.section("age", {"weight", "max_age"})
+        walltime = reader.section("walltime", {"batch", "notebook"})
+        backfill = reader.section("backfill", {"depth"})
+        signal_name = str(data.get("preemption_signal", defaults.preemption_signal)).upper()
+        if not signal_name.startswith("SIG"):
+            signal_name = "SIG" + signal_name
+        if not hasattr(_signal, signal_name):
+            reader.fail(
+                f"{signal_name} is not a signal name (e.g. SIGTERM, SIGUSR1)", "preemption_signal"
+            )
+        reaper = data.get("reaper", {})
+        if not isinstance(reaper, dict):
+            reader.fail("must be a mapping", "reaper")
+        unknown = set(data) - {
+            "tiers",
+            "preemption_signal",
+            "checkpoint",
+            "fair_share",
+            "age",
+            "walltime",
+            "backfill",
+            "reaper",
+        }
+        if unknown:
+            reader.fail("unknown section (see docs/policy.md for the schema)", sorted(unknown)[0])
+        settings = cls(
+            tiers=tiers,
+            preemption_signal=signal_name,
+            checkpoint_interval=reader.duration(checkpoint, "interval", 1800.0, "checkpoint"),
+            checkpoint_on_signal=bool(checkpoint.get("on_signal", False)),
+            fair_share_half_life=reader.duration(fair, "half_life", 7 * 86400.0, "fair_share"),
+            fair_share_weight=reader.number(fair, "weight", 1.0, "fair_share"),
+            fair_share_recalc_interval=reader.duration(
+                fair, "recalc_interval", 300.0, "fair_share"
+            ),
+            age_weight=reader.number(age, "weight", 0.5, "age"),
+            max_age=reader.duration(age, "max_age", 7 * 86400.0, "age"),
+            walltime_batch=reader.duration(walltime, "batch", 86400.0, "walltime"),
+            walltime_notebook=reader.duration(walltime, "notebook", 12 * 3600.0, "walltime"),
+            backfill_depth=int(reader.number(backfill, "depth", 200, "backfill")),
+            reaper=dict(reaper),
+        )
+        if settings.fair_share_half_life <= 0:
+            reader.fail("must be longer than 0", "fair_share.half_life")
+        if settings.max_age <= 0:
+            reader.fail("must be longer than 0", "age.max_age")
+        if settings.checkpoint_interval <= 0:
+            reader.fail("must be longer than 0", "checkpoint.interval")
+        return settings
+
+
+class _Reader:
+    def __init__(self, data: dict, source: str):
+        self.data, self.source = data, source
+
+    def fail(self, message: str, where: str):
+        top = where.split(".")[0]
+        raise ConfigError(message, source=self.source, field=where, line=line_of(self.data, top))
+
+    def section(self, name: str, allowed: set[str]) -> dict:
+        value = self.data.get(name) or {}
+        if not isinstance(value, dict):
+            self.fail("must be a mapping", name)
+        unknown = set(value) - allowed
+        if unknown:
+            self.fail(
+                f"unknown field {sorted(unknown)[0]!r}; known: {', '.join(sorted(allowed))}",
+                f"{name}.{sorted(unknown)[0]}",
+            )
+        return value
+
+    def duration(self, section: dict, key: str, default: float, where: str) -> float:
+        if key not in section:
+            return default
+        try:
+            return parse_duration(section[key])
+        except ValueError as exc:
+            self.fail(str(exc), f"{where}.{key}")
+
+    def number(self, section: dict, key: str, default: float, where: str) -> float:
+        value = section.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            self.fail(f"must be a number >= 0, got {value!r}", f"{where}.{key}")
+        return float(value)

@@ -1,0 +1,168 @@
+"""The trace file of DESIGN.md: CSV, one job a row, times in seconds from the trace start.
+
+Columns: ``job_id, submit_time, duration, gpus`` (required), then optional ``tier, queue, user,
+kind, gpus_per_node, gpu_model, walltime, gpu_fraction, cpus, memory_gb``. An empty cell means
+"not given"; ``gpu_model`` may list alternatives separated by ``|``.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core import ConfigError, Job
+from ..core.durations import parse_duration
+
+REQUIRED = ("job_id", "submit_time", "duration", "gpus")
+OPTIONAL = (
+    "tier",
+    "queue",
+    "user",
+    "kind",
+    "gpus_per_node",
+    "gpu_model",
+    "walltime",
+    "gpu_fraction",
+    "cpus",
+    "memory_gb",
+)
+
+
+class TraceError(ConfigError):
+    """A malformed trace row: the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """One trace row: the request (a Job template) and how long it really runs."""
+
+    id: str
+    submit_time: float
+    duration: float
+    gpus: int
+    tier: int = 2
+    queue: str = ""
+    user: str = ""
+    kind: str = "batch"
+    gpus_per_node: int | None = None
+    gpu_models: frozenset[str] | None = None
+    walltime: float | None = None
+    cpus: float | None = None
+    memory_gb: float | None = None
+
+    def to_job(self) -> Job:
+        return Job(
+            id=self.id,
+            gpus=self.gpus,
+            submit_time=self.submit_time,
+            tier=self.tier,
+            queue=self.queue,
+            user=self.user,
+            kind=self.kind,
+            gpus_per_node=self.gpus_per_node,
+            gpu_models=self.gpu_models,
+            cpus=self.cpus,
+            memory_gb=self.memory_gb,
+            walltime=self.walltime,
+        )
+
+
+def read_trace(path) -> list[TraceJob]:
+    """Read a trace CSV in the contract format, sorted by submit time (stable)."""
+    path = Path(path)
+    try:
+        handle = path.open(newline="")
+    except OSError as exc:
+        raise TraceError(f"cannot read the trace: {exc.strerror}", source=str(path)) from None
+    with handle:
+        reader = csv.DictReader(handle)
+        header = [h.strip() for h in reader.fieldnames or []]
+        reader.fieldnames = header
+        missing = [c for c in REQUIRED if c not in header]
+        if missing:
+            raise TraceError(
+                f"missing column(s) {', '.join(missing)}; the header must name at least "
+                f"{', '.join(REQUIRED)}",
+                source=str(path),
+                line=1,
+            )
+        unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
+        if unknown:
+            raise TraceError(f"unknown column {unknown[0]!r}", source=str(path), line=1)
+        jobs, seen = [], set()
+        for row in reader:
+            job = parse_row(row, str(path), reader.line_num)
+            if job.id in seen:
+                raise TraceError(
+                    f"duplicate job_id {job.id!r}",
+                    source=str(path),
+                    line=reader.line_num,
+                    field="job_id",
+                )
+            seen.add(job.id)
+            jobs.append(job)
+    jobs.sort(key=lambda j: j.submit_time)
+    return jobs
+
+
+def parse_row(row: dict, source: str, line: int) -> TraceJob:
+    def fail(field, message):
+        raise TraceError(message, source=source, line=line, field=field)
+
+    def cell(name):
+        value = row.get(name)
+        return value.strip() if isinstance(value, str) and value.strip() else None
+
+    def number(name, kind=float, minimum=0.0, default=None):
+        text = cell(name)
+        if text is None:
+            if default is None and name in REQUIRED:
+                fail(name, "is required")
+            return default
+        try:
+            value = kind(float(text)) if kind is int else float(text)
+        except ValueError:
+            fail(name, f"{text!r} is not a number")
+        if kind is int and float(text) != int(float(text)):
+            fail(name, f"{text!r} must be a whole number")
+        if value < minimum:
+            fail(name, f"{text} must be >= {minimum:g}")
+        return value
+
+    job_id = cell("job_id") or fail("job_id", "is required")
+    gpus = number("gpus", int, 1)
+    tier = number("tier", int, 1, default=2)
+    if tier not in (1, 2, 3):
+        fail("tier", f"{tier} must be 1, 2 or 3")
+    kind = cell("kind") or "batch"
+    if kind not in ("batch", "notebook"):
+        fail("kind", f"{kind!r} must be batch or notebook")
+    fraction = number("gpu_fraction", float, 0.0, default=1.0)
+    if fraction != 1.0:
+        fail("gpu_fraction", "fractional GPUs are not supported by this version of the engine")
+    walltime = cell("walltime")
+    if walltime is not None:
+        try:
+            walltime = parse_duration(walltime)
+        except ValueError as exc:
+            fail("walltime", str(exc))
+    per_node = number("gpus_per_node", int, 1, default=None)
+    if per_node and gpus % per_node:
+        fail("gpus_per_node", f"{per_node} does not divide gpus ({gpus})")
+    models = cell("gpu_model")
+    return TraceJob(
+        id=job_id,
+        submit_time=number("submit_time"),
+        duration=number("duration"),
+        gpus=gpus,
+        tier=tier,
+        queue=cell("queue") or "",
+        user=cell("user") or "",
+        kind=kind,
+        gpus_per_node=per_node,
+        gpu_models=frozenset(m.strip() for m in models.split("|")) if models else None,
+        walltime=walltime,
+        cpus=number("cpus", default=None),
+        memory_gb=number("memory_gb", default=None),
+    )

@@ -113,7 +113,10 @@ def policy_block(job: Job, queue: Queue) -> tuple[Reason, Queue | None] | None:
 
 
 def under_guarantee(job: Job, queue: Queue) -> bool:
-    """True when the job fits inside the guarantee of its queue and of every ancestor."""
+    """True when the job fits inside the guarantee of its queue and of every ancestor (the
+    implicit root, which is the whole cluster, excepted)."""
     return all(
-        node.running + node.claimed + job.gpus <= node.guaranteed + 1e-9 for node in queue.chain()
+        node.running + node.claimed + job.gpus <= node.guaranteed + 1e-9
+        for node in queue.chain()
+        if node.parent is not None
     )

@@ -80,8 +80,8 @@ def _above_guarantee(tree: QueueTree, victim: Job, preemptor_chain: set, taken=N
     """Taking ``victim`` (after the tier-2 victims ``taken``) keeps its queue, and each ancestor
     that is not also the pre-emptor's, at or above its guarantee."""
     queue = tree.get(victim.queue)
-    if queue is None:
-        return False
+    if queue is None or id(queue) in preemptor_chain:
+        return False  # the same queue: nothing was borrowed from the pre-emptor
     for node in queue.chain():
         if id(node) in preemptor_chain:
             continue

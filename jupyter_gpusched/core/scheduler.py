@@ -96,6 +96,7 @@ class Scheduler:
         self._freed = False
         self._fair: dict[str, float] = {}
         self._fair_time = -math.inf
+        self._wake = math.inf  # when a victim passes its minimum run time
         self._victims = VictimSearch(self.state, self.tree, self.settings, self.policy.topology)
 
     # -- events ------------------------------------------------------------------------------
@@ -177,6 +178,9 @@ class Scheduler:
     # -- the pass ----------------------------------------------------------------------------
     def schedule(self, now: float) -> list:
         """Run a scheduling pass if anything changed; return the decisions to carry out."""
+        if now >= self._wake:
+            self._wake = math.inf
+            self._freed = True
         if self._freed or self._new:
             full, new = self._freed, self._new
             self._freed, self._new = False, []
@@ -298,6 +302,13 @@ class Scheduler:
             return None
         found = find_victims(self._victims, job, queue, pool, now, reclaim, limit_node)
         if found is None:
+            tiers = self.settings.tiers
+            later = [
+                j.start_time + tiers[j.tier].minimum_run_time
+                for j in pool
+                if j.start_time + tiers[j.tier].minimum_run_time > now
+            ]
+            self._wake = min(self._wake, *later) if later else self._wake
             return False
         placement, victims = found
         claim = Claim(placement, {v.id for v in victims})
@@ -434,6 +445,11 @@ class Scheduler:
         if job.gpus <= self.cluster.max_node_gpus:
             return "fragmented", f"{free} GPUs free, but no single node has {job.gpus} free"
         return "constraints", f"{free} GPUs free, but none in a shape that meets its constraints"
+
+    def next_wakeup(self) -> float | None:
+        """When the adapter should call :meth:`schedule` even if nothing happens: a pre-emption
+        victim passes its minimum run time then."""
+        return None if self._wake == math.inf else self._wake
 
     def pending_jobs(self, now: float) -> list[Job]:
         """Pending jobs in priority order."""

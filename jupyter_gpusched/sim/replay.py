@@ -22,7 +22,7 @@ from ..core.policies import Policy
 from ..core.settings import PolicySettings
 from .trace import TraceJob
 
-END, KILL, SUBMIT = 0, 1, 2  # at one instant: ends and kills first, then submissions
+END, KILL, WAKE, SUBMIT = 0, 1, 2, 3  # at one instant: ends and kills, then submissions
 
 
 @dataclass
@@ -78,6 +78,7 @@ def replay(
     preemptions = done = 0
     placements: dict[str, tuple] = {}
     started_at: dict[str, float] = {}
+    woken = None
     while heap:
         moment = heap[0][0]
         elapsed = moment - now
@@ -91,6 +92,8 @@ def replay(
         now = moment
         while heap and heap[0][0] == now:
             _, kind, _, job_id, run = heapq.heappop(heap)
+            if kind == WAKE:
+                continue  # the pass below runs anyway
             record = records[job_id]
             if kind == SUBMIT:
                 try:
@@ -137,6 +140,10 @@ def replay(
                 record = records[decision.job_id]
                 heapq.heappush(heap, (now, END, seq, decision.job_id, record.run))
             seq += 1
+        wake = scheduler.next_wakeup()
+        if wake is not None and wake > now and wake != woken:
+            heapq.heappush(heap, (wake, WAKE, seq, "", 0))
+            woken, seq = wake, seq + 1
     if progress is not None:
         progress(len(trace), len(trace))
     return ReplayResult(

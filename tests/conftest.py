@@ -1,0 +1,13 @@
+"""Shared fixtures and the Hypothesis profiles (``HYPOTHESIS_PROFILE=ci`` in CI: fewer cases;
+``thorough`` for a long local hunt)."""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("dev", max_examples=200, deadline=None)
+settings.register_profile(
+    "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("thorough", max_examples=5000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))

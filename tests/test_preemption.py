@@ -1,0 +1,96 @@
+"""Borrowing, reclaim and tier pre-emption, end to end through the replay."""
+
+from helpers import cluster, queues, run_replay, trace_job
+
+from jupyter_gpusched.core import PolicySettings
+
+
+def test_borrowed_guarantee_is_reclaimed_after_minimum_run_time_and_grace():
+    c = cluster(("n[1-4]", 8, "leaf"))  # 32 GPUs
+    tree = queues({"a": {"guaranteed": 16}, "b": {"guaranteed": 16}}, c)
+    trace = [
+        # team A fills the cluster: 16 of its own and 16 borrowed from B's idle guarantee
+        *(trace_job(f"a{i}", 0, 5000, 8, queue="a", tier=2) for i in range(4)),
+        # B needs 16 GPUs inside its guarantee at t=100
+        trace_job("b1", 100, 1000, 16, queue="b", tier=2),
+    ]
+    result, rows = run_replay(trace, c, tree)
+    settings = PolicySettings()
+    min_run = settings.tiers[2].minimum_run_time
+    grace = settings.tiers[2].grace_period
+    # B starts as soon as A's victims have passed their minimum run time and their grace
+    assert rows["b1"]["start_time"] == min_run + grace
+    victims = [j for j in ("a0", "a1", "a2", "a3") if rows[j]["runs"] == 2]
+    assert len(victims) == 2  # just enough: 16 GPUs
+    for name in victims:
+        assert rows[name]["state"] == "completed"
+        assert rows[name]["end_time"] > 5000  # requeued and finished later
+    untouched = [j for j in ("a0", "a1", "a2", "a3") if j not in victims]
+    assert all(rows[j]["runs"] == 1 and rows[j]["end_time"] == 5000 for j in untouched)
+    assert result.preemptions == 2
+    assert rows["b1"]["first_reason"] == "capacity"
+
+
+def test_reclaim_never_takes_a_queue_below_its_guarantee():
+    c = cluster(("n[1-4]", 8, "leaf"))
+    tree = queues({"a": {"guaranteed": 16}, "b": {"guaranteed": 16}}, c)
+    trace = [
+        *(trace_job(f"a{i}", 0, 5000, 8, queue="a") for i in range(2)),  # A inside guarantee
+        *(trace_job(f"b{i}", 0, 5000, 8, queue="b") for i in range(2)),  # B inside guarantee
+        trace_job("b-more", 100, 100, 8, queue="b"),  # B beyond its guarantee: no reclaim
+    ]
+    result, rows = run_replay(trace, c, tree)
+    assert result.preemptions == 0
+    assert rows["b-more"]["start_time"] == 5000
+
+
+def test_tier1_preempts_tier3_after_the_tier3_grace_and_is_never_preempted():
+    c = cluster(("n1", 8, "leaf"))
+    tree = queues({"prod": {"guaranteed": 8}, "spot": {"guaranteed": 0}}, c)
+    grace3 = PolicySettings().tiers[3].grace_period
+    trace = [
+        trace_job("spot", 0, 10_000, 8, queue="spot", tier=3),
+        trace_job("prod", 50, 1000, 8, queue="prod", tier=1),
+        trace_job("spot-2", 60, 10_000, 8, queue="spot", tier=3),
+        trace_job("prod-2", 70, 10, 4, queue="prod", tier=2),
+    ]
+    result, rows = run_replay(trace, c, tree)
+    assert rows["prod"]["start_time"] == 50 + grace3
+    assert rows["prod"]["runs"] == 1 and rows["prod"]["end_time"] == 50 + grace3 + 1000
+    assert rows["spot"]["runs"] == 2
+    assert result.preemptions == 1
+
+
+def test_tier2_outside_guarantee_preempts_only_tier3():
+    c = cluster(("n1", 8, "leaf"))
+    tree = queues({"a": {"guaranteed": 4}, "b": {"guaranteed": 4}}, c)
+    trace = [
+        trace_job("a-borrow", 0, 5000, 8, queue="a", tier=2),  # A borrows B's 4 GPUs
+        trace_job("a-more", 1000, 100, 4, queue="a", tier=2),  # A again: not a reclaim
+    ]
+    result, rows = run_replay(trace, c, tree)
+    assert result.preemptions == 0
+    assert rows["a-more"]["start_time"] == 5000
+
+
+def test_notebook_victims_are_not_requeued():
+    c = cluster(("n1", 4, "leaf"))
+    tree = queues({"prod": {"guaranteed": 4}, "spot": {"guaranteed": 0}}, c)
+    trace = [
+        trace_job("nb", 0, 10_000, 4, queue="spot", tier=3, kind="notebook"),
+        trace_job("prod", 10, 100, 4, queue="prod", tier=1),
+    ]
+    _, rows = run_replay(trace, c, tree)
+    assert rows["nb"]["state"] == "preempted"
+    assert rows["nb"]["runs"] == 1
+
+
+def test_tier2_jobs_of_the_same_queue_never_preempt_each_other():
+    c = cluster(("n1", 8, "leaf"))
+    trace = [
+        trace_job("first", 0, 5000, 8, tier=2),
+        trace_job("second", 1000, 100, 8, tier=2),
+    ]
+    result, rows = run_replay(trace, c)  # no queue file: one root queue
+    assert result.preemptions == 0
+    assert rows["second"]["start_time"] == 5000

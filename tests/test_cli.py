@@ -1,0 +1,110 @@
+"""``jupyter-gpusched replay``: the output files and their fields, and bad input."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jupyter_gpusched.cli import main
+from jupyter_gpusched.sim.metrics import JOB_COLUMNS
+
+EXAMPLE = [
+    "examples/trace.csv",
+    "--cluster", "examples/cluster.yaml",
+    "--queues", "examples/queues.yaml",
+    "--config", "examples/policy.yaml",
+]  # fmt: skip
+METRIC_KEYS = {
+    "jobs", "completed", "rejected", "makespan_s", "gpu_utilization", "busy_utilization",
+    "wait_s", "wait_s_by_tier", "jct_s", "preemptions", "lost_gpu_hours", "gang_jobs",
+    "gang_single_leaf_fraction", "wait_gpu_hours_by_reason", "sim_wall_s", "jobs_per_s",
+}  # fmt: skip
+
+
+def test_replay_writes_jobs_csv_metrics_json_and_a_table(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["replay", *EXAMPLE, "--policy", "gpusched", "--policy", "fifo",
+                 "--out", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "gpusched" in table and "fifo" in table and "wait mean" in table
+    figures = json.loads((out / "metrics.json").read_text())["policies"]
+    assert set(figures) == {"gpusched", "fifo"}
+    for name, values in figures.items():
+        assert set(values) == METRIC_KEYS, name
+        assert set(values["wait_s"]) == {"mean", "p50", "p95", "p99", "max"}
+        assert set(values["wait_s_by_tier"]) == {"1", "2", "3"}
+        assert set(values["jct_s"]) == {"mean", "p50", "p95", "p99"}
+        assert set(values["wait_gpu_hours_by_reason"]) == {"capacity", "placement", "policy"}
+        assert values["jobs"] == 400
+        assert values["completed"] + values["rejected"] <= values["jobs"]
+        assert 0 < values["gpu_utilization"] <= 1
+    with open(out / "jobs.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert tuple(rows[0]) == JOB_COLUMNS
+    assert len(rows) == 800
+    for row in rows:
+        assert row["state"] in {"completed", "rejected", "preempted"}
+        if row["start_time"]:
+            assert float(row["wait_s"]) == float(row["start_time"]) - float(row["submit_time"])
+            assert "." not in row["gpus"] and "." not in row["runs"]
+        assert row["first_reason"] in {"", "capacity", "placement", "policy"}
+
+
+def test_replay_is_deterministic(tmp_path):
+    outputs = []
+    for run in range(2):
+        out = tmp_path / f"out{run}"
+        assert main(["replay", *EXAMPLE, "--out", str(out), "--quiet"]) == 0
+        outputs.append((out / "jobs.csv").read_text())
+    assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize(
+    ("row", "field"),
+    [
+        ("j2,10,100,two,2", "gpus"),
+        ("j2,10,100,0,2", "gpus"),
+        ("j2,ten,100,1,2", "submit_time"),
+        ("j2,10,100,1,5", "tier"),
+        ("j1,10,100,1,2", "job_id"),
+    ],
+)
+def test_malformed_trace_row_exits_2_with_file_line_and_field(tmp_path, capsys, row, field):
+    trace = tmp_path / "trace.csv"
+    trace.write_text(f"job_id,submit_time,duration,gpus,tier\nj1,0,100,1,2\n{row}\n")
+    code = main(["replay", str(trace), "--cluster", "examples/cluster.yaml",
+                 "--out", str(tmp_path / "out"), "--quiet"])  # fmt: skip
+    assert code == 2
+    error = capsys.readouterr().err
+    assert f"{trace}:3" in error
+    assert f"field '{field}'" in error
+
+
+def test_bad_cluster_file_exits_2(tmp_path, capsys):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes:\n  - {name: a, gpus: -1}\n")
+    code = main(["replay", "examples/trace.csv", "--cluster", str(cluster),
+                 "--out", str(tmp_path / "o"), "--quiet"])  # fmt: skip
+    assert code == 2
+    assert "gpus" in capsys.readouterr().err
+
+
+def test_unknown_policy_exits_2(tmp_path, capsys):
+    code = main(["replay", *EXAMPLE, "--policy", "magic", "--out", str(tmp_path), "--quiet"])
+    assert code == 2
+    assert "unknown policy 'magic'" in capsys.readouterr().err
+
+
+def test_console_script_and_jupyter_subcommand_are_installed():
+    bindir = __import__("pathlib").Path(sys.executable).parent
+    result = subprocess.run([bindir / "jupyter-gpusched", "--version"], capture_output=True,
+                            text=True, check=False)  # fmt: skip
+    assert result.returncode == 0
+    assert result.stdout.strip()
+    via_jupyter = subprocess.run([bindir / "jupyter", "gpusched", "--version"],
+                                 capture_output=True, text=True, check=False)  # fmt: skip
+    assert via_jupyter.returncode == 0
+    assert via_jupyter.stdout == result.stdout

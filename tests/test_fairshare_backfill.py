@@ -1,0 +1,89 @@
+"""Order (tier, fair share, age) and reservation with EASY backfill."""
+
+from helpers import cluster, job, queues, run_replay, started, trace_job
+
+from jupyter_gpusched.core import PolicySettings, Scheduler
+from jupyter_gpusched.core.fairshare import fair_share_factors
+
+
+def test_team_with_less_decayed_usage_goes_first_even_when_it_submitted_later():
+    c = cluster(("n1", 8, "leaf"))
+    tree = queues({"heavy": {"guaranteed": 4}, "light": {"guaranteed": 4}}, c)
+    scheduler = Scheduler(c, tree)
+    # heavy used the whole node for a day; light used nothing
+    scheduler.submit(job("history", 8, queue="heavy"), 0)
+    scheduler.schedule(0)
+    scheduler.submit(job("blocker", 8, queue="light", t=1), 1)
+    scheduler.job_ended("history", 86_400)
+    scheduler.schedule(86_400)  # blocker takes the node
+    scheduler.submit(job("heavy-job", 8, queue="heavy", t=86_500), 86_500)
+    scheduler.submit(job("light-job", 8, queue="light", t=86_600), 86_600)
+    scheduler.schedule(86_600)
+    scheduler.job_ended("blocker", 90_000)
+    assert list(started(scheduler.schedule(90_000))) == ["light-job"]
+
+
+def test_fair_share_factor_follows_weight_not_guarantee():
+    c = cluster(("n1", 8, "leaf"))
+    tree = queues({"a": {"guaranteed": 8, "weight": 1}, "b": {"guaranteed": 0, "weight": 3}}, c)
+    scheduler = Scheduler(c, tree)
+    for name in ("a", "b"):  # equal usage: 4 GPUs each for an hour
+        scheduler.submit(job(f"{name}-use", 4, queue=name), 0)
+    scheduler.schedule(0)
+    for name in ("a", "b"):
+        scheduler.job_ended(f"{name}-use", 3600)
+    factors = fair_share_factors(tree, 3600, PolicySettings().fair_share_half_life)
+    assert factors["b"] > factors["a"]  # b's share is 3/4 and it used half: it goes first
+
+
+def test_usage_decays_with_the_half_life():
+    c = cluster(("n1", 8, "leaf"))
+    tree = queues({"a": {"guaranteed": 8}}, c)
+    scheduler = Scheduler(c, tree, PolicySettings().replace(fair_share_half_life=100.0))
+    scheduler.submit(job("x", 8, queue="a"), 0)
+    scheduler.schedule(0)
+    scheduler.job_ended("x", 100)
+    queue = tree.get("a")
+    from jupyter_gpusched.core.quotas import decayed_usage
+
+    at_end = decayed_usage(queue, 100, 100.0)
+    assert abs(decayed_usage(queue, 200, 100.0) - at_end / 2) < 1e-6
+
+
+def test_short_small_job_backfills_only_when_it_ends_before_the_reservation():
+    c = cluster(("n[1-2]", 8, "leaf"))
+    trace = [
+        trace_job("running", 0, 1000, 12, walltime=1000),
+        trace_job("big", 10, 100, 16, walltime=100),  # blocked until t=1000: reserves
+        trace_job("short", 20, 500, 2, walltime=500),  # ends at 520 <= 1000: backfills
+        trace_job("long", 30, 5000, 2, walltime=5000),  # would delay big: waits
+    ]
+    _, rows = run_replay(trace, c)
+    assert rows["short"]["start_time"] == 20
+    assert rows["big"]["start_time"] == 1000
+    assert rows["long"]["start_time"] > 1000
+    assert rows["long"]["first_reason"] == "policy"
+    assert rows["long"]["first_reason_detail"] == "reservation"
+
+
+def test_stream_of_one_gpu_jobs_does_not_starve_a_16_gpu_job():
+    c = cluster(("n[1-2]", 8, "leaf"))
+    trace = [trace_job("big", 5, 100, 16, walltime=200)]
+    # a 1-GPU job every 10 s, each running 300 s: without a reservation the cluster never empties
+    trace += [trace_job(f"s{i:03d}", i * 10, 300, 1, walltime=300) for i in range(300)]
+    _, rows = run_replay(trace, c)
+    assert rows["big"]["start_time"] <= 310  # once the first 1-GPU jobs end
+    _, fifo_rows = run_replay(trace, c, policy="fifo")
+    assert fifo_rows["big"]["start_time"] > 2900  # fifo lets the stream starve it
+
+
+def test_higher_tier_goes_first():
+    c = cluster(("n1", 8, "leaf"))
+    scheduler = Scheduler(c)
+    scheduler.submit(job("busy", 8), 0)
+    scheduler.schedule(0)
+    scheduler.submit(job("t3", 8, tier=3, t=1), 1)
+    scheduler.submit(job("t2", 8, tier=2, t=2), 2)
+    scheduler.schedule(2)
+    scheduler.job_ended("busy", 10)
+    assert list(started(scheduler.schedule(10))) == ["t2"]

@@ -34,32 +34,54 @@ def validate(job: Job) -> None:
             fail(f"'{name}' must not be negative, got {value!r}", name)
 
 
-def rejection(job: Job, cluster: Cluster, tree: QueueTree, quotas: bool) -> str | None:
+class Capacity:
+    """What the nodes that match a job's GPU models and labels add up to (cached per kind)."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self._cache: dict[tuple, tuple] = {}
+
+    def of(self, job: Job) -> tuple[int, list[int], float, float]:
+        """(total GPUs, GPU counts of the matching nodes, total CPUs, total memory)."""
+        key = (job.gpu_models, tuple(sorted(job.labels.items())))
+        if key not in self._cache:
+            nodes = [
+                n
+                for n in self.cluster.nodes
+                if (job.gpu_models is None or n.gpu_model in job.gpu_models)
+                and all(n.labels.get(k) == v for k, v in job.labels.items())
+            ]
+            self._cache[key] = (
+                sum(n.gpus for n in nodes),
+                [n.gpus for n in nodes],
+                sum(n.cpus or float("inf") for n in nodes),
+                sum(n.memory_gb or float("inf") for n in nodes),
+            )
+        return self._cache[key]
+
+
+def rejection(job: Job, capacity: Capacity, tree: QueueTree, quotas: bool) -> str | None:
     """Why ``job`` can never run on this cluster under these quotas, or None."""
+    cluster = capacity.cluster
     if job.gpu_models is not None and not job.gpu_models & set(cluster.gpu_models):
         known = ", ".join(cluster.gpu_models)
         wanted = "|".join(sorted(job.gpu_models))
         return f"no GPU of model {wanted} in this cluster (it has {known})"
-    nodes = [
-        n
-        for n in cluster.nodes
-        if (job.gpu_models is None or n.gpu_model in job.gpu_models)
-        and all(n.labels.get(k) == v for k, v in job.labels.items())
-    ]
-    if not nodes:
+    total, node_gpus, cpus, memory = capacity.of(job)
+    if not node_gpus:
         return f"no node has the labels {job.labels}"
-    total = sum(n.gpus for n in nodes)
     if job.gpus > total:
         return f"asks for {job.gpus} GPUs but the cluster has {total} that match"
-    if job.gpus_per_node and job.gpus_per_node > max(n.gpus for n in nodes):
-        return f"asks for {job.gpus_per_node} GPUs per node; the largest node has fewer"
     if job.gpus_per_node:
-        fitting = sum(1 for n in nodes if n.gpus >= job.gpus_per_node)
+        fitting = sum(1 for gpus in node_gpus if gpus >= job.gpus_per_node)
         if fitting < job.gpus // job.gpus_per_node:
-            return f"needs {job.gpus // job.gpus_per_node} nodes of {job.gpus_per_node} GPUs"
-    if job.cpus and job.cpus > sum(n.cpus or float("inf") for n in nodes):
+            return (
+                f"needs {job.gpus // job.gpus_per_node} nodes with {job.gpus_per_node} GPUs "
+                f"each; the cluster has {fitting} that match"
+            )
+    if job.cpus and job.cpus > cpus:
         return f"asks for {job.cpus:g} CPUs, more than the matching nodes have"
-    if job.memory_gb and job.memory_gb > sum(n.memory_gb or float("inf") for n in nodes):
+    if job.memory_gb and job.memory_gb > memory:
         return f"asks for {job.memory_gb:g} GB of memory, more than the matching nodes have"
     if not quotas:
         return None

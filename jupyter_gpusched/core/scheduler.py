@@ -22,7 +22,7 @@ import math
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
-from .admission import policy_block, rejection, under_guarantee, validate
+from .admission import Capacity, policy_block, rejection, under_guarantee, validate
 from .cluster import Cluster
 from .errors import ConfigError
 from .fairshare import fair_share_factors
@@ -97,6 +97,7 @@ class Scheduler:
         self._fair: dict[str, float] = {}
         self._fair_time = -math.inf
         self._wake = math.inf  # when a victim passes its minimum run time
+        self._capacity = Capacity(cluster)
         self._victims = VictimSearch(self.state, self.tree, self.settings, self.policy.topology)
 
     # -- events ------------------------------------------------------------------------------
@@ -106,7 +107,7 @@ class Scheduler:
         validate(job)
         if job.id in self.jobs:
             raise ConfigError(f"a job with id {job.id!r} already exists", field="id")
-        reason = rejection(job, self.cluster, self.tree, self.policy.quotas)
+        reason = rejection(job, self._capacity, self.tree, self.policy.quotas)
         self.jobs[job.id] = job
         if reason is not None:
             job.state, job.reject_reason, job.end_time = JobState.REJECTED, reason, now

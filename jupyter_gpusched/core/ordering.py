@@ -1,9 +1,15 @@
-"""The pending queue, kept as one FIFO list per (leaf queue, tier).
+"""The pending queue, kept as one FIFO list per (leaf queue, tier), and the priority order.
 
-Within one list every job has the same tier and fair-share factor, and the age factor only grows
-with waiting time, so the list's own order (submit time, then id) is its priority order. The
-global order is a merge of the list heads, so a pass costs O(lists + jobs examined), not a sort
-of every pending job.
+Priority (policy ``gpusched``): strictly by tier, then by the score
+``fair_share.weight * F(queue) + age.weight * min(age, max_age) / max_age``, then submit time, then
+job id. Ages grow at the same rate for every job, so while no job is capped at ``max_age`` the
+order of two jobs never changes between fair-share recomputations: the engine orders by the
+time-invariant equivalent ``fair_share.weight * F - age.weight * submit / max_age`` (capped jobs are
+exact as of the last recomputation, which runs every ``fair_share.recalc_interval``).
+
+Within one list every job has the same tier and fair-share factor, so the list's own order
+(submit time, then id) is its priority order. The global order is a merge of the list heads whose
+keys are kept up to date as heads change, so a pass costs O(lists + jobs examined).
 """
 
 from __future__ import annotations
@@ -16,41 +22,70 @@ from .jobs import Job
 
 
 class PendingQueue:
-    def __init__(self, by_queue_and_tier: bool = True):
+    def __init__(self, key: Callable[[str], tuple], by_queue_and_tier: bool = True):
+        self.key = key  # priority key of a job id; smaller goes first
         self.by_queue_and_tier = by_queue_and_tier
         self.lists: dict[tuple, list[tuple[float, str]]] = {}
+        self.heads: dict[tuple, tuple] = {}  # list -> key of its first job
+        self.sizes: dict[int, int] = {}  # GPUs asked -> number of pending jobs asking that
+        self.walltimes: list[tuple[float, str]] = []  # (walltime estimate, id), ascending
         self.count = 0
 
-    def _list_key(self, job: Job) -> tuple:
+    def list_of(self, job: Job) -> tuple:
         return (job.queue, job.tier) if self.by_queue_and_tier else ("", 0)
 
-    def add(self, job: Job) -> None:
-        insort(self.lists.setdefault(self._list_key(job), []), (job.submit_time, job.id))
+    def add(self, job: Job, walltime: float) -> None:
+        list_key = self.list_of(job)
+        items = self.lists.setdefault(list_key, [])
+        entry = (job.submit_time, job.id)
+        insort(items, entry)
+        if items[0] == entry:
+            self.heads[list_key] = self.key(job.id)
+        self.sizes[job.gpus] = self.sizes.get(job.gpus, 0) + 1
+        insort(self.walltimes, (walltime, job.id))
         self.count += 1
 
-    def remove(self, job: Job) -> None:
-        items = self.lists[self._list_key(job)]
+    def remove(self, job: Job, walltime: float) -> None:
+        list_key = self.list_of(job)
+        items = self.lists[list_key]
         entry = (job.submit_time, job.id)
         position = bisect_left(items, entry)
-        if position < len(items) and items[position] == entry:
-            del items[position]
-            self.count -= 1
+        if position == len(items) or items[position] != entry:
+            return
+        del items[position]
+        if position == 0:
+            if items:
+                self.heads[list_key] = self.key(items[0][1])
+            else:
+                del self.heads[list_key]
+                del self.lists[list_key]
+        self.sizes[job.gpus] -= 1
+        if not self.sizes[job.gpus]:
+            del self.sizes[job.gpus]
+        del self.walltimes[bisect_left(self.walltimes, (walltime, job.id))]
+        self.count -= 1
 
-    def list_of(self, job: Job) -> tuple:
-        return self._list_key(job)
+    def refresh(self) -> None:
+        """Recompute every head's key (after the fair-share factors changed)."""
+        self.heads = {list_key: self.key(items[0][1]) for list_key, items in self.lists.items()}
+
+    def smallest_request(self) -> int:
+        return min(self.sizes) if self.sizes else 0
+
+    def shortest_walltime(self) -> float:
+        return self.walltimes[0][0] if self.walltimes else 0.0
 
     def __len__(self) -> int:
         return self.count
 
-    def ordered(self, key: Callable[[str], tuple], skip: set | None = None) -> Iterator[str]:
-        """Job ids in priority order (``key`` of a job id; smaller first). Jobs must not be
-        removed while the iterator is in use. Adding a job's :meth:`list_of` to ``skip`` stops
-        the rest of that list."""
-        heap = [(key(items[0][1]), list_key, 0) for list_key, items in self.lists.items() if items]
+    def ordered(self, skip: set | None = None) -> Iterator[str]:
+        """Job ids in priority order. Jobs must not be removed while the iterator is in use.
+        Adding a job's :meth:`list_of` to ``skip`` drops the rest of that list."""
+        heap = [(key, list_key, 0) for list_key, key in self.heads.items()]
         heapq.heapify(heap)
         while heap:
             _, list_key, position = heapq.heappop(heap)
             items = self.lists[list_key]
             yield items[position][1]
             if position + 1 < len(items) and (skip is None or list_key not in skip):
-                heapq.heappush(heap, (key(items[position + 1][1]), list_key, position + 1))
+                heapq.heappush(heap, (self.key(items[position + 1][1]), list_key, position + 1))

@@ -62,7 +62,7 @@ def _models(state: ClusterState, job: Job):
     return [m for m in state.cluster.gpu_models if m in job.gpu_models]
 
 
-def _fits(state: ClusterState, job: Job, idx: int, share: float) -> bool:
+def node_fits(state: ClusterState, job: Job, idx: int, share: float) -> bool:
     """Labels, CPUs and memory of node ``idx`` for ``share`` (0..1) of the job's CPUs/memory."""
     node = state.cluster.nodes[idx]
     if job.labels and any(node.labels.get(k) != v for k, v in job.labels.items()):
@@ -99,7 +99,7 @@ def _single_node(state, job, exclude, topology) -> Placement | None:
             leaves = sorted(by_leaf, key=lambda leaf: (state.leaf_free[leaf], leaf))
             for leaf in leaves if topology else by_leaf:
                 for idx in sorted(by_leaf[leaf]):
-                    if idx in exclude or not _fits(state, job, idx, 1.0):
+                    if idx in exclude or not node_fits(state, job, idx, 1.0):
                         continue
                     if not topology:
                         if best is None or idx < best[0][0]:
@@ -131,7 +131,7 @@ def _candidates(state, job, exclude, minimum: int, share: float | None):
         for count in range(max(minimum, 1), len(buckets)):
             for leaf, members in buckets[count].items():
                 for idx in members:
-                    if idx in exclude or not _fits(state, job, idx, share or 0.0):
+                    if idx in exclude or not node_fits(state, job, idx, share or 0.0):
                         continue
                     by_leaf.setdefault(leaf, []).append((count, idx))
     return by_leaf
@@ -195,11 +195,11 @@ def _gather(state, job, cands, shape, count) -> Placement | None:
     need, taken = job.gpus, []
     for position, (free, idx) in enumerate(cands):
         take = min(free, need)
-        if not _fits(state, job, idx, take / job.gpus):
+        if not node_fits(state, job, idx, take / job.gpus):
             continue
         if take < free:  # the last piece: use the tightest later node that holds it
             for later_free, later_idx in reversed(cands[position:]):
-                if later_free >= need and _fits(state, job, later_idx, need / job.gpus):
+                if later_free >= need and node_fits(state, job, later_idx, need / job.gpus):
                     free, idx = later_free, later_idx
                     break
         taken.append((idx, take))

@@ -4,13 +4,15 @@ Who may be pre-empted for a job ``J`` that cannot otherwise start:
 - never a tier-1 job, never a job inside its minimum run time, never one already signalled;
 - a tier-3 job, by any tier-1 or tier-2 job;
 - a tier-2 job, only when ``J`` reclaims: ``J`` is tier 1 or its queue is under its guarantee
-  (:func:`~jupyter_gpusched.core.admission.under_guarantee`), the victim's queue runs above its
-  guarantee, and taking the victim never brings the victim's queue (or an ancestor that is not
-  also ``J``'s) below its guarantee.
-Among valid victim sets the search prefers the lowest tier, then the least lost work
-(GPUs x seconds since the victim's last checkpoint). It tries the chosen set on the real
-:class:`ClusterState` by releasing the victims and restoring them afterwards, so the placement
-it returns is one that :func:`find_placement` itself would make.
+  (:func:`~jupyter_gpusched.core.admission.under_guarantee`), the victim's queue is not ``J``'s,
+  and taking the victim never brings the victim's queue (or an ancestor that is not also
+  ``J``'s) below its guarantee.
+The search goes node by node: on each node it takes the cheapest victims (fewest tier-2 GPUs,
+then least lost work: GPUs x seconds since each victim's last checkpoint) until the job's share
+fits there; a single-node job takes the cheapest node, a gang the cheapest nodes. The chosen
+victims are then released on the real :class:`ClusterState`, the job is placed by
+:func:`find_placement` itself, only the victims whose GPUs it uses are kept, and the state is
+restored.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .jobs import Job
-from .placement import find_placement
+from .placement import find_placement, node_fits
 from .quotas import Queue, QueueTree
 from .settings import PolicySettings
 from .state import ClusterState, Placement
@@ -43,98 +45,140 @@ def find_victims(
     ctx: VictimSearch,
     job: Job,
     queue: Queue,
-    running: list[Job],
+    jobs: dict[str, Job],
+    room: list[int],
     now: float,
     reclaim: bool,
     limit_node: Queue | None,
 ) -> tuple[Placement, list[Job]] | None:
-    """The victims to pre-empt so that ``job`` can start, and where it will run; or None."""
+    """The victims to pre-empt so that ``job`` can start, and where it will run; or None.
+
+    ``room[node]`` bounds what pre-emption could free on each node (the GPUs of running tier-3
+    jobs there, plus tier-2 when reclaiming); nodes where even that is too little are skipped.
+    """
+    state, cluster = ctx.state, ctx.state.cluster
+    per_node = job.gpus_per_node or (job.gpus if job.gpus <= cluster.max_node_gpus else None)
     chain = {id(q) for q in queue.chain()}
-    candidates = []
-    for victim in running:
-        if victim.tier == 1 or victim.preempted_by is not None or victim.id == job.id:
-            continue
-        if now - victim.start_time < ctx.settings.tiers[victim.tier].minimum_run_time:
-            continue
-        if victim.tier == 2 and not reclaim:
-            continue
+    guard = _GuaranteeGuard(ctx.tree, chain)
+    minimum_run = {tier: t.minimum_run_time for tier, t in ctx.settings.tiers.items()}
+
+    def eligible(victim: Job) -> bool:
+        if victim.tier == 1 or victim.preempted_by is not None:
+            return False
+        if now - victim.start_time < minimum_run[victim.tier]:
+            return False
+        if victim.tier == 2 and not (reclaim and _other_queue(ctx.tree, victim, chain)):
+            return False
         if victim.tier == 3 and job.tier == 3:
+            return False
+        return limit_node is None or _under(ctx.tree.get(victim.queue), limit_node)
+
+    def cost(victim: Job) -> tuple:
+        return (victim.tier == 2, lost_work(victim, now, ctx.settings), victim.gpus, victim.id)
+
+    options = []  # (cost, node, victims): the cheapest way to make room on each node
+    need = per_node or 1
+    for idx, node in enumerate(cluster.nodes):
+        free = state.free[idx]
+        if free + room[idx] < need or state.node_state[idx] != "up":
             continue
-        if limit_node is not None and not _under(ctx.tree.get(victim.queue), limit_node):
+        if job.gpu_models is not None and node.gpu_model not in job.gpu_models:
             continue
-        candidates.append(victim)
-    if not candidates:
+        if not node_fits(state, job, idx, 0.0):  # labels
+            continue
+        local = sorted(
+            (jobs[h] for h in state.holders[idx] if h in jobs and eligible(jobs[h])), key=cost
+        )
+        chosen: list[Job] = []
+        for victim in local:
+            if free >= (per_node or node.gpus):
+                break
+            if guard.allows(victim):
+                chosen.append(victim)
+                free += sum(p.gpus for p in state.allocations[victim.id].parts if p.node == idx)
+        if free < need or (not chosen and per_node):
+            continue
+        total = (sum(v.gpus for v in chosen if v.tier == 2), sum(cost(v)[1] for v in chosen))
+        options.append(((*total, len(chosen), idx), idx, chosen, free))
+    if not options:
         return None
-    candidates.sort(key=lambda v: (-v.tier, lost_work(v, now, ctx.settings), v.gpus, v.id))
-    needed = 0.0
+    options.sort()
+    if per_node == job.gpus:  # one node: the cheapest option
+        _, idx, chosen, _ = options[0]
+        picked = [chosen]
+    else:
+        count = job.gpus // per_node if per_node else None
+        picked, gained = [], 0
+        for _, _, chosen, free in options:
+            picked.append(chosen)
+            gained += free
+            if (count is not None and len(picked) == count) or (
+                count is None and gained >= job.gpus
+            ):
+                break
+        else:
+            return None
+    victims = list({v.id: v for group in picked for v in group}.values())
+    return _verify(ctx, job, victims, guard, limit_node)
+
+
+def _verify(ctx, job, victims, guard, limit_node):
+    """Release ``victims`` on the real state, place the job, keep only the victims whose GPUs
+    it uses, and restore the state."""
+    state = ctx.state
+    for victim in victims:
+        if not guard.allows(victim):
+            return None
+        guard.take(victim)
+    saved = {v.id: state.release(v.id) for v in victims}
+    try:
+        placement = find_placement(state, job, topology=ctx.topology)
+    finally:
+        for victim_id, held in saved.items():
+            state.take(victim_id, held)
+    if placement is None:
+        return None
+    used = {p.node: p.mask for p in placement.parts}
+    needed = [
+        v
+        for v in victims
+        if any(p.mask & used.get(p.node, 0) for p in state.allocations[v.id].parts)
+    ]
     if limit_node is not None:
-        needed = limit_node.running + limit_node.claimed + job.gpus - limit_node.limit
-    return _search(ctx, job, candidates, needed, chain)
+        over = limit_node.running + limit_node.claimed + job.gpus - limit_node.limit
+        if sum(v.gpus for v in needed) < over - 1e-9:
+            return None
+    return (placement, needed) if needed else None
+
+
+def _other_queue(tree: QueueTree, victim: Job, preemptor_chain: set) -> bool:
+    queue = tree.get(victim.queue)
+    return queue is not None and id(queue) not in preemptor_chain
 
 
 def _under(queue: Queue | None, ancestor: Queue) -> bool:
     return queue is not None and any(node is ancestor for node in queue.chain())
 
 
-def _above_guarantee(tree: QueueTree, victim: Job, preemptor_chain: set, taken=None) -> bool:
-    """Taking ``victim`` (after the tier-2 victims ``taken``) keeps its queue, and each ancestor
-    that is not also the pre-emptor's, at or above its guarantee."""
-    queue = tree.get(victim.queue)
-    if queue is None or id(queue) in preemptor_chain:
-        return False  # the same queue: nothing was borrowed from the pre-emptor
-    for node in queue.chain():
-        if id(node) in preemptor_chain:
-            continue
-        already = sum(
-            t.gpus for t in taken or () if t.tier == 2 and _under(tree.get(t.queue), node)
-        )
-        if node.running - already - victim.gpus < node.guaranteed - 1e-9:
-            return False
-    return True
+class _GuaranteeGuard:
+    """Keeps tier-2 victims from taking their queues (or ancestors that are not the
+    pre-emptor's) below their guarantees, counting the victims already taken."""
 
+    def __init__(self, tree: QueueTree, preemptor_chain: set):
+        self.tree, self.chain = tree, preemptor_chain
+        self.taken: dict[int, float] = {}  # id(queue) -> tier-2 GPUs taken under it
 
-def _search(ctx: VictimSearch, job: Job, candidates: list[Job], needed: float, chain: set):
-    """Release candidates cheapest first until the job fits, then give back the ones that turn
-    out unnecessary (most expensive first). The state is restored before returning."""
-    state = ctx.state
-    saved: dict[str, Placement] = {}
-    released: list[Job] = []
-    freed = 0.0
-    placement = None
-    tries = 0
-    try:
-        for victim in candidates:
-            if victim.tier == 2 and not _above_guarantee(ctx.tree, victim, chain, released):
+    def allows(self, victim: Job) -> bool:
+        if victim.tier != 2:
+            return True
+        for node in self.tree.get(victim.queue).chain():
+            if id(node) in self.chain:
                 continue
-            saved[victim.id] = state.release(victim.id)
-            released.append(victim)
-            freed += victim.gpus
-            if _free_for(state, job.gpu_models) < job.gpus or freed < needed - 1e-9:
-                continue
-            tries += 1
-            placement = find_placement(state, job, topology=ctx.topology)
-            if placement is not None or tries > 64:
-                break
-        if placement is None:
-            return None
-        for victim in reversed(released[:-1]):  # prune: keep each one running if the job fits
-            state.take(victim.id, saved[victim.id])
-            trial = None
-            if freed - victim.gpus >= needed - 1e-9:
-                trial = find_placement(state, job, topology=ctx.topology)
-            if trial is not None:
-                placement, freed = trial, freed - victim.gpus
-                released.remove(victim)
-            else:
-                state.release(victim.id)
-        return placement, released
-    finally:
-        for victim_id, victim_placement in saved.items():
-            if victim_id not in state.allocations:
-                state.take(victim_id, victim_placement)
+            if node.running - self.taken.get(id(node), 0.0) - victim.gpus < node.guaranteed - 1e-9:
+                return False
+        return True
 
-
-def _free_for(state: ClusterState, models) -> int:
-    if models is None:
-        return state.free_total
-    return sum(free for model, free in state.model_free.items() if model in models)
+    def take(self, victim: Job) -> None:
+        if victim.tier == 2:
+            for node in self.tree.get(victim.queue).chain():
+                self.taken[id(node)] = self.taken.get(id(node), 0.0) + victim.gpus

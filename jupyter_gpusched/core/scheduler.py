@@ -36,7 +36,7 @@ from .reservation import Reservation, may_backfill, reserve
 from .settings import PolicySettings
 from .state import ClusterState, Part, Placement
 
-PREEMPTION_TRIES_PER_PASS = 8
+PREEMPTION_TRIES_PER_PASS = 8  # successful pre-emptions per pass; the first failure ends them
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,19 @@ class Preempt:
 class Stop:
     job_id: str
     reason: str
+
+
+@dataclass
+class _Pass:
+    """What one scheduling pass has learnt so far."""
+
+    tries: int  # pre-emption attempts left
+    blocked: int = 0
+    reserved_key: tuple | None = None
+    started: list = field(default_factory=list)
+    # smallest request of each shape that did not fit, and why: larger ones need not try
+    failed: dict = field(default_factory=dict)
+    reasons: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -84,7 +97,10 @@ class Scheduler:
         self.jobs: dict[str, Job] = {}
         self.running: dict[str, Job] = {}
         self._by_tier: dict[int, dict[str, Job]] = {1: {}, 2: {}, 3: {}}
-        self.pending = PendingQueue(by_queue_and_tier=self.policy.order == "priority")
+        self._tier_gpus = {1: 0, 2: 0, 3: 0}  # GPUs held by running jobs of each tier
+        self._on_node = {t: [0] * len(cluster.nodes) for t in (1, 2, 3)}  # ... on each node
+        self._by_queue: dict[str, dict[str, Job]] = {}  # running jobs of each leaf queue
+        self.pending = PendingQueue(self._key, by_queue_and_tier=self.policy.order == "priority")
         self.pending_gpus_by_reason = {"capacity": 0, "placement": 0, "policy": 0}
         self.reservation: Reservation | None = None
         self.passes = 0
@@ -95,8 +111,10 @@ class Scheduler:
         self._new: list[str] = []
         self._freed = False
         self._fair: dict[str, float] = {}
-        self._fair_time = -math.inf
-        self._wake = math.inf  # when a victim passes its minimum run time
+        self._fair_time = -math.inf  # the time the factors (and the static keys) were computed
+        self._wake = math.inf  # when a victim passes its minimum run time, or a deep pass is due
+        self._last_deep = -math.inf
+        self._deep_due = False
         self._capacity = Capacity(cluster)
         self._victims = VictimSearch(self.state, self.tree, self.settings, self.policy.topology)
 
@@ -115,7 +133,7 @@ class Scheduler:
         if self.policy.quotas:
             job.queue = self.tree.get(job.queue).path
         job.state = JobState.PENDING
-        self.pending.add(job)
+        self.pending.add(job, self._walltime(job))
         self._new.append(job.id)
         return job
 
@@ -135,7 +153,11 @@ class Scheduler:
         """A running job's processes have exited: ``completed``, ``failed``, or ``preempted``
         (killed after a pre-emption signal)."""
         job = self.running.pop(job_id)
+        for part in self.state.allocations[job_id].parts:
+            self._on_node[job.tier][part.node] -= part.gpus
         del self._by_tier[job.tier][job_id]
+        self._tier_gpus[job.tier] -= job.gpus
+        del self._by_queue[job.queue][job_id]
         placement = self.state.release(job_id)
         del self._ends[bisect_left(self._ends, (self._estimated_end(job), job_id))]
         self._account(job, -1, now)
@@ -181,114 +203,163 @@ class Scheduler:
         """Run a scheduling pass if anything changed; return the decisions to carry out."""
         if now >= self._wake:
             self._wake = math.inf
-            self._freed = True
+            self._freed = self._deep_due = True
         if self._freed or self._new:
             full, new = self._freed, self._new
             self._freed, self._new = False, []
             self.passes += 1
             self._refresh_fair_share(now)
-            if self.reservation is not None and (
-                full or self.jobs[self.reservation.job_id].state != JobState.PENDING
+            previous = self.reservation
+            if previous is not None and (
+                full or self.jobs[previous.job_id].state != JobState.PENDING
             ):
                 self.reservation = None
             if full:
+                interval = self.settings.backfill_interval
+                deep = self._deep_due or now - self._last_deep >= interval
+                deep = deep or not self.policy.backfill
+                if deep:
+                    self._last_deep, self._deep_due = now, False
                 skip: set = set()
-                self._pass(self.pending.ordered(lambda j: self._key(j, now), skip), now, skip)
+                stopped = self._pass(self.pending.ordered(skip), now, skip, deep, previous)
+                if stopped and len(self.pending) > 1:  # a deep pass will look further
+                    self._wake = min(self._wake, self._last_deep + interval)
             # new jobs: all of them after submissions only; after a full pass, the ones it
             # stopped before reaching (so that every pending job has a reason)
             fresh = [j for j in new if self.jobs[j].state == JobState.PENDING]
             if full:
                 fresh = [j for j in fresh if self.jobs[j].reason is None]
             if fresh:
-                self._pass(sorted(fresh, key=lambda j: self._key(j, now)), now, None)
+                self._pass(sorted(fresh, key=self._key), now, None)
         out, self._outbox = self._outbox, []
         return out
 
-    def _pass(self, candidates, now: float, skip: set | None) -> None:
-        """Examine ``candidates`` in order. A full pass (``skip`` given) stops after
-        ``backfill.depth`` blocked jobs, or when nothing is free and no pre-emption is left to
-        try; jobs it does not reach keep the reason of their last examination."""
-        started: list[Job] = []
-        blocked = 0
-        tries = PREEMPTION_TRIES_PER_PASS if self.policy.preemption else 0
-        reserved_key = None
+    def _pass(self, candidates, now, skip=None, deep=True, previous=None) -> bool:
+        """Examine ``candidates`` in priority order; True if it stopped at a blocked job.
+
+        Passes after submissions examine just the new jobs. Passes after something was freed
+        examine the queue in order: a *quick* pass (like Slurm's main scheduler) stops at the
+        first job blocked on capacity or placement; a *deep* one, at most every
+        ``backfill.interval`` (and after a minimum run time ends), also backfills behind it and
+        tries pre-emption, until ``backfill.depth`` jobs were blocked or nothing usable is
+        left. Jobs a pass does not reach keep the reason of their last examination."""
+        full = skip is not None
+        tries = PREEMPTION_TRIES_PER_PASS if self.policy.preemption and deep else 0
+        pass_ = _Pass(tries)
+        stopped = False
         if self.reservation is not None:
-            reserved_key = self._key(self.reservation.job_id, now)
+            pass_.reserved_key = self._key(self.reservation.job_id)
         for job_id in candidates:
-            if skip is not None and (
-                blocked >= self.settings.backfill_depth
-                or (self.state.free_total == 0 and tries <= 0)
-            ):
-                break
             job = self.jobs[job_id]
+            if full and self._pass_is_over(pass_, job, now):
+                break
             if job_id in self._claims:
                 continue
-            key = self._key(job_id, now)
-            behind = reserved_key is not None and key > reserved_key
-            outcome = self._evaluate(job, now, self.reservation if behind else None, tries > 0)
+            key = self._key(job_id)
+            behind = pass_.reserved_key is not None and key > pass_.reserved_key
+            outcome = self._evaluate(job, now, self.reservation if behind else None, pass_)
             if isinstance(outcome, Placement):
                 self._start(job, outcome, now)
-                started.append(job)
+                pass_.started.append(job)
                 continue
-            if isinstance(outcome, bool):  # it tried to reclaim over a queue limit
-                tries -= 1
-                if outcome:
-                    continue
-                outcome = job.reason
-            if outcome.detail == "queue-limit" and skip is not None:
+            if outcome is None:  # it pre-empted: the claim holds its GPUs
+                continue
+            if outcome.detail == "queue-limit" and full:
                 skip.add(self.pending.list_of(job))  # the rest of its list is blocked too
-            if outcome.family in ("capacity", "placement") and tries > 0:
-                attempted = self._preempt(job, now)
-                if attempted is not None:
-                    tries -= 1
-                    if attempted:
-                        continue
-            if outcome.family != "policy":
-                blocked += 1
-            if (
-                self.policy.backfill
-                and outcome.family in ("capacity", "placement")
-                and (self.reservation is None or not behind)
-            ):
-                self.reservation = reserve(self.state, job, self._ends, self.jobs, now)
-                reserved_key = key
-                outcome = Reason(outcome.family, outcome.detail, outcome.message,
-                                 self.reservation.start)  # fmt: skip
+            if outcome.family in ("capacity", "placement"):
+                if self._try_preempt(job, now, pass_):
+                    continue
+                pass_.blocked += 1
+                if self.policy.backfill and (self.reservation is None or not behind):
+                    if deep or previous is None or previous.job_id != job_id:
+                        previous = reserve(self.state, job, self._ends, self.jobs, now)
+                    self.reservation = previous  # a quick pass keeps the last one's estimate
+                    pass_.reserved_key = key
+                    pass_.failed.clear()  # the reserved nodes changed
+                    outcome = Reason(
+                        outcome.family, outcome.detail, outcome.message, self.reservation.start
+                    )
+                if full and not deep:
+                    self._set_reason(job, outcome)
+                    stopped = True
+                    break
             self._set_reason(job, outcome)
-        for job in started:
-            self.pending.remove(job)
+        for job in pass_.started:
+            self._leave_pending(job)
+        return stopped
 
-    def _evaluate(self, job: Job, now: float, reservation, may_preempt: bool):
-        """A placement to start now, the Reason it waits, or whether its attempt to reclaim
-        GPUs over an ancestor's limit succeeded."""
+    def _pass_is_over(self, pass_: _Pass, job: Job, now: float) -> bool:
+        """True when neither ``job`` nor any job after it can start in this pass."""
+        if pass_.blocked >= self.settings.backfill_depth:
+            return True
+        if pass_.tries > 0 and job.tier < 3:
+            return False  # it may pre-empt (tiers are strict: after tier 3 only tier 3 comes)
+        smallest = self.pending.smallest_request()
+        if self.state.free_total < smallest:
+            return True
+        r = self.reservation
+        if r is None or r.start is None:
+            return False
+        outside = self.state.free_total - sum(self.state.free[n] for n in r.nodes)
+        # a job that would outlast the reservation must fit outside its nodes
+        return outside < smallest and now + self.pending.shortest_walltime() > r.start
+
+    def _evaluate(self, job: Job, now: float, reservation, pass_: _Pass):
+        """A placement to start now, the Reason it waits, or None if it pre-empted."""
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
         if self.policy.quotas:
             block = policy_block(job, queue)
             if block is not None:
                 reason, limit_node = block
-                self._set_reason(job, reason)
-                if may_preempt and limit_node not in (None, queue) and self._reclaims(job):
-                    return bool(self._preempt(job, now, limit_node))
+                if limit_node not in (None, queue) and pass_.tries > 0 and self._reclaims(job):
+                    self._set_reason(job, reason)
+                    if self._try_preempt(job, now, pass_, limit_node):
+                        return None
                 return reason
         free = self._free_for(job)
         if free < job.gpus:
             return Reason("capacity", "gpus-busy", f"needs {job.gpus} GPUs; {free} are free")
         exclude = frozenset()
-        walltime = job.walltime or self.settings.default_walltime(job.kind)
-        if reservation is not None and not may_backfill(reservation, walltime, now):
+        if reservation is not None and not may_backfill(reservation, self._walltime(job), now):
             exclude = reservation.nodes
+        shape = (
+            job.gpus <= self.cluster.max_node_gpus,
+            job.gpus_per_node,
+            job.gpu_models,
+            tuple(sorted(job.labels.items())),
+            job.cpus,
+            job.memory_gb,
+            bool(exclude),
+        )
+        if job.gpus >= pass_.failed.get(shape, math.inf):
+            return pass_.reasons[shape]  # a smaller job of this shape did not fit either
         topology = self.policy.topology
         placement = find_placement(self.state, job, topology=topology, exclude=exclude)
         if placement is not None:
             return placement
-        if exclude and find_placement(self.state, job, topology=topology) is not None:
-            return Reason(
+        if exclude and any(self.state.free[n] for n in exclude):
+            reason = Reason(
                 "policy",
                 "reservation",
                 f"the free GPUs it could use are reserved for job {reservation.job_id}, which "
                 "has priority; it would not end before that job starts",
             )
-        return Reason("placement", *self._placement_message(job, free))
+        else:
+            reason = Reason("placement", *self._placement_message(job, free))
+        pass_.failed[shape] = job.gpus
+        pass_.reasons[shape] = reason
+        return reason
+
+    def _try_preempt(self, job: Job, now: float, pass_: _Pass, limit_node=None) -> bool:
+        """Pre-emption is tried in priority order and stops for the rest of the pass at the
+        first job it cannot help (or after a few successes)."""
+        if pass_.tries <= 0:
+            return False
+        attempted = self._preempt(job, now, limit_node)
+        if attempted is None:
+            return False
+        pass_.tries = pass_.tries - 1 if attempted else 0
+        return attempted
 
     def _preempt(self, job: Job, now: float, limit_node=None) -> bool | None:
         """Try to pre-empt for ``job``: None if there was nothing to try, else success."""
@@ -296,20 +367,17 @@ class Scheduler:
             return None
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
         reclaim = self.policy.quotas and self._reclaims(job)
-        pool = list(self._by_tier[3].values())
-        if reclaim:
-            pool.extend(self._by_tier[2].values())
-        if sum(j.gpus for j in pool) + self._free_for(job) < job.gpus:
+        pool_gpus = self._tier_gpus[3] + (self._tier_gpus[2] if reclaim else 0)
+        if pool_gpus + self._free_for(job) < job.gpus:
             return None
-        found = find_victims(self._victims, job, queue, pool, now, reclaim, limit_node)
+        room = self._on_node[3]
+        if reclaim:
+            room = [a + b for a, b in zip(room, self._on_node[2], strict=True)]
+        found = find_victims(
+            self._victims, job, queue, self.running, room, now, reclaim, limit_node
+        )
         if found is None:
-            tiers = self.settings.tiers
-            later = [
-                j.start_time + tiers[j.tier].minimum_run_time
-                for j in pool
-                if j.start_time + tiers[j.tier].minimum_run_time > now
-            ]
-            self._wake = min(self._wake, *later) if later else self._wake
+            self._wake_for_minimum_run_time(now, reclaim)
             return False
         placement, victims = found
         claim = Claim(placement, {v.id for v in victims})
@@ -327,13 +395,30 @@ class Scheduler:
             victim.preempted_by = job.id
             tier_grace = self.settings.tiers[victim.tier].grace_period
             grace = max(grace, tier_grace)
-            self._outbox.append(Preempt(victim.id, job.id, self.settings.preemption_signal,
-                                        tier_grace))  # fmt: skip
+            self._outbox.append(
+                Preempt(victim.id, job.id, self.settings.preemption_signal, tier_grace)
+            )
         names = ", ".join(v.id for v in victims)
-        self._set_reason(job, Reason("capacity", "preempting",
-                                     f"pre-empting {names}; starts once they have checkpointed",
-                                     now + grace))  # fmt: skip
+        self._set_reason(
+            job,
+            Reason(
+                "capacity",
+                "preempting",
+                f"pre-empting {names}; starts once they have checkpointed",
+                now + grace,
+            ),
+        )
         return True
+
+    def _wake_for_minimum_run_time(self, now: float, reclaim: bool) -> None:
+        """Ask to be called when the next possible victim passes its minimum run time."""
+        for tier in (3, 2) if reclaim else (3,):
+            minimum = self.settings.tiers[tier].minimum_run_time
+            if minimum <= 0:
+                continue
+            for job in self._by_tier[tier].values():
+                if now < job.start_time + minimum < self._wake:
+                    self._wake = job.start_time + minimum
 
     def _hand_over(self, owner: str, victim_id: str, freed: Placement, now: float) -> None:
         """Give a victim's GPUs that the claim needs to the claim; start the owner when whole."""
@@ -352,11 +437,13 @@ class Scheduler:
         job = self.jobs[owner]
         self._drop_claim(job)
         self._start(job, claim.placement, now)
-        self.pending.remove(job)
+        self._leave_pending(job)
 
     # -- bookkeeping -------------------------------------------------------------------------
     def _start(self, job: Job, placement: Placement, now: float) -> None:
         self.state.take(job.id, placement)
+        for part in placement.parts:
+            self._on_node[job.tier][part.node] += part.gpus
         self._set_reason(job, None)
         job.state, job.start_time = JobState.RUNNING, now
         if job.first_start is None:
@@ -364,17 +451,19 @@ class Scheduler:
         job.runs += 1
         self.running[job.id] = job
         self._by_tier[job.tier][job.id] = job
+        self._tier_gpus[job.tier] += job.gpus
+        self._by_queue.setdefault(job.queue, {})[job.id] = job
         insort(self._ends, (self._estimated_end(job), job.id))
         self._account(job, +1, now)
         self._outbox.append(Start(job.id, placement))
 
     def _requeue(self, job: Job, reason: Reason) -> None:
         job.state = JobState.PENDING
-        self.pending.add(job)
+        self.pending.add(job, self._walltime(job))
         self._set_reason(job, reason)
 
     def _leave_pending(self, job: Job) -> None:
-        self.pending.remove(job)
+        self.pending.remove(job, self._walltime(job))
         self._set_reason(job, None)
 
     def _drop_claim(self, job: Job) -> None:
@@ -411,21 +500,27 @@ class Scheduler:
             if job.first_reason is None and job.runs == 0:
                 job.first_reason = reason
 
+    def _walltime(self, job: Job) -> float:
+        return job.walltime or self.settings.default_walltime(job.kind)
+
     def _estimated_end(self, job: Job) -> float:
-        return job.start_time + (job.walltime or self.settings.default_walltime(job.kind))
+        return job.start_time + self._walltime(job)
 
     def _refresh_fair_share(self, now: float) -> None:
         if now - self._fair_time >= self.settings.fair_share_recalc_interval:
             self._fair = fair_share_factors(self.tree, now, self.half_life)
             self._fair_time = now
+            self.pending.refresh()
 
-    def _key(self, job_id: str, now: float) -> tuple:
+    def _key(self, job_id: str) -> tuple:
+        """Priority key (smaller first); see :mod:`.ordering` for why it is time-invariant."""
         job = self.jobs[job_id]
         if self.policy.order == "arrival":
             return (job.submit_time, job_id)
-        s = self.settings
-        age = min(max(now - job.submit_time, 0.0) / s.max_age, 1.0)
-        score = s.fair_share_weight * self._fair.get(job.queue, 1.0) + s.age_weight * age
+        s, t = self.settings, self._fair_time
+        score = s.fair_share_weight * self._fair.get(job.queue, 1.0)
+        if t > -math.inf:
+            score += s.age_weight * (min(t - job.submit_time, s.max_age) - t) / s.max_age
         return (job.tier, -score, job.submit_time, job_id)
 
     def _reclaims(self, job: Job) -> bool:
@@ -454,7 +549,7 @@ class Scheduler:
 
     def pending_jobs(self, now: float) -> list[Job]:
         """Pending jobs in priority order."""
-        return [self.jobs[j] for j in self.pending.ordered(lambda j: self._key(j, now))]
+        return [self.jobs[j] for j in self.pending.ordered()]
 
 
 def _holder(job_id: str) -> str:

@@ -20,7 +20,8 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
       batch: 24h
       notebook: 12h                # a notebook's maximum lifetime
     backfill:
-      depth: 200                   # pending jobs examined for backfill per scheduling pass
+      depth: 200                   # blocked jobs a deep pass examines for backfill
+      interval: 30s                # deep passes (backfill, pre-emption) at most this often
     reaper: {...}                  # idle-session timeouts, see jupyter_gpusched.reaper
 """
 
@@ -59,6 +60,7 @@ class PolicySettings:
     walltime_batch: float = 86400.0
     walltime_notebook: float = 12 * 3600.0
     backfill_depth: int = 200
+    backfill_interval: float = 30.0
     reaper: dict = field(default_factory=dict)
 
     def default_walltime(self, kind: str) -> float:
@@ -100,7 +102,7 @@ class PolicySettings:
         fair = reader.section("fair_share", {"half_life", "weight", "recalc_interval"})
         age = reader.section("age", {"weight", "max_age"})
         walltime = reader.section("walltime", {"batch", "notebook"})
-        backfill = reader.section("backfill", {"depth"})
+        backfill = reader.section("backfill", {"depth", "interval"})
         signal_name = str(data.get("preemption_signal", defaults.preemption_signal)).upper()
         if not signal_name.startswith("SIG"):
             signal_name = "SIG" + signal_name
@@ -138,6 +140,7 @@ class PolicySettings:
             walltime_batch=reader.duration(walltime, "batch", 86400.0, "walltime"),
             walltime_notebook=reader.duration(walltime, "notebook", 12 * 3600.0, "walltime"),
             backfill_depth=int(reader.number(backfill, "depth", 200, "backfill")),
+            backfill_interval=reader.duration(backfill, "interval", 30.0, "backfill"),
             reaper=dict(reaper),
         )
         if settings.fair_share_half_life <= 0:

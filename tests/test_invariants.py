@@ -1,0 +1,606 @@
+"""Property tests of the six engine invariants (DESIGN.md, "Invariants").
+
+Hypothesis builds a small random cluster, an optional random queue tree, random policy settings
+and a random sequence of operations (submissions, time passing, jobs ending, cancellations, nodes
+going to drain/down/up). A :class:`Harness` drives the engine the way the replay adapter does
+(:mod:`jupyter_gpusched.sim.replay`): after every event it calls ``schedule(now)``, carries out
+the decisions (a started job runs until its duration is up; a pre-emption victim keeps running
+until ``job_ended(victim, now + grace, "preempted")``; a stopped job ends at once) and checks the
+invariants after every ``schedule()`` call.
+
+Invariants checked:
+1. no GPU held twice; ``free_mask`` is the complement of the held masks; CPUs/memory within nodes;
+2. gang: a running job holds exactly ``job.gpus`` GPUs, in the shape ``gpus_per_node`` asks for;
+3. for every queue and its ancestors: running GPUs <= limit, and ``queue.running`` is consistent;
+4. pre-emption rules (tier 1 never a victim, tier 3 never a pre-emptor, tier 2 only reclaimed by a
+   tier-1 job or a job under its guarantee and never below the victim queue's guarantee, minimum
+   run time respected, no pre-emption in turns);
+5. determinism: the same inputs give the same decisions (also across ``PYTHONHASHSEED`` values);
+6. every pending job has exactly one current reason, of family capacity|placement|policy.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jupyter_gpusched.core import (
+    Cluster,
+    Job,
+    JobState,
+    PolicySettings,
+    Preempt,
+    QueueTree,
+    Reason,
+    Scheduler,
+    Start,
+    Stop,
+)
+from jupyter_gpusched.core.settings import TierSettings
+
+FAMILIES = ("capacity", "placement", "policy")
+EPS = 1e-6
+END, KILL, WAKE = 0, 1, 2  # at one instant: ends, then pre-emption kills (as in the replay)
+
+# No profile is registered here: the suite's profile (if any) decides max_examples.
+COMMON = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# -- strategies --------------------------------------------------------------------------------
+@st.composite
+def clusters(draw, max_nodes: int = 6) -> dict:
+    """A cluster file (parsed): 1-6 nodes under 1-3 leaves under 1-2 spines."""
+    n_spines = draw(st.integers(1, 2))
+    n_leaves = draw(st.integers(1, 3))
+    spine_of = [draw(st.integers(0, n_spines - 1)) for _ in range(n_leaves)]
+    switches = {f"s{s}": [f"l{i}" for i in range(n_leaves) if spine_of[i] == s] for s in
+                range(n_spines)}  # fmt: skip
+    nodes = []
+    for i in range(draw(st.integers(1, max_nodes))):
+        gpus = draw(st.integers(1, 8))
+        node = {
+            "name": f"n{i}",
+            "gpus": gpus,
+            "nvlink": draw(st.sampled_from(["all", "none", "pairs"])),
+            "leaf": f"l{draw(st.integers(0, n_leaves - 1))}",
+        }
+        switches_per_node = draw(st.sampled_from([s for s in (1, 2, 4) if gpus % s == 0]))
+        if switches_per_node > 1:
+            node["pcie_switches"] = switches_per_node
+        if draw(st.integers(0, 4)) == 0:
+            node["gpu_model"] = "b"  # the rest: the default model
+        if draw(st.booleans()):
+            node["cpus"] = draw(st.integers(4, 64))
+        if draw(st.booleans()):
+            node["memory_gb"] = draw(st.integers(16, 512))
+        if draw(st.integers(0, 5)) == 0:
+            node["state"] = draw(st.sampled_from(["drain", "down"]))
+        nodes.append(node)
+    return {"nodes": nodes, "switches": switches}
+
+
+@st.composite
+def queue_trees(draw, total: int, contended: bool = False) -> dict | None:
+    """None (one root queue), or 1-3 top-level queues, each a leaf or with 1-3 children;
+    guarantees fit inside the parent's (and the cluster); limits are >= the guarantee.
+    ``contended``: always 2-3 top-level queues that split the cluster, rarely a limit."""
+    if not contended and draw(st.integers(0, 3)) == 0:
+        return None
+
+    def queue(guaranteed: int) -> dict:
+        spec: dict = {"guaranteed": guaranteed}
+        if draw(st.integers(0, 4 if contended else 1)) == 1:
+            spec["limit"] = guaranteed + draw(st.sampled_from([total, 0, 1, total // 2, total]))
+        return spec
+
+    def share(available: int, even: int) -> int:
+        # guarantees biased towards real shares (small integers alone mostly reject jobs)
+        options = [even, 1, available] if contended else [0, 1, 2, available // 2, available]
+        return min(available, draw(st.sampled_from(options)))
+
+    top: dict = {}
+    remaining = total
+    n_top = draw(st.integers(2, 3) if contended else st.integers(1, 3))
+    for i in range(n_top):
+        g = share(remaining, total // n_top)
+        remaining -= g
+        spec = queue(g)
+        n_children = draw(st.integers(0, 3))
+        if n_children:
+            children, left = {}, g
+            for c in range(n_children):
+                cg = share(left, g // n_children)
+                left -= cg
+                children[f"c{c}"] = queue(cg)
+            spec["children"] = children
+        top[f"q{i}"] = spec
+    return {"queues": top}
+
+
+def leaves_of(queues: dict | None) -> list[str]:
+    if queues is None:
+        return [""]
+    out = []
+    for name, spec in queues["queues"].items():
+        if "children" in spec:
+            out.extend(f"{name}/{child}" for child in spec["children"])
+        else:
+            out.append(name)
+    return out
+
+
+policy_settings = st.fixed_dictionaries(
+    {
+        "grace2": st.sampled_from([0.0, 30.0, 300.0]),
+        "minrun2": st.sampled_from([0.0, 100.0, 600.0]),
+        "grace3": st.sampled_from([0.0, 60.0]),
+        "minrun3": st.sampled_from([0.0, 0.0, 120.0]),
+        "backfill_depth": st.sampled_from([200, 200, 1, 2]),
+        "recalc": st.sampled_from([300.0, 0.0]),
+    }
+)
+
+
+def build_settings(spec: dict) -> PolicySettings:
+    return PolicySettings(
+        tiers={
+            1: TierSettings(0.0, 0.0),
+            2: TierSettings(spec["grace2"], spec["minrun2"]),
+            3: TierSettings(spec["grace3"], spec["minrun3"]),
+        },
+        backfill_depth=spec["backfill_depth"],
+        fair_share_recalc_interval=spec["recalc"],
+    )
+
+
+@st.composite
+def submit_ops(draw, sizes: list[int], n_leaves: int, models: list, cpus: bool, memory: bool,
+               contended: bool = False):  # fmt: skip
+    """A job; ``sizes`` are the GPU counts of the nodes (shapes mostly fit the cluster)."""
+    total = sum(sizes)
+    gpus = min(total, draw(st.sampled_from([1, 1, 2, 3, 4, 8, max(1, total // 2), total])))
+    shapes = [
+        d
+        for d in range(1, gpus + 1)
+        if gpus % d == 0 and sum(1 for size in sizes if size >= d) >= gpus // d
+    ]
+    gpn = draw(st.sampled_from([None, None, *shapes]))
+    op = {
+        "op": "submit",
+        "gpus": gpus,
+        "gpus_per_node": gpn,
+        "tier": draw(st.sampled_from([2, 3, 3, 1]) if contended else st.integers(1, 3)),
+        "queue": draw(st.integers(0, n_leaves - 1)),
+        "kind": draw(st.sampled_from(["batch", "batch", "notebook"])),
+        "walltime": draw(st.none() | st.sampled_from([100.0, 1000.0, 5000.0, 30000.0])),
+        "duration": draw(st.sampled_from([50.0, 400.0, 1000.0, 3000.0, 20000.0, 20000.0])),
+        "cpus": draw(st.none() | st.integers(1, 48)) if cpus else None,
+        "memory_gb": draw(st.none() | st.integers(1, 300)) if memory else None,
+        "models": draw(st.sampled_from([None, None, None, *([m] for m in models)])),
+    }
+    return op
+
+
+@st.composite
+def scenarios(draw, max_ops: int = 60, contended: bool = False) -> dict:
+    """Everything one run needs. ``contended``: a small cluster split between queues, busy with
+    tier-2 and tier-3 work, where pre-emption (reclaim in particular) happens often."""
+    cluster = draw(clusters(3 if contended else 6))
+    sizes = [n["gpus"] for n in cluster["nodes"]]
+    total = sum(sizes)
+    queues = draw(queue_trees(total, contended))
+    n_leaves = len(leaves_of(queues))
+    n_nodes = len(cluster["nodes"])
+    models = sorted({n.get("gpu_model", "gpu") for n in cluster["nodes"]})
+    node_cpus = any("cpus" in n for n in cluster["nodes"])
+    node_mem = any("memory_gb" in n for n in cluster["nodes"])
+    kinds = {
+        "advance": st.fixed_dictionaries(
+            {
+                "op": st.just("advance"),
+                "seconds": st.sampled_from([0.0, 30.0, 200.0, 700.0, 5000.0]),
+            }
+        ),
+        "submit": submit_ops(sizes, n_leaves, models, node_cpus, node_mem, contended),
+        "end": st.fixed_dictionaries(
+            {"op": st.just("end"), "pick": st.integers(0, 20), "failed": st.booleans()}
+        ),
+        "cancel": st.fixed_dictionaries({"op": st.just("cancel"), "pick": st.integers(0, 40)}),
+        "node": st.fixed_dictionaries(
+            {
+                "op": st.just("node"),
+                "node": st.integers(0, n_nodes - 1),
+                "state": st.sampled_from(["up", "up", "drain", "down"]),
+            }
+        ),
+    }
+    # weights by repetition; the first kind is what shrinking aims for: a harmless pause
+    mix = ["advance", "submit", "submit", "submit", "submit", "advance", "end", "cancel", "node"]
+    if contended:
+        mix = ["advance", "submit", "submit", "submit", "advance", "end", "cancel"]
+    op = st.sampled_from(mix).flatmap(kinds.__getitem__)
+    return {
+        "cluster": cluster,
+        "queues": queues,
+        "settings": draw(policy_settings),
+        "ops": draw(st.lists(op, min_size=10, max_size=max_ops)),
+    }
+
+
+# -- the harness -------------------------------------------------------------------------------
+def _chain_paths(tree: QueueTree, path: str) -> list[str]:
+    return [q.path for q in tree.get(path).chain()]
+
+
+class Harness:
+    """Drives one Scheduler like the replay adapter, checking invariants after each pass."""
+
+    def __init__(self, scenario: dict, policy: str, check: bool = True):
+        self.scenario = scenario
+        self.cluster = Cluster.from_dict(scenario["cluster"])
+        queues = scenario["queues"]
+        tree = None if queues is None else QueueTree.from_dict(queues, self.cluster.total_gpus)
+        self.settings = build_settings(scenario["settings"])
+        self.sched = Scheduler(self.cluster, tree, self.settings, policy)
+        self.leaves = leaves_of(queues)
+        self.check = check
+        self.now = 0.0
+        self.seq = 0
+        self.events: list[tuple] = []  # (time, kind, seq, job_id, run)
+        self.woken: float | None = None
+        self.runs: dict[str, int] = {}
+        self.durations: dict[str, float] = {}
+        self.started: dict[str, tuple[float, Start]] = {}  # running jobs: (start time, decision)
+        self.signalled: dict[str, str] = {}  # victim -> pre-emptor, until the victim leaves
+        self.preempted_pairs: set[tuple[str, str]] = set()  # (pre-emptor, victim), ever
+        self.log: list = []  # what determinism compares
+        self.ids: list[str] = []
+
+    # -- operations ----------------------------------------------------------------------------
+    def run(self) -> list:
+        self.settle()
+        for op in self.scenario["ops"]:
+            self.apply(op)
+        self.advance(math.inf)  # let everything finish (or stay blocked)
+        return self.log
+
+    def apply(self, op: dict) -> None:
+        kind = op["op"]
+        if kind == "submit":
+            job_id = f"j{len(self.ids)}"
+            self.ids.append(job_id)
+            self.durations[job_id] = op["duration"]
+            job = Job(
+                id=job_id,
+                gpus=op["gpus"],
+                submit_time=self.now,
+                tier=op["tier"],
+                queue=self.leaves[op["queue"] % len(self.leaves)],
+                kind=op["kind"],
+                gpus_per_node=op["gpus_per_node"],
+                gpu_models=None if op["models"] is None else frozenset(op["models"]),
+                cpus=op["cpus"],
+                memory_gb=op["memory_gb"],
+                walltime=op["walltime"],
+            )
+            self.sched.submit(job, self.now)
+            self.settle()
+        elif kind == "advance":
+            self.advance(self.now + op["seconds"])
+        elif kind == "end":
+            running = sorted(self.sched.running)
+            if running:
+                job_id = running[op["pick"] % len(running)]
+                self.sched.job_ended(job_id, self.now, "failed" if op["failed"] else "completed")
+                self.settle()
+        elif kind == "cancel":
+            if self.ids:
+                self.sched.cancel(self.ids[op["pick"] % len(self.ids)], self.now)
+                self.settle()
+        elif kind == "node":
+            name = self.cluster.nodes[op["node"]].name
+            self.sched.set_node_state(name, op["state"], self.now)
+            self.settle()
+        else:  # pragma: no cover - the strategy makes only the kinds above
+            raise AssertionError(kind)
+
+    def advance(self, until: float) -> None:
+        while self.events and self.events[0][0] <= until:
+            self.now = self.events[0][0]
+            self.settle()
+        if until != math.inf:
+            self.now = until
+            self.settle()
+
+    def settle(self) -> None:
+        """Apply the events due now, schedule, carry out the decisions; until nothing is due."""
+        while True:
+            while self.events and self.events[0][0] <= self.now:
+                _, kind, _, job_id, run = heapq.heappop(self.events)
+                if kind == WAKE or run != self.runs.get(job_id) or job_id not in self.sched.running:
+                    continue  # that run is already over
+                outcome = "completed" if kind == END else "preempted"
+                self.sched.job_ended(job_id, self.now, outcome)
+            self._sync()
+            before = self._queue_snapshot()
+            decisions = self.sched.schedule(self.now)
+            self.log.append((self.now, tuple(decisions), self._pending_summary()))
+            if self.check:
+                self.check_decisions(decisions, before)
+            for decision in decisions:
+                self._carry_out(decision)
+            self._sync()
+            if self.check:
+                self.check_state()
+            wake = self.sched.next_wakeup()  # a victim passes its minimum run time then
+            if wake is not None and wake > self.now and wake != self.woken:
+                heapq.heappush(self.events, (wake, WAKE, self.seq, "", 0))
+                self.woken, self.seq = wake, self.seq + 1
+            if not (self.events and self.events[0][0] <= self.now):
+                return
+
+    def _push(self, when: float, kind: int, job_id: str) -> None:
+        heapq.heappush(self.events, (when, kind, self.seq, job_id, self.runs[job_id]))
+        self.seq += 1
+
+    def _carry_out(self, decision) -> None:
+        if isinstance(decision, Start):
+            self.runs[decision.job_id] = self.runs.get(decision.job_id, 0) + 1
+            self.started[decision.job_id] = (self.now, decision)
+            self._push(self.now + self.durations[decision.job_id], END, decision.job_id)
+        elif isinstance(decision, Preempt):
+            self.signalled[decision.job_id] = decision.by
+            self._push(self.now + decision.grace, KILL, decision.job_id)
+        elif isinstance(decision, Stop) and decision.job_id in self.sched.running:
+            self._push(self.now, END, decision.job_id)
+
+    def _sync(self) -> None:
+        """Forget jobs that have stopped running (ended by us or by the engine)."""
+        running = self.sched.running
+        self.started = {k: v for k, v in self.started.items() if k in running}
+        self.signalled = {k: v for k, v in self.signalled.items() if k in running}
+
+    def _queue_snapshot(self) -> dict[str, float]:
+        return {p: q.running + q.claimed for p, q in self.sched.tree.by_path.items()}
+
+    def _pending_summary(self) -> tuple:
+        return tuple(
+            (j.id, j.state.value, None if j.reason is None else (j.reason.family, j.reason.detail))
+            for j in self.sched.jobs.values()
+        )
+
+    # -- invariants ----------------------------------------------------------------------------
+    def check_decisions(self, decisions: list, before: dict[str, float]) -> None:
+        """Invariant 4, on the Preempt decisions of one pass (``before``: each queue's running +
+        claimed GPUs just before the pass)."""
+        sched = self.sched
+        tiers = self.settings.tiers
+        quotas = sched.policy.quotas
+        tier2_victims: list[Preempt] = []
+        for d in decisions:
+            if not isinstance(d, Preempt):
+                continue
+            assert sched.policy.preemption, f"policy {sched.policy.name} pre-empted: {d}"
+            victim, by = sched.jobs[d.job_id], sched.jobs[d.by]
+            assert victim.id in sched.running, f"{d}: the victim is not running"
+            assert by.state == JobState.PENDING, f"{d}: the pre-emptor is {by.state}"
+            assert victim.tier != 1, f"{d}: a tier-1 job was pre-empted"
+            assert by.tier != 3, f"{d}: a tier-3 job pre-empted"
+            ran = self.now - self.started.get(victim.id, (victim.start_time,))[0]
+            minimum = tiers[victim.tier].minimum_run_time
+            assert ran >= minimum - EPS, f"{d}: victim ran {ran}s < minimum run time {minimum}s"
+            assert (d.job_id, d.by) not in self.preempted_pairs, (
+                f"{d}: {d.job_id} pre-empted {d.by} earlier; they pre-empt each other in turns"
+            )
+            self.preempted_pairs.add((d.by, d.job_id))
+            assert math.isclose(d.grace, tiers[victim.tier].grace_period), d
+            if victim.tier == 2:
+                assert quotas, f"{d}: tier 2 pre-empted without quotas"
+                assert victim.queue != by.queue, f"{d}: tier-2 victim in the pre-emptor's queue"
+                if by.tier != 1:
+                    # before the pass the pre-emptor's queues used at least ``before``; it was
+                    # under its guarantee only if that plus its request fits every guarantee
+                    # (the implicit root, the whole cluster, excepted)
+                    for path in _chain_paths(sched.tree, by.queue)[:-1]:
+                        q = sched.tree.get(path)
+                        assert before[path] + by.gpus <= q.guaranteed + EPS, (
+                            f"{d}: tier-2 victim, but the pre-emptor's queue {q.label()} was not "
+                            f"under its guarantee ({before[path]:g} used + {by.gpus} asked > "
+                            f"{q.guaranteed:g})"
+                        )
+                tier2_victims.append(d)
+        self._check_guarantee_floor(tier2_victims)
+
+    def _check_guarantee_floor(self, tier2_victims: list[Preempt]) -> None:
+        """Pre-empting tier-2 jobs never takes a queue (that is not also the pre-emptor's) below
+        its guarantee: once every signalled tier-2 job has left and every claim has started,
+        the queue still runs at least its guarantee."""
+        sched, tree = self.sched, self.sched.tree
+        leaving = [
+            sched.jobs[v]
+            for v in set(self.signalled) | {d.job_id for d in tier2_victims}
+            if sched.jobs[v].tier == 2
+        ]
+        for d in tier2_victims:
+            victim, by = sched.jobs[d.job_id], sched.jobs[d.by]
+            by_chain = set(_chain_paths(tree, by.queue))
+            for path in _chain_paths(tree, victim.queue):
+                if path in by_chain:
+                    continue
+                q = tree.get(path)
+                gone = sum(j.gpus for j in leaving if path in _chain_paths(tree, j.queue))
+                assert q.running + q.claimed - gone >= q.guaranteed - EPS, (
+                    f"{d}: queue {q.label()} drops below its guarantee {q.guaranteed:g} "
+                    f"(running {q.running:g} + claimed {q.claimed:g} - leaving tier-2 {gone})"
+                )
+
+    def check_state(self) -> None:
+        sched, state, cluster = self.sched, self.sched.state, self.cluster
+        jobs = sched.jobs
+
+        # -- invariant 1: no GPU held twice; free_mask is the complement; CPUs/memory fit
+        held = [0] * len(cluster.nodes)
+        cpus = [0.0] * len(cluster.nodes)
+        memory = [0.0] * len(cluster.nodes)
+        for holder, placement in state.allocations.items():
+            owner = holder.split("\0")[0]
+            assert holder in sched.running or jobs[owner].state == JobState.PENDING, (
+                f"{holder!r} holds GPUs but is {jobs[owner].state.value}"
+            )
+            for part in placement.parts:
+                node = cluster.nodes[part.node]
+                assert part.mask and not part.mask & ~node.all_mask, (holder, part)
+                overlap = held[part.node] & part.mask
+                assert not overlap, (
+                    f"GPUs {overlap:b} of {node.name} allocated twice (one holder {holder!r}); "
+                    f"allocations: {state.allocations}"
+                )
+                held[part.node] |= part.mask
+                cpus[part.node] += part.cpus
+                memory[part.node] += part.memory_gb
+        for node in cluster.nodes:
+            i = node.index
+            assert state.free_mask[i] == node.all_mask & ~held[i], (
+                f"{node.name}: free_mask {state.free_mask[i]:b} but held {held[i]:b}"
+            )
+            assert state.free[i] == state.free_mask[i].bit_count(), node.name
+            if node.cpus is not None:
+                assert cpus[i] <= node.cpus + EPS, f"{node.name}: {cpus[i]} CPUs > {node.cpus}"
+                assert math.isclose(state.cpu_free[i], node.cpus - cpus[i], abs_tol=EPS)
+            if node.memory_gb is not None:
+                assert memory[i] <= node.memory_gb + EPS, (
+                    f"{node.name}: {memory[i]} GB > {node.memory_gb}"
+                )
+                assert math.isclose(state.mem_free[i], node.memory_gb - memory[i], abs_tol=EPS)
+        up = [n.index for n in cluster.nodes if state.node_state[n.index] == "up"]
+        assert state.free_total == sum(state.free[i] for i in up), "free_total is stale"
+
+        # the adapter's view: exactly the jobs it was told to start are running, where told
+        running = {j.id for j in jobs.values() if j.state == JobState.RUNNING}
+        assert set(sched.running) == running
+        assert set(self.started) == running, (
+            f"running without a Start: {running - set(self.started)}"
+        )
+        for job_id, (_, start) in self.started.items():
+            assert state.allocations.get(job_id) == start.placement, (
+                f"{job_id} holds {state.allocations.get(job_id)}, was started on {start.placement}"
+            )
+
+        # -- invariant 2: gang shape
+        for job_id in running:
+            job, placement = jobs[job_id], state.allocations[job_id]
+            nodes = [p.node for p in placement.parts]
+            assert placement.gpus == job.gpus, f"{job_id} holds {placement.gpus}/{job.gpus} GPUs"
+            assert len(set(nodes)) == len(nodes), f"{job_id}: two parts on one node {placement}"
+            if job.gpus_per_node:
+                assert all(p.gpus == job.gpus_per_node for p in placement.parts), (
+                    f"{job_id} wants {job.gpus_per_node} per node, got {placement}"
+                )
+            if job.gpu_models is not None:
+                assert all(cluster.nodes[n].gpu_model in job.gpu_models for n in nodes), job_id
+            if job.cpus:
+                assert math.isclose(sum(p.cpus for p in placement.parts), job.cpus), job_id
+            if job.memory_gb:
+                assert math.isclose(sum(p.memory_gb for p in placement.parts), job.memory_gb)
+
+        # -- invariant 3: limits along every chain; queue.running is the recomputed sum
+        tree = sched.tree
+        claims = getattr(sched, "_claims", {})
+        for path, queue in tree.by_path.items():
+            if sched.policy.quotas:
+                members = [j for j in jobs.values() if path in _chain_paths(tree, j.queue)]
+            else:
+                members = list(jobs.values()) if queue is tree.root else []
+            used = sum(j.gpus for j in members if j.state == JobState.RUNNING)
+            assert math.isclose(queue.running, used, abs_tol=EPS), (
+                f"queue {queue.label()}: running says {queue.running:g}, jobs hold {used}"
+            )
+            assert used <= queue.limit + EPS, (
+                f"queue {queue.label()} runs {used} GPUs over its limit {queue.limit:g}"
+            )
+            claimed = sum(j.gpus for j in members if j.id in claims)
+            assert math.isclose(queue.claimed, claimed, abs_tol=EPS), (
+                f"queue {queue.label()}: claimed says {queue.claimed:g}, claims hold {claimed}"
+            )
+
+        # -- invariant 6: every pending job has exactly one current reason
+        by_family = dict.fromkeys(FAMILIES, 0)
+        pending = 0
+        for job in jobs.values():
+            if job.state == JobState.PENDING:
+                pending += 1
+                assert isinstance(job.reason, Reason), f"pending {job.id} has no reason"
+                assert job.reason.family in FAMILIES, f"{job.id}: {job.reason}"
+                by_family[job.reason.family] += job.gpus
+            else:
+                assert job.reason is None, f"{job.id} is {job.state.value} but has {job.reason}"
+        assert len(sched.pending) == pending, f"{len(sched.pending)} queued, {pending} pending"
+        assert sched.pending_gpus_by_reason == by_family, (
+            f"pending GPUs by reason {sched.pending_gpus_by_reason} != {by_family}"
+        )
+
+
+# -- the tests ---------------------------------------------------------------------------------
+@COMMON
+@given(scenario=scenarios())
+def test_invariants_gpusched(scenario):
+    Harness(scenario, "gpusched").run()
+
+
+@COMMON
+@given(scenario=scenarios(contended=True))
+def test_invariants_gpusched_contended(scenario):
+    Harness(scenario, "gpusched").run()
+
+
+@COMMON
+@given(scenario=scenarios())
+def test_invariants_fifo(scenario):
+    Harness(scenario, "fifo").run()
+
+
+@COMMON
+@given(scenario=scenarios(), policy=st.sampled_from(["gpusched", "fifo"]))
+def test_same_inputs_same_decisions(scenario, policy):
+    first = Harness(scenario, policy, check=False).run()
+    second = Harness(json.loads(json.dumps(scenario)), policy, check=False).run()
+    assert first == second
+
+
+_CHILD = (
+    "import json, sys; sys.path.insert(0, 'tests'); import test_invariants as t; "
+    "s = json.load(sys.stdin); "
+    "print(json.dumps([[p, repr(t.Harness(x, p, check=False).run())] for x in s "
+    "for p in ('gpusched', 'fifo')]))"
+)
+
+
+@settings(COMMON, max_examples=5)
+@given(batch=st.lists(scenarios(max_ops=25), min_size=4, max_size=4))
+def test_same_decisions_across_hash_seeds(batch):
+    """String hashing changes between processes; decisions must not."""
+    root = Path(__file__).resolve().parent.parent
+    outputs = []
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD],
+            input=json.dumps(batch),
+            capture_output=True,
+            text=True,
+            cwd=root,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        outputs.append(json.loads(done.stdout))
+    assert outputs[0] == outputs[1]

@@ -18,7 +18,6 @@ restored.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 from .jobs import Job
@@ -83,16 +82,8 @@ def find_victims(
     options = []  # (cost, node, victims): the cheapest way to make room on each node
     need = per_node or 1
     nodes = cluster.nodes
-    # look closely only at the nodes that need the fewest GPUs freed
-    promising = heapq.nsmallest(
-        NODES_EXAMINED + (job.gpus // need),
-        (
-            (max(need - state.free[idx], 0), idx)
-            for idx in range(len(nodes))
-            if state.free[idx] + room[idx] >= need and state.node_state[idx] == "up"
-        ),
-    )
-    for _, idx in promising:
+    promising = _promising_nodes(state, job, need, room, NODES_EXAMINED + job.gpus // need)
+    for idx in promising:
         node = nodes[idx]
         free = state.free[idx]
         if job.gpu_models is not None and node.gpu_model not in job.gpu_models:
@@ -133,6 +124,23 @@ def find_victims(
             return None
     victims = list({v.id: v for group in picked for v in group}.values())
     return _verify(ctx, job, victims, guard, limit_node)
+
+
+def _promising_nodes(state, job, need: int, room: list[int], wanted: int) -> list[int]:
+    """Up to ``wanted`` nodes where pre-emption could make room, those with the most free GPUs
+    (the fewest to free) first; nodes by index within a leaf, leaves by name."""
+    out: list[int] = []
+    models = [m for m in state.index if job.gpu_models is None or m in job.gpu_models]
+    for count in range(len(next(iter(state.index.values()))) - 1, -1, -1):
+        for model in models:
+            by_leaf = state.index[model][count]
+            for leaf in sorted(by_leaf):
+                for idx in sorted(by_leaf[leaf]):
+                    if count + room[idx] >= need:
+                        out.append(idx)
+                        if len(out) >= wanted:
+                            return out
+    return out
 
 
 def _verify(ctx, job, victims, guard, limit_node):

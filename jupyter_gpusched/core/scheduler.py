@@ -416,9 +416,11 @@ class Scheduler:
             minimum = self.settings.tiers[tier].minimum_run_time
             if minimum <= 0:
                 continue
-            for job in self._by_tier[tier].values():
-                if now < job.start_time + minimum < self._wake:
-                    self._wake = job.start_time + minimum
+            # running jobs are kept in start order: walk back over those still inside it
+            for job in reversed(self._by_tier[tier].values()):
+                if job.start_time + minimum <= now:
+                    break
+                self._wake = min(self._wake, job.start_time + minimum)
 
     def _hand_over(self, owner: str, victim_id: str, freed: Placement, now: float) -> None:
         """Give a victim's GPUs that the claim needs to the claim; start the owner when whole."""

@@ -412,6 +412,8 @@ class Scheduler:
 
     def _wake_for_minimum_run_time(self, now: float, reclaim: bool) -> None:
         """Ask to be called when the next possible victim passes its minimum run time."""
+        if self._wake < math.inf:
+            return  # already due no later than any job that started since
         for tier in (3, 2) if reclaim else (3,):
             minimum = self.settings.tiers[tier].minimum_run_time
             if minimum <= 0:

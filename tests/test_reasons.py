@@ -1,4 +1,4 @@
-"""Every pending job says why: capacity, placement or policy; jobs that can never run are rejected."""
+"""Every pending job says why (capacity, placement or policy); impossible jobs are rejected."""
 
 from helpers import cluster, job, queues, started
 

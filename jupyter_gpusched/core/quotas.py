@@ -41,13 +41,17 @@ class Queue:
     def is_leaf(self) -> bool:
         return not self.children
 
-    def chain(self) -> list[Queue]:
-        """This queue and its ancestors up to (and including) the root."""
-        node, out = self, []
-        while node is not None:
-            out.append(node)
-            node = node.parent
-        return out
+    def chain(self) -> tuple[Queue, ...]:
+        """This queue and its ancestors up to (and including) the root (the tree is fixed once
+        built, so this is computed once)."""
+        cached = self.__dict__.get("_chain")
+        if cached is None:
+            node, out = self, []
+            while node is not None:
+                out.append(node)
+                node = node.parent
+            cached = self.__dict__["_chain"] = tuple(out)
+        return cached
 
     def label(self) -> str:
         return self.path or ROOT

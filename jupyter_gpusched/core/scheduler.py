@@ -111,6 +111,7 @@ class Scheduler:
         self._new: list[str] = []
         self._freed = False
         self._fair: dict[str, float] = {}
+        self._keys: dict[str, tuple] = {}  # priority keys, until fair share is recomputed
         self._fair_time = -math.inf  # the time the factors (and the static keys) were computed
         self._wake = math.inf  # when a victim passes its minimum run time, or a deep pass is due
         self._last_deep = -math.inf
@@ -255,8 +256,7 @@ class Scheduler:
                 break
             if job_id in self._claims:
                 continue
-            key = self._key(job_id)
-            behind = pass_.reserved_key is not None and key > pass_.reserved_key
+            behind = pass_.reserved_key is not None and self._key(job_id) > pass_.reserved_key
             outcome = self._evaluate(job, now, self.reservation if behind else None, pass_)
             if isinstance(outcome, Placement):
                 self._start(job, outcome, now)
@@ -274,7 +274,7 @@ class Scheduler:
                     if deep or previous is None or previous.job_id != job_id:
                         previous = reserve(self.state, job, self._ends, self.jobs, now)
                     self.reservation = previous  # a quick pass keeps the last one's estimate
-                    pass_.reserved_key = key
+                    pass_.reserved_key = self._key(job_id)
                     pass_.failed.clear()  # the reserved nodes changed
                     outcome = Reason(
                         outcome.family, outcome.detail, outcome.message, self.reservation.start
@@ -514,10 +514,18 @@ class Scheduler:
         if now - self._fair_time >= self.settings.fair_share_recalc_interval:
             self._fair = fair_share_factors(self.tree, now, self.half_life)
             self._fair_time = now
+            self._keys.clear()
             self.pending.refresh()
 
     def _key(self, job_id: str) -> tuple:
-        """Priority key (smaller first); see :mod:`.ordering` for why it is time-invariant."""
+        """Priority key (smaller first); see :mod:`.ordering` for why it is time-invariant.
+        Cached until the fair-share factors change."""
+        key = self._keys.get(job_id)
+        if key is None:
+            key = self._keys[job_id] = self._compute_key(job_id)
+        return key
+
+    def _compute_key(self, job_id: str) -> tuple:
         job = self.jobs[job_id]
         if self.policy.order == "arrival":
             return (job.submit_time, job_id)

@@ -103,7 +103,7 @@ def queue_trees(draw, total: int, contended: bool = False) -> dict | None:
 
     def share(available: int, even: int) -> int:
         # guarantees biased towards real shares (small integers alone mostly reject jobs)
-        options = [even, 1, available] if contended else [0, 1, 2, available // 2, available]
+        options = [even, 0, 1, available] if contended else [0, 1, 2, available // 2, available]
         return min(available, draw(st.sampled_from(options)))
 
     top: dict = {}
@@ -190,18 +190,25 @@ def submit_ops(draw, sizes: list[int], n_leaves: int, models: list, cpus: bool, 
 
 
 @st.composite
-def scenarios(draw, max_ops: int = 60, contended: bool = False) -> dict:
-    """Everything one run needs. ``contended``: a small cluster split between queues, busy with
-    tier-2 and tier-3 work, where pre-emption (reclaim in particular) happens often."""
-    cluster = draw(clusters(3 if contended else 6))
+def scenarios(draw, max_ops: int = 60, mode: str = "mixed") -> dict:
+    """Everything one run needs. ``mode``:
+    - ``mixed``: up to 6 nodes, any queue tree, every kind of operation;
+    - ``contended``: a small cluster split between queues, busy with tier-2 and tier-3 work, where
+      pre-emption happens often;
+    - ``reclaim``: as contended, but it starts with one queue filling the cluster with tier-2
+      work and then a burst of tier-1/tier-2 jobs from the queues (borrowed capacity is reclaimed,
+      possibly by several jobs while the first victims are still in their grace period)."""
+    small = mode != "mixed"
+    cluster = draw(clusters(3 if small else 6))
     sizes = [n["gpus"] for n in cluster["nodes"]]
     total = sum(sizes)
-    queues = draw(queue_trees(total, contended))
+    queues = draw(queue_trees(total, small))
     n_leaves = len(leaves_of(queues))
     n_nodes = len(cluster["nodes"])
     models = sorted({n.get("gpu_model", "gpu") for n in cluster["nodes"]})
     node_cpus = any("cpus" in n for n in cluster["nodes"])
     node_mem = any("memory_gb" in n for n in cluster["nodes"])
+    submit = submit_ops(sizes, n_leaves, models, node_cpus, node_mem, small)
     kinds = {
         "advance": st.fixed_dictionaries(
             {
@@ -209,7 +216,7 @@ def scenarios(draw, max_ops: int = 60, contended: bool = False) -> dict:
                 "seconds": st.sampled_from([0.0, 30.0, 200.0, 700.0, 5000.0]),
             }
         ),
-        "submit": submit_ops(sizes, n_leaves, models, node_cpus, node_mem, contended),
+        "submit": submit,
         "end": st.fixed_dictionaries(
             {"op": st.just("end"), "pick": st.integers(0, 20), "failed": st.booleans()}
         ),
@@ -224,14 +231,26 @@ def scenarios(draw, max_ops: int = 60, contended: bool = False) -> dict:
     }
     # weights by repetition; the first kind is what shrinking aims for: a harmless pause
     mix = ["advance", "submit", "submit", "submit", "submit", "advance", "end", "cancel", "node"]
-    if contended:
-        mix = ["advance", "submit", "submit", "submit", "advance", "end", "cancel"]
+    if small:
+        mix = ["advance", "submit", "submit", "submit", "advance", "end", "cancel", "node"]
     op = st.sampled_from(mix).flatmap(kinds.__getitem__)
+    ops = []
+    if mode == "reclaim":
+        borrower = draw(st.integers(0, n_leaves - 1))
+        for _ in range(draw(st.integers(1, 6))):
+            ops.append({**draw(submit), "queue": borrower, "tier": draw(st.sampled_from([2, 3]))})
+        ops.append({"op": "advance", "seconds": draw(st.sampled_from([0.0, 700.0, 2000.0]))})
+        if draw(st.booleans()):
+            ops.append(draw(kinds["node"]))
+        for _ in range(draw(st.integers(1, 5))):
+            ops.append({**draw(submit), "tier": draw(st.sampled_from([2, 1]))})
+            ops.append({"op": "advance", "seconds": draw(st.sampled_from([0.0, 30.0]))})
+    ops.extend(draw(st.lists(op, min_size=0 if ops else 10, max_size=max_ops)))
     return {
         "cluster": cluster,
         "queues": queues,
         "settings": draw(policy_settings),
-        "ops": draw(st.lists(op, min_size=10, max_size=max_ops)),
+        "ops": ops,
     }
 
 
@@ -556,8 +575,14 @@ def test_invariants_gpusched(scenario):
 
 
 @COMMON
-@given(scenario=scenarios(contended=True))
+@given(scenario=scenarios(mode="contended"))
 def test_invariants_gpusched_contended(scenario):
+    Harness(scenario, "gpusched").run()
+
+
+@COMMON
+@given(scenario=scenarios(mode="reclaim"))
+def test_invariants_gpusched_reclaim(scenario):
     Harness(scenario, "gpusched").run()
 
 

@@ -23,6 +23,7 @@ from ..core.settings import PolicySettings
 from .trace import TraceJob
 
 END, KILL, WAKE, SUBMIT = 0, 1, 2, 3  # at one instant: ends and kills, then submissions
+QUEUE_SAMPLE_S = 300.0
 
 
 @dataclass
@@ -49,6 +50,10 @@ class ReplayResult:
     sim_wall_s: float
     preemptions: int = 0
     placements: dict[str, tuple] = field(default_factory=dict)
+    # (time, allocated GPUs, pending GPUs waiting on capacity, placement, policy) at each change
+    timeline: list[tuple] = field(default_factory=list)
+    # queue path -> [(time, running GPUs)], sampled every QUEUE_SAMPLE_S
+    queue_usage: dict[str, list] = field(default_factory=dict)
 
 
 def replay(
@@ -79,6 +84,10 @@ def replay(
     placements: dict[str, tuple] = {}
     started_at: dict[str, float] = {}
     woken = None
+    timeline: list[tuple] = []
+    queues_tracked = [q for q in scheduler.tree.by_path.values() if q.parent is not None]
+    queue_usage: dict[str, list] = {q.path: [] for q in queues_tracked}
+    next_sample = now
     while heap:
         moment = heap[0][0]
         elapsed = moment - now
@@ -140,6 +149,14 @@ def replay(
                 record = records[decision.job_id]
                 heapq.heappush(heap, (now, END, seq, decision.job_id, record.run))
             seq += 1
+        by_reason = scheduler.pending_gpus_by_reason
+        point = (allocated, by_reason["capacity"], by_reason["placement"], by_reason["policy"])
+        if not timeline or timeline[-1][1:] != point:
+            timeline.append((now, *point))
+        if now >= next_sample:
+            for queue in queues_tracked:
+                queue_usage[queue.path].append((now, queue.running))
+            next_sample = now + QUEUE_SAMPLE_S
         wake = scheduler.next_wakeup()
         if wake is not None and wake > now and wake != woken:
             heapq.heappush(heap, (wake, WAKE, seq, "", 0))

@@ -48,6 +48,7 @@ class TraceJob:
     gpus_per_node: int | None = None
     gpu_models: frozenset[str] | None = None
     walltime: float | None = None
+    gpu_fraction: float = 1.0  # < 1: a share of one GPU (gpus must be 1)
     cpus: float | None = None
     memory_gb: float | None = None
 

@@ -19,6 +19,12 @@ def validate(job: Job) -> None:
 
     if isinstance(job.gpus, bool) or not isinstance(job.gpus, int) or job.gpus < 1:
         fail(f"'gpus' must be a whole number >= 1, got {job.gpus!r}", "gpus")
+    if not 0 < job.gpu_fraction <= 1 or (job.gpu_fraction < 1 and job.gpus != 1):
+        fail(
+            f"'gpu_fraction' must be in (0, 1], and below 1 only with gpus = 1; got "
+            f"{job.gpu_fraction!r} with gpus = {job.gpus}",
+            "gpu_fraction",
+        )
     if job.tier not in TIERS:
         fail(f"'tier' must be 1, 2 or 3, got {job.tier!r}", "tier")
     if job.kind not in KINDS:
@@ -110,7 +116,7 @@ def policy_block(job: Job, queue: Queue) -> tuple[Reason, Queue | None] | None:
     The second item is the ancestor whose limit blocks (None for other reasons), which
     pre-emption may relieve by reclaiming borrowed GPUs from under it.
     """
-    if job.tier == 1 and queue.tier1_running + job.gpus > queue.guaranteed + 1e-9:
+    if job.tier == 1 and queue.tier1_running + job.amount > queue.guaranteed + 1e-9:
         return (
             Reason(
                 "policy",
@@ -121,7 +127,7 @@ def policy_block(job: Job, queue: Queue) -> tuple[Reason, Queue | None] | None:
             None,
         )
     for node in queue.chain():
-        if node.running + node.claimed + job.gpus > node.limit + 1e-9:
+        if node.running + node.claimed + job.amount > node.limit + 1e-9:
             return (
                 Reason(
                     "policy",
@@ -138,7 +144,7 @@ def under_guarantee(job: Job, queue: Queue) -> bool:
     """True when the job fits inside the guarantee of its queue and of every ancestor (the
     implicit root, which is the whole cluster, excepted)."""
     return all(
-        node.running + node.claimed + job.gpus <= node.guaranteed + 1e-9
+        node.running + node.claimed + job.amount <= node.guaranteed + 1e-9
         for node in queue.chain()
         if node.parent is not None
     )

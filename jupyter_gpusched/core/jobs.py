@@ -47,10 +47,12 @@ class Reason:
 class Job:
     """A request for GPUs. The first block is the request; the rest is engine bookkeeping.
 
-    ``gpus`` is the total; ``gpus_per_node`` fixes the gang shape (without it a multi-GPU job uses
-    the fewest nodes that fit); ``gpu_models`` lists acceptable models (None = any);
-    ``labels`` must all match node labels; ``cpus`` and ``memory_gb`` are per job, spread over its
-    nodes; ``walltime`` is the user's estimate in seconds (None = the policy default).
+    ``gpus`` is the total; ``gpus_per_node`` fixes the gang shape (without it a multi-GPU job
+    uses the fewest nodes that fit); ``gpu_models`` lists acceptable models (None = any);
+    ``gpu_fraction`` below 1 asks for a share of one GPU (fractions on a GPU sum to at most 1,
+    and a whole-GPU job never lands on a shared GPU); ``labels`` must all match node labels;
+    ``cpus`` and ``memory_gb`` are per job, spread over its nodes; ``walltime`` is the user's
+    estimate in seconds (None = the policy default).
     """
 
     id: str
@@ -66,6 +68,7 @@ class Job:
     cpus: float | None = None
     memory_gb: float | None = None
     walltime: float | None = None
+    gpu_fraction: float = 1.0  # below 1: a share of one GPU (then gpus is 1)
 
     state: JobState = JobState.PENDING
     reason: Reason | None = None
@@ -79,8 +82,13 @@ class Job:
     reject_reason: str | None = None
 
     @property
-    def is_gang(self) -> bool:
-        return self.gpus > 1
+    def amount(self) -> float:
+        """GPUs this job counts for against quotas and in usage: a fraction counts as itself."""
+        return self.gpus * self.gpu_fraction
+
+    @property
+    def fractional(self) -> bool:
+        return self.gpu_fraction < 1.0
 
     def sort_key(self) -> tuple:
         return (self.submit_time, self.id)

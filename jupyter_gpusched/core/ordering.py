@@ -27,7 +27,7 @@ class PendingQueue:
         self.by_queue_and_tier = by_queue_and_tier
         self.lists: dict[tuple, list[tuple[float, str]]] = {}
         self.heads: dict[tuple, tuple] = {}  # list -> key of its first job
-        self.sizes: dict[int, int] = {}  # GPUs asked -> number of pending jobs asking that
+        self.sizes: dict[float, int] = {}  # GPUs asked -> number of pending jobs asking that
         self.walltimes: list[tuple[float, str]] = []  # (walltime estimate, id), ascending
         self.count = 0
 
@@ -41,7 +41,7 @@ class PendingQueue:
         insort(items, entry)
         if items[0] == entry:
             self.heads[list_key] = self.key(job.id)
-        self.sizes[job.gpus] = self.sizes.get(job.gpus, 0) + 1
+        self.sizes[job.amount] = self.sizes.get(job.amount, 0) + 1
         insort(self.walltimes, (walltime, job.id))
         self.count += 1
 
@@ -59,9 +59,9 @@ class PendingQueue:
             else:
                 del self.heads[list_key]
                 del self.lists[list_key]
-        self.sizes[job.gpus] -= 1
-        if not self.sizes[job.gpus]:
-            del self.sizes[job.gpus]
+        self.sizes[job.amount] -= 1
+        if not self.sizes[job.amount]:
+            del self.sizes[job.amount]
         del self.walltimes[bisect_left(self.walltimes, (walltime, job.id))]
         self.count -= 1
 
@@ -69,7 +69,7 @@ class PendingQueue:
         """Recompute every head's key (after the fair-share factors changed)."""
         self.heads = {list_key: self.key(items[0][1]) for list_key, items in self.lists.items()}
 
-    def smallest_request(self) -> int:
+    def smallest_request(self) -> float:
         return min(self.sizes) if self.sizes else 0
 
     def shortest_walltime(self) -> float:

@@ -12,6 +12,8 @@ changes anything.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from .jobs import Job
 from .state import ClusterState, Part, Placement
 
@@ -50,10 +52,39 @@ def find_placement(
     state: ClusterState, job: Job, *, topology: bool = True, exclude: frozenset = frozenset()
 ) -> Placement | None:
     """Where ``job`` can run now, or None. Nodes in ``exclude`` are not used."""
+    if job.fractional:
+        return _fractional(state, job, exclude, topology)
     per_node = job.gpus_per_node or job.gpus
     if per_node <= state.cluster.max_node_gpus and (job.gpus_per_node or 0) in (0, job.gpus):
         return _single_node(state, job, exclude, topology)
     return _multi_node(state, job, exclude, topology)
+
+
+def _fractional(state, job, exclude, topology) -> Placement | None:
+    """A share of one GPU. Topology (best fit): the shared GPU with the least room that holds
+    it; else a free GPU on the fullest node (see :func:`_single_node`), which becomes shared.
+    Blind: the lowest node index, shared or free."""
+    fraction = job.gpu_fraction
+    best = None  # (key, node, bit)
+    for model in _models(state, job):
+        entries = state.shared_index[model]
+        start = bisect_left(entries, (fraction - 1e-9,))
+        for room, idx, bit in entries[start:]:
+            if idx in exclude or not node_fits(state, job, idx, 1.0):
+                continue
+            key = (room, idx, bit) if topology else (idx, bit)
+            if best is None or key < best[0]:
+                best = (key, idx, bit)
+            if topology:
+                break  # the first eligible entry of this model is its tightest
+    cpus, memory = job.cpus or 0.0, job.memory_gb or 0.0
+    whole = None if topology and best is not None else _single_node(state, job, exclude, topology)
+    if whole is not None and (best is None or whole.parts[0].node < best[1]):
+        part = whole.parts[0]
+        return Placement((Part(part.node, part.mask, cpus, memory, fraction),))
+    if best is None:
+        return None
+    return Placement((Part(best[1], best[2], cpus, memory, fraction),))
 
 
 def _models(state: ClusterState, job: Job):

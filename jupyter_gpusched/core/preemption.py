@@ -1,7 +1,8 @@
 """Choosing pre-emption victims.
 
 Who may be pre-empted for a job ``J`` that cannot otherwise start:
-- never a tier-1 job, never a job inside its minimum run time, never one already signalled;
+- never a tier-1 job, never a job inside its minimum run time, never one already signalled,
+  never a fractional job (fractional jobs neither pre-empt nor are pre-empted);
 - a tier-3 job, by any tier-1 or tier-2 job;
 - a tier-2 job, only when ``J`` reclaims: ``J`` is tier 1 or its queue is under its guarantee
   (:func:`~jupyter_gpusched.core.admission.under_guarantee`), the victim's queue is not ``J``'s,
@@ -66,7 +67,7 @@ def find_victims(
     minimum_run = {tier: t.minimum_run_time for tier, t in ctx.settings.tiers.items()}
 
     def eligible(victim: Job) -> bool:
-        if victim.tier == 1 or victim.preempted_by is not None:
+        if victim.tier == 1 or victim.preempted_by is not None or victim.fractional:
             return False
         if now - victim.start_time < minimum_run[victim.tier]:
             return False

@@ -81,7 +81,7 @@ def reserve(state: ClusterState, job: Job, ends, jobs: dict, now: float) -> Rese
         if jobs[job_id].preempted_by is not None:
             continue
         for part in state.allocations[job_id].parts:
-            if eligible(part.node):
+            if part.fraction == 1.0 and eligible(part.node):  # a shared GPU frees only when empty
                 add(part.node, part.gpus)
         nodes = chosen()
         if nodes is not None:

@@ -155,9 +155,9 @@ class Scheduler:
         (killed after a pre-emption signal)."""
         job = self.running.pop(job_id)
         for part in self.state.allocations[job_id].parts:
-            self._on_node[job.tier][part.node] -= part.gpus
+            self._on_node[job.tier][part.node] -= part.gpus * part.fraction
         del self._by_tier[job.tier][job_id]
-        self._tier_gpus[job.tier] -= job.gpus
+        self._tier_gpus[job.tier] -= job.amount
         del self._by_queue[job.queue][job_id]
         placement = self.state.release(job_id)
         del self._ends[bisect_left(self._ends, (self._estimated_end(job), job_id))]
@@ -295,7 +295,7 @@ class Scheduler:
         if pass_.tries > 0 and job.tier < 3:
             return False  # it may pre-empt (tiers are strict: after tier 3 only tier 3 comes)
         smallest = self.pending.smallest_request()
-        if self.state.free_total < smallest:
+        if self.state.free_total + self.state.shared_room_total < smallest - 1e-9:
             return True
         r = self.reservation
         if r is None or r.start is None:
@@ -317,13 +317,14 @@ class Scheduler:
                         return None
                 return reason
         free = self._free_for(job)
-        if free < job.gpus:
-            return Reason("capacity", "gpus-busy", f"needs {job.gpus} GPUs; {free} are free")
+        if free < job.amount - 1e-9:
+            return Reason("capacity", "gpus-busy", f"needs {job.amount:g} GPUs; {free:g} are free")
         exclude = frozenset()
         if reservation is not None and not may_backfill(reservation, self._walltime(job), now):
             exclude = reservation.nodes
         shape = (
             job.gpus <= self.cluster.max_node_gpus,
+            job.gpu_fraction,
             job.gpus_per_node,
             job.gpu_models,
             tuple(sorted(job.labels.items())),
@@ -331,7 +332,7 @@ class Scheduler:
             job.memory_gb,
             bool(exclude),
         )
-        if job.gpus >= pass_.failed.get(shape, math.inf):
+        if job.amount >= pass_.failed.get(shape, math.inf):
             return pass_.reasons[shape]  # a smaller job of this shape did not fit either
         topology = self.policy.topology
         placement = find_placement(self.state, job, topology=topology, exclude=exclude)
@@ -346,7 +347,7 @@ class Scheduler:
             )
         else:
             reason = Reason("placement", *self._placement_message(job, free))
-        pass_.failed[shape] = job.gpus
+        pass_.failed[shape] = job.amount
         pass_.reasons[shape] = reason
         return reason
 
@@ -363,8 +364,8 @@ class Scheduler:
 
     def _preempt(self, job: Job, now: float, limit_node=None) -> bool | None:
         """Try to pre-empt for ``job``: None if there was nothing to try, else success."""
-        if job.tier == 3:
-            return None
+        if job.tier == 3 or job.fractional:
+            return None  # fractional jobs neither pre-empt nor are pre-empted
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
         reclaim = self.policy.quotas and self._reclaims(job)
         pool_gpus = self._tier_gpus[3] + (self._tier_gpus[2] if reclaim else 0)
@@ -447,7 +448,7 @@ class Scheduler:
     def _start(self, job: Job, placement: Placement, now: float) -> None:
         self.state.take(job.id, placement)
         for part in placement.parts:
-            self._on_node[job.tier][part.node] += part.gpus
+            self._on_node[job.tier][part.node] += part.gpus * part.fraction
         self._set_reason(job, None)
         job.state, job.start_time = JobState.RUNNING, now
         if job.first_start is None:
@@ -455,7 +456,7 @@ class Scheduler:
         job.runs += 1
         self.running[job.id] = job
         self._by_tier[job.tier][job.id] = job
-        self._tier_gpus[job.tier] += job.gpus
+        self._tier_gpus[job.tier] += job.amount
         self._by_queue.setdefault(job.queue, {})[job.id] = job
         insort(self._ends, (self._estimated_end(job), job.id))
         self._account(job, +1, now)
@@ -485,22 +486,22 @@ class Scheduler:
 
     def _account(self, job: Job, sign: int, now: float) -> None:
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
-        self.tree.account(queue, sign * job.gpus, now, self.half_life)
+        self.tree.account(queue, sign * job.amount, now, self.half_life)
         if job.tier == 1 and job.id not in self._claims:
-            queue.tier1_running += sign * job.gpus
+            queue.tier1_running += sign * job.amount
 
     def _account_claim(self, job: Job, sign: int) -> None:
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
-        self.tree.claim(queue, sign * job.gpus)
+        self.tree.claim(queue, sign * job.amount)
         if job.tier == 1:
-            queue.tier1_running += sign * job.gpus
+            queue.tier1_running += sign * job.amount
 
     def _set_reason(self, job: Job, reason: Reason | None) -> None:
         if job.reason is not None:
-            self.pending_gpus_by_reason[job.reason.family] -= job.gpus
+            self.pending_gpus_by_reason[job.reason.family] -= job.amount
         job.reason = reason
         if reason is not None:
-            self.pending_gpus_by_reason[reason.family] += job.gpus
+            self.pending_gpus_by_reason[reason.family] += job.amount
             if job.first_reason is None and job.runs == 0:
                 job.first_reason = reason
 
@@ -538,10 +539,16 @@ class Scheduler:
     def _reclaims(self, job: Job) -> bool:
         return job.tier == 1 or under_guarantee(job, self.tree.get(job.queue))
 
-    def _free_for(self, job: Job) -> int:
+    def _free_for(self, job: Job) -> float:
+        """Free GPUs of the models the job accepts (for a fractional job, with the room left
+        on shared GPUs)."""
+        state = self.state
         if job.gpu_models is None:
-            return self.state.free_total
-        return sum(f for model, f in self.state.model_free.items() if model in job.gpu_models)
+            return state.free_total + (state.shared_room_total if job.fractional else 0.0)
+        free = sum(f for model, f in state.model_free.items() if model in job.gpu_models)
+        if job.fractional:
+            free += sum(r for model, r in state.shared_room.items() if model in job.gpu_models)
+        return free
 
     def _placement_message(self, job: Job, free: int) -> tuple[str, str]:
         if job.gpus_per_node and job.gpus_per_node < job.gpus:

@@ -2,11 +2,16 @@
 
 ``index[model][c][leaf]`` is the set of schedulable (``up``) nodes of that GPU model under that
 leaf with exactly ``c`` free GPUs. Drained and down nodes are in no bucket.
+
+A GPU that fractional jobs share is *shared*: it is not free (no whole-GPU job lands on it),
+``shared[(node, gpu bit)]`` is the fraction in use, and ``shared_index[model]`` lists the room
+left on each shared GPU of schedulable nodes, ascending, for best-fit placement.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 from .cluster import Cluster
@@ -20,6 +25,7 @@ class Part:
     mask: int
     cpus: float = 0.0
     memory_gb: float = 0.0
+    fraction: float = 1.0  # below 1: a share of the one GPU in ``mask``
 
     @property
     def gpus(self) -> int:
@@ -56,6 +62,12 @@ class ClusterState:
         self.free_total = 0
         self.allocations: dict[str, Placement] = {}
         self.holders: list[set[str]] = [set() for _ in nodes]  # who holds GPUs on each node
+        self.shared: dict[tuple[int, int], float] = {}
+        self.shared_index: dict[str, list[tuple[float, int, int]]] = {
+            model: [] for model in cluster.gpu_models
+        }
+        self.shared_room = dict.fromkeys(cluster.gpu_models, 0.0)
+        self.shared_room_total = 0.0
         for node in nodes:
             if node.state == "up":
                 self._add(node.index)
@@ -86,24 +98,28 @@ class ClusterState:
 
     # -- allocation ---------------------------------------------------------------------------
     def take(self, job_id: str, placement: Placement, extend: bool = False) -> None:
-        """Give ``placement`` to ``job_id``; every GPU in it must be free (invariant 1).
-        With ``extend``, add it to what ``job_id`` already holds."""
+        """Give ``placement`` to ``job_id``; every GPU in it must be free, or for a fraction,
+        shared with room enough (invariant 1). With ``extend``, add it to what ``job_id``
+        already holds."""
         held = self.allocations.pop(job_id, None) if extend else None
         if job_id in self.allocations:
             raise RuntimeError(f"job {job_id} already holds GPUs")
         for part in placement.parts:
             idx = part.node
-            if part.mask & ~self.free_mask[idx]:
+            if part.fraction < 1.0:
+                used = self.shared.get((idx, part.mask))
+                if used is not None:
+                    self._unindex_shared(idx, part.mask, used)
+                elif part.mask & ~self.free_mask[idx]:
+                    raise RuntimeError(f"job {job_id}: GPU {part.mask:b} on node {idx} is taken")
+                used = (used or 0.0) + part.fraction
+                if used > 1.0 + 1e-9:
+                    raise RuntimeError(f"job {job_id}: GPU {part.mask:b} on node {idx} is full")
+                self.shared[(idx, part.mask)] = used
+                self._index_shared(idx, part.mask, used)
+            elif part.mask & ~self.free_mask[idx]:
                 raise RuntimeError(f"job {job_id}: GPUs {part.mask:b} on node {idx} are not free")
-            up = self.schedulable(idx)
-            if up:
-                self._remove(idx)
-            self.free_mask[idx] &= ~part.mask
-            self.free[idx] = self.free_mask[idx].bit_count()
-            self.cpu_free[idx] -= part.cpus
-            self.mem_free[idx] -= part.memory_gb
-            if up:
-                self._add(idx)
+            self._change(idx, ~part.mask, -part.cpus, -part.memory_gb)
             self.holders[idx].add(job_id)
         if held is not None:
             placement = Placement(held.parts + placement.parts)
@@ -113,22 +129,60 @@ class ClusterState:
         placement = self.allocations.pop(job_id)
         for part in placement.parts:
             idx = part.node
-            up = self.schedulable(idx)
-            if up:
-                self._remove(idx)
-            self.free_mask[idx] |= part.mask
-            self.free[idx] = self.free_mask[idx].bit_count()
-            self.cpu_free[idx] += part.cpus
-            self.mem_free[idx] += part.memory_gb
-            if up:
-                self._add(idx)
+            gpus = part.mask
+            if part.fraction < 1.0:
+                used = self.shared[(idx, part.mask)]
+                self._unindex_shared(idx, part.mask, used)
+                used -= part.fraction
+                if used > 1e-9:
+                    self.shared[(idx, part.mask)] = used
+                    self._index_shared(idx, part.mask, used)
+                    gpus = 0  # others still share it
+                else:
+                    del self.shared[(idx, part.mask)]
+            self._change(idx, gpus, part.cpus, part.memory_gb, give=True)
             self.holders[idx].discard(job_id)
         return placement
 
-    def set_node_state(self, idx: int, state: str) -> None:
-        was_up = self.schedulable(idx)
-        if was_up:
+    def _change(self, idx: int, mask: int, cpus: float, memory: float, give: bool = False):
+        up = self.schedulable(idx)
+        if up:
             self._remove(idx)
+        if give:
+            self.free_mask[idx] |= mask
+        else:
+            self.free_mask[idx] &= mask
+        self.free[idx] = self.free_mask[idx].bit_count()
+        self.cpu_free[idx] += cpus
+        self.mem_free[idx] += memory
+        if up:
+            self._add(idx)
+
+    def _index_shared(self, idx: int, bit: int, used: float) -> None:
+        room = 1.0 - used
+        if room > 1e-9 and self.schedulable(idx):
+            model = self.cluster.nodes[idx].gpu_model
+            insort(self.shared_index[model], (room, idx, bit))
+            self.shared_room[model] += room
+            self.shared_room_total += room
+
+    def _unindex_shared(self, idx: int, bit: int, used: float) -> None:
+        room = 1.0 - used
+        if room > 1e-9 and self.schedulable(idx):
+            model = self.cluster.nodes[idx].gpu_model
+            entries = self.shared_index[model]
+            del entries[bisect_left(entries, (room, idx, bit))]
+            self.shared_room[model] -= room
+            self.shared_room_total -= room
+
+    def set_node_state(self, idx: int, state: str) -> None:
+        on_node = [(bit, used) for (node, bit), used in self.shared.items() if node == idx]
+        if self.schedulable(idx):
+            self._remove(idx)
+            for bit, used in on_node:
+                self._unindex_shared(idx, bit, used)
         self.node_state[idx] = state
         if state == "up":
             self._add(idx)
+            for bit, used in on_node:
+                self._index_shared(idx, bit, used)

@@ -114,8 +114,8 @@ def replay(
                 continue  # the run this event belonged to is already over
             job = scheduler.jobs[job_id]
             ran = now - started_at[job_id]
-            record.allocated_gpu_s += ran * job.gpus
-            allocated -= job.gpus
+            record.allocated_gpu_s += ran * job.amount
+            allocated -= job.amount
             if kind == END:
                 record.remaining = 0.0
                 scheduler.job_ended(job_id, now, "completed")
@@ -127,7 +127,7 @@ def replay(
                 interval = settings.checkpoint_interval
                 saved = ran if settings.checkpoint_on_signal else (ran // interval) * interval
                 record.remaining -= saved
-                record.lost_gpu_s += (ran - saved) * job.gpus
+                record.lost_gpu_s += (ran - saved) * job.amount
                 preemptions += 1
                 scheduler.job_ended(job_id, now, "preempted")
                 last_end = max(last_end, now)
@@ -136,7 +136,7 @@ def replay(
                 record = records[decision.job_id]
                 record.run += 1
                 job = scheduler.jobs[decision.job_id]
-                allocated += job.gpus
+                allocated += job.amount
                 started_at[decision.job_id] = now
                 placements[decision.job_id] = decision.placement.nodes
                 heapq.heappush(

@@ -66,6 +66,7 @@ class TraceJob:
             cpus=self.cpus,
             memory_gb=self.memory_gb,
             walltime=self.walltime,
+            gpu_fraction=self.gpu_fraction,
         )
 
 
@@ -140,8 +141,8 @@ def parse_row(row: dict, source: str, line: int) -> TraceJob:
     if kind not in ("batch", "notebook"):
         fail("kind", f"{kind!r} must be batch or notebook")
     fraction = number("gpu_fraction", float, 0.0, default=1.0)
-    if fraction != 1.0:
-        fail("gpu_fraction", "fractional GPUs are not supported by this version of the engine")
+    if not 0 < fraction <= 1 or (fraction < 1 and gpus != 1):
+        fail("gpu_fraction", f"{fraction:g} must be in (0, 1], and below 1 only with gpus = 1")
     walltime = cell("walltime")
     if walltime is not None:
         try:
@@ -164,6 +165,7 @@ def parse_row(row: dict, source: str, line: int) -> TraceJob:
         gpus_per_node=per_node,
         gpu_models=frozenset(m.strip() for m in models.split("|")) if models else None,
         walltime=walltime,
+        gpu_fraction=fraction,
         cpus=number("cpus", default=None),
         memory_gb=number("memory_gb", default=None),
     )

@@ -66,7 +66,9 @@ class Capacity:
         return self._cache[key]
 
 
-def rejection(job: Job, capacity: Capacity, tree: QueueTree, quotas: bool) -> str | None:
+def rejection(
+    job: Job, capacity: Capacity, tree: QueueTree, quotas: bool, guarantees: bool = True
+) -> str | None:
     """Why ``job`` can never run on this cluster under these quotas, or None."""
     cluster = capacity.cluster
     if job.gpu_models is not None and not job.gpu_models & set(cluster.gpu_models):
@@ -102,7 +104,7 @@ def rejection(job: Job, capacity: Capacity, tree: QueueTree, quotas: bool) -> st
                 f"asks for {job.gpus} GPUs, more than queue {node.label()}'s limit "
                 f"of {node.limit:g}"
             )
-    if job.tier == 1 and job.gpus > queue.guaranteed:
+    if guarantees and job.tier == 1 and job.gpus > queue.guaranteed:
         return (
             f"a tier-1 job runs only inside its queue's guarantee; {queue.label()} guarantees "
             f"{queue.guaranteed:g} GPUs and the job asks for {job.gpus}"
@@ -110,13 +112,15 @@ def rejection(job: Job, capacity: Capacity, tree: QueueTree, quotas: bool) -> st
     return None
 
 
-def policy_block(job: Job, queue: Queue) -> tuple[Reason, Queue | None] | None:
+def policy_block(
+    job: Job, queue: Queue, guarantees: bool = True
+) -> tuple[Reason, Queue | None] | None:
     """The policy reason that keeps ``job`` waiting, or None when quotas let it start.
 
     The second item is the ancestor whose limit blocks (None for other reasons), which
     pre-emption may relieve by reclaiming borrowed GPUs from under it.
     """
-    if job.tier == 1 and queue.tier1_running + job.amount > queue.guaranteed + 1e-9:
+    if guarantees and job.tier == 1 and queue.tier1_running + job.amount > queue.guaranteed + 1e-9:
         return (
             Reason(
                 "policy",

@@ -1,8 +1,20 @@
 """Scheduling policies: the switches that tell the engine which steps of a pass to run.
 
-``gpusched`` is the full design (tiers, fair share, quotas, pre-emption, reservation + backfill,
-topology). ``fifo`` is the default-scheduler baseline of the seeds: arrival order, first fit,
-topology-blind, no quotas, no pre-emption and no reservation (so a big job can starve).
+``gpusched`` is the full design. The others are the baselines a platform lead compares it with,
+replayed through the same engine and harness:
+
+- ``fifo``: the default scheduler of the seeds: arrival order, first fit, topology-blind, no
+  quotas, no pre-emption and no reservation (so a big job can starve).
+- ``priority``: strict tier order (arrival within a tier), first fit, tier pre-emption (tier 3
+  gives way to tiers 1 and 2), no quotas, no reservation.
+- ``slurm``: what an HPC user would pick instead, configured the way Slurm sites commonly do:
+  multifactor priority (``PriorityType=priority/multifactor`` with QOS = tier, fair share and
+  age factors: see :data:`SLURM_WEIGHTS`), queue limits (``GrpTRES``) but no guarantees to
+  reclaim, EASY backfill on walltime estimates (``sched/backfill``), best fit over the switch
+  tree (``topology/tree``), and ``PreemptType=preempt/qos`` pre-emption of tier 3
+  (``PreemptMode=REQUEUE``). It uses the policy file's grace periods, minimum run times,
+  fair-share half-life and backfill settings like every other policy.
+
 A new policy is one more entry in :data:`POLICIES`.
 """
 
@@ -10,13 +22,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Slurm's multifactor weights, normalised: priority = qos * Q + fairshare * F + age * A, with
+# Q = 1 for tier 1, 0.5 for tier 2, 0 for tier 3; F the Fair Tree factor; A = age / max_age.
+# The QOS weight is the largest, as sites usually set it, but a tier-2 job of a team far below
+# its fair share can overtake a tier-1 job of a team far above it: tiers are not strict here.
+SLURM_WEIGHTS = {"qos": 1.0, "fairshare": 1.0, "age": 0.5}
+
 
 @dataclass(frozen=True)
 class Policy:
     name: str
-    order: str = "priority"  # "priority": tier, then fair share + age; "arrival": submit time
-    quotas: bool = True  # limits, tier-1 guarantees (admission) and per-queue rejection
-    preemption: bool = True  # reclaim of borrowed capacity and pre-emption of tier 3
+    # "priority": tier, then fair share + age; "multifactor": Slurm's weighted sum;
+    # "tier": tier, then arrival; "arrival": submit time only
+    order: str = "priority"
+    quotas: bool = True  # queue limits and rejection by queue
+    guarantees: bool = True  # tier 1 runs inside its guarantee; borrowed GPUs are reclaimed
+    preemption: bool = True  # tier 3 gives way to blocked tier-1 and tier-2 jobs
     backfill: bool = True  # the top blocked job reserves; others start only if they don't delay it
     topology: bool = True  # tightest-domain, best-fit placement (else first fit)
 
@@ -24,7 +45,31 @@ class Policy:
 POLICIES = {
     "gpusched": Policy("gpusched"),
     "fifo": Policy(
-        "fifo", order="arrival", quotas=False, preemption=False, backfill=False, topology=False
+        "fifo",
+        order="arrival",
+        quotas=False,
+        guarantees=False,
+        preemption=False,
+        backfill=False,
+        topology=False,
+    ),
+    "priority": Policy(
+        "priority",
+        order="tier",
+        quotas=False,
+        guarantees=False,
+        preemption=True,
+        backfill=False,
+        topology=False,
+    ),
+    "slurm": Policy(
+        "slurm",
+        order="multifactor",
+        quotas=True,
+        guarantees=False,
+        preemption=True,
+        backfill=True,
+        topology=True,
     ),
 }
 

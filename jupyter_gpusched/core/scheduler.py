@@ -29,7 +29,7 @@ from .fairshare import fair_share_factors
 from .jobs import Job, JobState, Reason
 from .ordering import PendingQueue
 from .placement import find_placement
-from .policies import Policy, get_policy
+from .policies import SLURM_WEIGHTS, Policy, get_policy
 from .preemption import VictimSearch, find_victims
 from .quotas import QueueTree
 from .reservation import Reservation, may_backfill, reserve
@@ -100,7 +100,7 @@ class Scheduler:
         self._tier_gpus = {1: 0, 2: 0, 3: 0}  # GPUs held by running jobs of each tier
         self._on_node = {t: [0] * len(cluster.nodes) for t in (1, 2, 3)}  # ... on each node
         self._by_queue: dict[str, dict[str, Job]] = {}  # running jobs of each leaf queue
-        self.pending = PendingQueue(self._key, by_queue_and_tier=self.policy.order == "priority")
+        self.pending = PendingQueue(self._key, by_queue_and_tier=self.policy.order != "arrival")
         self.pending_gpus_by_reason = {"capacity": 0, "placement": 0, "policy": 0}
         self.reservation: Reservation | None = None
         self.passes = 0
@@ -126,7 +126,9 @@ class Scheduler:
         validate(job)
         if job.id in self.jobs:
             raise ConfigError(f"a job with id {job.id!r} already exists", field="id")
-        reason = rejection(job, self._capacity, self.tree, self.policy.quotas)
+        reason = rejection(
+            job, self._capacity, self.tree, self.policy.quotas, self.policy.guarantees
+        )
         self.jobs[job.id] = job
         if reason is not None:
             job.state, job.reject_reason, job.end_time = JobState.REJECTED, reason, now
@@ -308,7 +310,7 @@ class Scheduler:
         """A placement to start now, the Reason it waits, or None if it pre-empted."""
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
         if self.policy.quotas:
-            block = policy_block(job, queue)
+            block = policy_block(job, queue, self.policy.guarantees)
             if block is not None:
                 reason, limit_node = block
                 if limit_node not in (None, queue) and pass_.tries > 0 and self._reclaims(job):
@@ -528,15 +530,26 @@ class Scheduler:
 
     def _compute_key(self, job_id: str) -> tuple:
         job = self.jobs[job_id]
-        if self.policy.order == "arrival":
+        order = self.policy.order
+        if order == "arrival":
             return (job.submit_time, job_id)
+        if order == "tier":
+            return (job.tier, job.submit_time, job_id)
         s, t = self.settings, self._fair_time
-        score = s.fair_share_weight * self._fair.get(job.queue, 1.0)
-        if t > -math.inf:
-            score += s.age_weight * (min(t - job.submit_time, s.max_age) - t) / s.max_age
+        fair = self._fair.get(job.queue, 1.0)
+        age = 0.0
+        if t > -math.inf:  # time-invariant form of age / max_age (see .ordering)
+            age = (min(t - job.submit_time, s.max_age) - t) / s.max_age
+        if order == "multifactor":
+            w = SLURM_WEIGHTS
+            score = w["qos"] * (3 - job.tier) / 2 + w["fairshare"] * fair + w["age"] * age
+            return (-score, job.submit_time, job_id)
+        score = s.fair_share_weight * fair + s.age_weight * age
         return (job.tier, -score, job.submit_time, job_id)
 
     def _reclaims(self, job: Job) -> bool:
+        if not self.policy.guarantees:
+            return False
         return job.tier == 1 or under_guarantee(job, self.tree.get(job.queue))
 
     def _free_for(self, job: Job) -> float:

@@ -14,7 +14,7 @@ def test_fractions_share_a_gpu_up_to_one():
     placements = started(scheduler.schedule(0))
     assert {p.parts[0].mask for p in placements.values()} == {placements["a"].parts[0].mask}
     mask = placements["a"].parts[0].mask
-    assert scheduler.state.shared == {(0, mask): pytest.approx(1.0)}
+    assert scheduler.state.shared[0] == {mask: pytest.approx(1.0)}
     assert scheduler.state.shared_room_total == pytest.approx(0.0)
     assert scheduler.state.free_total == 1
     scheduler.submit(job("d", 1, gpu_fraction=0.1, t=1), 1)
@@ -54,7 +54,7 @@ def test_the_gpu_is_whole_again_when_its_last_share_leaves():
     scheduler.job_ended("a", 5)
     assert scheduler.state.free_total == 0
     scheduler.job_ended("b", 6)
-    assert scheduler.state.free_total == 1 and scheduler.state.shared == {}
+    assert scheduler.state.free_total == 1 and scheduler.state.shared[0] == {}
 
 
 def test_fractions_count_against_quotas_as_themselves():

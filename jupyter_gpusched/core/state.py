@@ -4,7 +4,7 @@
 leaf with exactly ``c`` free GPUs. Drained and down nodes are in no bucket.
 
 A GPU that fractional jobs share is *shared*: it is not free (no whole-GPU job lands on it),
-``shared[(node, gpu bit)]`` is the fraction in use, and ``shared_index[model]`` lists the room
+``shared[node][gpu bit]`` is the fraction in use, and ``shared_index[model]`` lists the room
 left on each shared GPU of schedulable nodes, ascending, for best-fit placement.
 """
 
@@ -62,7 +62,7 @@ class ClusterState:
         self.free_total = 0
         self.allocations: dict[str, Placement] = {}
         self.holders: list[set[str]] = [set() for _ in nodes]  # who holds GPUs on each node
-        self.shared: dict[tuple[int, int], float] = {}
+        self.shared: list[dict[int, float]] = [{} for _ in nodes]  # node -> {GPU bit: used}
         self.shared_index: dict[str, list[tuple[float, int, int]]] = {
             model: [] for model in cluster.gpu_models
         }
@@ -107,7 +107,7 @@ class ClusterState:
         for part in placement.parts:
             idx = part.node
             if part.fraction < 1.0:
-                used = self.shared.get((idx, part.mask))
+                used = self.shared[idx].get(part.mask)
                 if used is not None:
                     self._unindex_shared(idx, part.mask, used)
                 elif part.mask & ~self.free_mask[idx]:
@@ -115,7 +115,7 @@ class ClusterState:
                 used = (used or 0.0) + part.fraction
                 if used > 1.0 + 1e-9:
                     raise RuntimeError(f"job {job_id}: GPU {part.mask:b} on node {idx} is full")
-                self.shared[(idx, part.mask)] = used
+                self.shared[idx][part.mask] = used
                 self._index_shared(idx, part.mask, used)
             elif part.mask & ~self.free_mask[idx]:
                 raise RuntimeError(f"job {job_id}: GPUs {part.mask:b} on node {idx} are not free")
@@ -131,15 +131,15 @@ class ClusterState:
             idx = part.node
             gpus = part.mask
             if part.fraction < 1.0:
-                used = self.shared[(idx, part.mask)]
+                used = self.shared[idx][part.mask]
                 self._unindex_shared(idx, part.mask, used)
                 used -= part.fraction
                 if used > 1e-9:
-                    self.shared[(idx, part.mask)] = used
+                    self.shared[idx][part.mask] = used
                     self._index_shared(idx, part.mask, used)
                     gpus = 0  # others still share it
                 else:
-                    del self.shared[(idx, part.mask)]
+                    del self.shared[idx][part.mask]
             self._change(idx, gpus, part.cpus, part.memory_gb, give=True)
             self.holders[idx].discard(job_id)
         return placement
@@ -176,7 +176,7 @@ class ClusterState:
             self.shared_room_total -= room
 
     def set_node_state(self, idx: int, state: str) -> None:
-        on_node = [(bit, used) for (node, bit), used in self.shared.items() if node == idx]
+        on_node = list(self.shared[idx].items())
         if self.schedulable(idx):
             self._remove(idx)
             for bit, used in on_node:

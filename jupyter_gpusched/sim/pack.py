@@ -81,9 +81,8 @@ def pack(tasks: list[TraceJob], cluster: Cluster, policy: str, seed: int = 0) ->
         while step < len(STEPS) and arrived >= total * STEPS[step] / 100 - 1e-9:
             rates[str(STEPS[step])] = round(allocated / arrived, 4)
             step += 1
-    used = sum((cluster.nodes[i].gpus - state.free[i]) for i in range(len(cluster.nodes))) - sum(
-        1.0 - u for u in state.shared.values()
-    )
+    used = sum(cluster.nodes[i].gpus - state.free[i] for i in range(len(cluster.nodes)))
+    used -= sum(1.0 - u for on_node in state.shared for u in on_node.values())
     return PackResult(
         policy=policy,
         allocation_rate=rates,

@@ -5,6 +5,8 @@ Both read the cluster and the quota tree; neither changes anything.
 
 from __future__ import annotations
 
+import math
+
 from .cluster import Cluster
 from .errors import ConfigError
 from .jobs import KINDS, TIERS, Job, Reason
@@ -47,8 +49,8 @@ class Capacity:
         self.cluster = cluster
         self._cache: dict[tuple, tuple] = {}
 
-    def of(self, job: Job) -> tuple[int, list[int], float, float]:
-        """(total GPUs, GPU counts of the matching nodes, total CPUs, total memory)."""
+    def of(self, job: Job) -> tuple[int, list[tuple[int, float, float]], float, float]:
+        """(total GPUs, (GPUs, CPUs, memory) of each matching node, total CPUs, total memory)."""
         key = (job.gpu_models, tuple(sorted(job.labels.items())))
         if key not in self._cache:
             nodes = [
@@ -59,9 +61,9 @@ class Capacity:
             ]
             self._cache[key] = (
                 sum(n.gpus for n in nodes),
-                [n.gpus for n in nodes],
-                sum(n.cpus or float("inf") for n in nodes),
-                sum(n.memory_gb or float("inf") for n in nodes),
+                [(n.gpus, n.cpus or math.inf, n.memory_gb or math.inf) for n in nodes],
+                sum(n.cpus or math.inf for n in nodes),
+                sum(n.memory_gb or math.inf for n in nodes),
             )
         return self._cache[key]
 
@@ -75,14 +77,27 @@ def rejection(
         known = ", ".join(cluster.gpu_models)
         wanted = "|".join(sorted(job.gpu_models))
         return f"no GPU of model {wanted} in this cluster (it has {known})"
-    total, node_gpus, cpus, memory = capacity.of(job)
-    if not node_gpus:
+    total, node_sizes, cpus, memory = capacity.of(job)
+    if not node_sizes:
         return f"no node has the labels {job.labels}"
     if job.gpus > total:
         return f"asks for {job.gpus} GPUs but the cluster has {total} that match"
-    if job.gpus_per_node:
-        fitting = sum(1 for gpus in node_gpus if gpus >= job.gpus_per_node)
-        if fitting < job.gpus // job.gpus_per_node:
+    per_node = job.gpus_per_node or (job.gpus if job.gpus <= cluster.max_node_gpus else None)
+    if per_node:
+        share = per_node / job.gpus  # of the job's CPUs and memory, on each of its nodes
+        fitting = sum(
+            1
+            for gpus, node_cpus, node_memory in node_sizes
+            if gpus >= per_node
+            and (job.cpus or 0) * share <= node_cpus
+            and (job.memory_gb or 0) * share <= node_memory
+        )
+        if fitting < job.gpus // per_node:
+            if job.gpus_per_node is None:
+                return (
+                    f"no node has {job.gpus} GPUs with {job.cpus or 0:g} CPUs and "
+                    f"{job.memory_gb or 0:g} GB of memory for it"
+                )
             return (
                 f"needs {job.gpus // job.gpus_per_node} nodes with {job.gpus_per_node} GPUs "
                 f"each; the cluster has {fitting} that match"

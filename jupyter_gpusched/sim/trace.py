@@ -8,6 +8,7 @@ kind, gpus_per_node, gpu_model, walltime, gpu_fraction, cpus, memory_gb``. An em
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,8 +129,8 @@ def parse_row(row: dict, source: str, line: int) -> TraceJob:
             fail(name, f"{text!r} is not a number")
         if kind is int and float(text) != int(float(text)):
             fail(name, f"{text!r} must be a whole number")
-        if value < minimum:
-            fail(name, f"{text} must be >= {minimum:g}")
+        if not math.isfinite(value) or value < minimum:
+            fail(name, f"{text} must be a finite number >= {minimum:g}")
         return value
 
     job_id = cell("job_id") or fail("job_id", "is required")

@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from . import __version__
 from .core import ConfigError, PolicySettings, get_policy
-from .files import load_cluster, load_policy, load_queues
+from .files import load_policy
+from .sim.loaders import FORMATS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,9 +30,47 @@ def main(argv: list[str] | None = None) -> int:
         description="Replay TRACE through each --policy in simulated time and write "
         "jobs.csv and metrics.json to --out, with a comparison table on stdout.",
     )
-    replay.add_argument("trace", help="trace CSV (job_id, submit_time, duration, gpus, ...)")
-    replay.add_argument("--cluster", required=True, help="cluster YAML file")
-    replay.add_argument("--queues", help="queue (quota) YAML file; default: one root queue")
+    replay.add_argument("trace", help="trace file, in the --format given")
+    replay.add_argument(
+        "--format",
+        default="csv",
+        choices=FORMATS,
+        help="trace format: csv (job_id, submit_time, duration, gpus, ...; the default), "
+        "philly (the Philly job log), alibaba2023 (the Alibaba 2023 pod list)",
+    )
+    replay.add_argument(
+        "--cluster",
+        required=True,
+        metavar="CLUSTER",
+        help="cluster YAML file, an Alibaba node-list .csv, or philly[:GPUS] (8-GPU nodes, "
+        "16 per leaf switch, 8 leaves per spine; default 2816 GPUs)",
+    )
+    replay.add_argument(
+        "--queues",
+        metavar="QUEUES",
+        help="queue (quota) YAML file, or philly[:GPUS]: one queue per virtual cluster of the "
+        "trace, guaranteed its share of the Philly VC nodes scaled to GPUS (default 2816); "
+        "default: one root queue",
+    )
+    replay.add_argument(
+        "--tier-mix",
+        metavar="T1,T2,T3",
+        help="philly format only: percentages of jobs in tiers 1, 2, 3 (e.g. 10,60,30), "
+        "assigned by a hash of the job id; default: all tier 2",
+    )
+    replay.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="skip malformed trace (and node-list) rows and count them, instead of stopping",
+    )
+    replay.add_argument(
+        "--walltime-factor",
+        type=float,
+        metavar="F",
+        help="walltime estimate for jobs whose trace gives none: F x their real run time "
+        "(default 2 for the philly and alibaba2023 formats, whose traces carry no estimates; "
+        "otherwise the policy file's default walltime); the same for every policy",
+    )
     replay.add_argument("--config", help="policy YAML file; default: the documented defaults")
     replay.add_argument(
         "--policy",
@@ -43,6 +83,26 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--quiet", action="store_true", help="no progress on stderr")
     replay.add_argument("--no-report", action="store_true", help="skip report.html")
     replay.set_defaults(run=run_replay)
+    pack = commands.add_parser(
+        "pack",
+        help="the FGD packing experiment: place tasks until demand reaches the cluster's GPUs",
+        description="Tasks arrive in trace order (sampled again, seeded, when the list runs "
+        "out) and never leave, until the GPU demand that arrived reaches 100%% of the "
+        "cluster's GPUs. Writes DIR/pack.json and DIR/pack.png.",
+    )
+    pack.add_argument("tasks", help="Alibaba 2023 pod list CSV (num_gpu, gpu_milli, ...)")
+    pack.add_argument("--cluster", required=True, help="Alibaba node-list CSV or cluster YAML")
+    pack.add_argument(
+        "--policy",
+        action="append",
+        dest="policies",
+        metavar="NAME",
+        help="gpusched, bestfit or firstfit (repeat; default: all three)",
+    )
+    pack.add_argument("--seed", type=int, default=0, help="seed for resampling tasks")
+    pack.add_argument("--skip-bad-rows", action="store_true", help="skip malformed node-list rows")
+    pack.add_argument("--out", required=True, help="output folder (created)")
+    pack.set_defaults(run=run_pack)
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -52,18 +112,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_replay(args) -> int:
+    from .sim.loaders import load_cluster_spec, load_queue_spec, load_trace, parse_tier_mix
     from .sim.metrics import comparison_table, metrics, write_jobs_csv
     from .sim.replay import replay
-    from .sim.trace import read_trace
 
     try:
         policies = [get_policy(name) for name in args.policies or ["gpusched", "fifo"]]
     except ValueError as exc:
         raise ConfigError(str(exc), field="--policy") from None
-    cluster = load_cluster(args.cluster)
-    queues = load_queues(args.queues, cluster) if args.queues else None
+    tier_mix = parse_tier_mix(args.tier_mix) if args.tier_mix is not None else None
+    started = time.perf_counter()
+    loaded = load_trace(args.trace, args.format, tier_mix, args.skip_bad_rows)
+    trace = with_walltimes(loaded.jobs, args.walltime_factor, args.format)
+    if not args.quiet:
+        took = time.perf_counter() - started
+        print(f"read {len(trace):,} jobs from {args.trace} in {took:.2f} s", file=sys.stderr)
+    _report_skipped(args.trace, loaded)
+    # the cluster and queues come after the trace: --queues philly needs the trace's VC list
+    cluster_loaded = load_cluster_spec(args.cluster, args.skip_bad_rows)
+    _report_skipped(args.cluster, cluster_loaded)
+    cluster = cluster_loaded.cluster
+    queues = load_queue_spec(args.queues, cluster, trace, args.trace) if args.queues else None
     settings = load_policy(args.config) if args.config else PolicySettings()
-    trace = read_trace(args.trace)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results, figures = [], {}
@@ -75,9 +145,76 @@ def run_replay(args) -> int:
     write_jobs_csv(results, out / "jobs.csv")
     (out / "metrics.json").write_text(json.dumps({"policies": figures}, indent=2) + "\n")
     print(comparison_table(figures))
+    written = [out / "jobs.csv", out / "metrics.json"]
+    if not args.no_report:
+        from .sim.report import write_report
+
+        write_report(results, figures, out / "report.html", title=Path(args.trace).name)
+        written.append(out / "report.html")
     if not args.quiet:
-        print(f"\nwrote {out / 'jobs.csv'} and {out / 'metrics.json'}", file=sys.stderr)
+        print(f"\nwrote {', '.join(map(str, written))}", file=sys.stderr)
     return 0
+
+
+def with_walltimes(trace, factor, fmt):
+    """The walltime model for traces without user estimates: ``factor`` x the real run time."""
+    import dataclasses
+
+    if factor is None:
+        factor = 2.0 if fmt in ("philly", "alibaba2023") else None
+    if factor is None:
+        return trace
+    if factor <= 0:
+        raise ConfigError("must be greater than 0", field="--walltime-factor")
+    return [
+        t if t.walltime is not None else dataclasses.replace(t, walltime=t.duration * factor)
+        for t in trace
+    ]
+
+
+def run_pack(args) -> int:
+    from .sim.loaders import load_cluster_spec
+    from .sim.pack import PACK_POLICIES, pack, plot_pack, read_tasks
+
+    names = args.policies or list(PACK_POLICIES)
+    unknown = [n for n in names if n not in PACK_POLICIES]
+    if unknown:
+        known = ", ".join(PACK_POLICIES)
+        raise ConfigError(
+            f"unknown packing policy {unknown[0]!r}; known: {known}", field="--policy"
+        )
+    tasks = read_tasks(args.tasks)
+    cluster_loaded = load_cluster_spec(args.cluster, args.skip_bad_rows)
+    _report_skipped(args.cluster, cluster_loaded)
+    cluster = cluster_loaded.cluster
+    results = [pack(tasks, cluster, name, args.seed) for name in names]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    document = {
+        "tasks": str(args.tasks),
+        "cluster_gpus": cluster.total_gpus,
+        "seed": args.seed,
+        "policies": {
+            r.policy: {k: v for k, v in vars(r).items() if k != "policy"} for r in results
+        },
+    }
+    (out / "pack.json").write_text(json.dumps(document, indent=2) + "\n")
+    plot_pack(results, out / "pack.png")
+    for r in results:
+        print(
+            f"{r.policy:>9}: unallocated GPU fraction {r.unallocated_gpu_fraction:.4f}, "
+            f"allocation rate at 100% {r.allocation_rate['100']:.4f}, {r.wall_s:.2f} s"
+        )
+    return 0
+
+
+def _report_skipped(source: str, loaded) -> None:
+    """Say on stderr how many rows a loader left out, and why (even with --quiet: it changes
+    what is replayed)."""
+    for reason, count in sorted(loaded.skipped.items()):
+        print(f"{source}: skipped {reason}: {count:,}", file=sys.stderr)
+    if loaded.first_error is not None:
+        print(f"{source}: first bad row: {loaded.first_error}", file=sys.stderr)
 
 
 def _progress(name: str):

@@ -19,16 +19,19 @@ Policies:
 
 from __future__ import annotations
 
+import csv
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..core import Cluster, Job
 from ..core.placement import find_placement, node_fits
 from ..core.state import ClusterState, Part, Placement
-from .trace import TraceJob
+from .trace import TraceError, TraceJob
 
 PACK_POLICIES = ("gpusched", "bestfit", "firstfit")
+TASK_COLUMNS = ("num_gpu", "gpu_milli", "cpu_milli", "memory_mib")
 STEPS = tuple(range(5, 101, 5))
 
 
@@ -40,6 +43,89 @@ class PackResult:
     tasks_arrived: int
     tasks_failed: int
     wall_s: float
+
+
+def read_tasks(path) -> list[TraceJob]:
+    """The resource columns of an Alibaba 2023 pod list: ``num_gpu, gpu_milli, cpu_milli,
+    memory_mib`` and the optional ``gpu_spec``. Every task counts, scheduled or not, and tasks
+    without GPUs are left out (they add no GPU demand)."""
+    path = Path(path)
+    try:
+        handle = path.open(newline="")
+    except OSError as exc:
+        raise TraceError(f"cannot read the tasks: {exc.strerror}", source=str(path)) from None
+    tasks = []
+    with handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in TASK_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise TraceError(f"missing column(s) {', '.join(missing)}", source=str(path), line=1)
+        for row in reader:
+            values = {}
+            for column in TASK_COLUMNS:
+                try:
+                    values[column] = int(row[column])
+                except (TypeError, ValueError):
+                    raise TraceError(
+                        f"{row[column]!r} is not a whole number",
+                        source=str(path),
+                        line=reader.line_num,
+                        field=column,
+                    ) from None
+                if values[column] < 0:
+                    raise TraceError(
+                        "must not be negative", source=str(path), line=reader.line_num, field=column
+                    )
+            gpus, milli = values["num_gpu"], values["gpu_milli"]
+            if gpus == 0:
+                continue
+            if not 0 < milli <= 1000 or (gpus > 1 and milli != 1000):
+                raise TraceError(
+                    f"{milli} must be 1..1000, and 1000 when num_gpu > 1",
+                    source=str(path),
+                    line=reader.line_num,
+                    field="gpu_milli",
+                )
+            spec = (row.get("gpu_spec") or "").strip()
+            tasks.append(
+                TraceJob(
+                    id=row.get("name") or f"task{reader.line_num}",
+                    submit_time=0.0,
+                    duration=0.0,
+                    gpus=gpus,
+                    gpu_fraction=milli / 1000,
+                    gpu_models=frozenset(m for m in spec.split("|") if m) or None,
+                    cpus=values["cpu_milli"] / 1000,
+                    memory_gb=values["memory_mib"] / 1024,
+                )
+            )
+    return tasks
+
+
+def plot_pack(results: list[PackResult], path) -> None:
+    """Allocation rate against arrived demand, one line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(7, 4))
+    for result in results:
+        steps = [int(s) for s in result.allocation_rate]
+        axes.plot(
+            steps,
+            list(result.allocation_rate.values()),
+            marker="o",
+            label=(f"{result.policy} (unallocated {result.unallocated_gpu_fraction:.1%})"),
+        )
+    axes.set_xlabel("arrived GPU demand (% of the cluster's GPUs)")
+    axes.set_ylabel("allocation rate")
+    axes.set_title("Packing: tasks arrive and never leave")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    pyplot.close(figure)
 
 
 def pack(tasks: list[TraceJob], cluster: Cluster, policy: str, seed: int = 0) -> PackResult:

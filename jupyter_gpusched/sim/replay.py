@@ -176,4 +176,6 @@ def replay(
         sim_wall_s=time.perf_counter() - wall_start,
         preemptions=preemptions,
         placements=placements,
+        timeline=timeline,
+        queue_usage=queue_usage,
     )

@@ -1,0 +1,440 @@
+"""``report.html``: one self-contained page comparing the replayed policies.
+
+Made for a platform lead deciding in one screen whether to switch policy. It shows a headline
+(the policies, trace and cluster, and plain sentences comparing each policy with the FIRST one,
+the baseline); a table of the main ``metrics.json`` figures with each cell's ratio to the
+baseline (green better, red worse); and plots: the queue-wait CDF per tier (who waits, and how
+long the tail is), allocated GPUs against the cluster size (idle capacity), pending GPUs by
+reason (capacity: cluster full; placement: free GPUs in the wrong shape; policy: quotas, limits
+or ordering), the top-level queues' running GPUs against their guarantees (are guarantees
+honoured), and fairness: Jain's index over leaf queues of mean running GPUs / guarantee (1: every
+queue got the same multiple of its guarantee; 1/n: one got it all). The index takes usage from
+each job's allocated GPU-seconds (exact, whatever the policy) and leaves out queues guaranteed 0
+GPUs: they only borrow, so usage / share is undefined for them. Policies without quotas (``fifo``)
+account every job to the root queue, so their queue-usage plot is rebuilt from job start and end
+times (a pre-empted job then counts while it waits to resume).
+
+Plots are PNGs drawn with matplotlib's Agg backend and embedded as base64: no other file, no
+JavaScript. Each time series is cut to at most ``MAX_POINTS`` points by time-weighted bin means
+(GPU-hours stay exact), so the page stays small (about 0.3 MB) and quick to draw for any trace.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import sys
+from pathlib import Path
+
+MAX_POINTS = 2000  # per plotted line
+MAX_QUEUES = 8
+DPI = 90
+REASONS = ("capacity", "placement", "policy")  # timeline columns 2, 3, 4
+WAIT_TICKS = ((1, "≤1s"), (60, "1m"), (600, "10m"), (3600, "1h"), (86400, "1d"), (604800, "1w"))
+WAIT_TICKS += ((2592000, "30d"), (31536000, "1y"))
+HOURS = "time since first submit (h)"
+# (label, path in a metrics() dict, scale, direction: +1 higher is better, -1 lower, 0 neither);
+# "TIERS" expands to the wait mean/p50/p95/p99 of each tier with started jobs
+ROWS = (
+    ("jobs", ("jobs",), 1, 0),
+    ("completed", ("completed",), 1, 1),
+    ("rejected", ("rejected",), 1, -1),
+    ("makespan (h)", ("makespan_s",), 1 / 3600, -1),
+    ("GPU utilization", ("gpu_utilization",), 1, 1),
+    ("busy utilization", ("busy_utilization",), 1, 1),
+    ("wait mean (s)", ("wait_s", "mean"), 1, -1),
+    ("wait p95 (s)", ("wait_s", "p95"), 1, -1),
+    ("TIERS", (), 1, -1),
+    ("JCT mean (s)", ("jct_s", "mean"), 1, -1),
+    ("JCT p95 (s)", ("jct_s", "p95"), 1, -1),
+    ("pre-emptions", ("preemptions",), 1, -1),
+    ("lost GPU-hours", ("lost_gpu_hours",), 1, -1),
+    ("gangs in one leaf (fraction)", ("gang_single_leaf_fraction",), 1, 1),
+    ("waited on capacity (GPU-h)", ("wait_gpu_hours_by_reason", "capacity"), 1, -1),
+    ("waited on placement (GPU-h)", ("wait_gpu_hours_by_reason", "placement"), 1, -1),
+    ("waited on policy (GPU-h)", ("wait_gpu_hours_by_reason", "policy"), 1, -1),
+    ("fairness (Jain, leaf queues)", ("jain",), 1, 1),
+    ("replay wall time (s)", ("sim_wall_s",), 1, 0),
+)
+NOTES = {
+    "Queue waits": "Share of started jobs that waited at most x (submit to first start); "
+    "jobs that never started are left out.",
+    "GPU allocation": "GPUs held by running jobs; the gap to the dashed line is idle capacity.",
+    "Pending GPUs by reason": "capacity: the cluster is full; placement: free GPUs in the wrong "
+    "shape; policy: quotas, limits or ordering held the job.",
+    "Queue usage vs guarantee": f"Dashed lines: guarantees. Top-level queues (at most "
+    f"{MAX_QUEUES}, largest guarantee first), sampled every 5 min. * policy without quotas: "
+    "rebuilt from job start and end times.",
+    "Fairness": "Jain's index over leaf queues of mean running GPUs / guarantee: 1 = every queue "
+    "got the same multiple of its guarantee, 1/n = one got it all. Queues guaranteed 0 GPUs are "
+    "left out (they only borrow).",
+}
+CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:16px;color:#222}
+h1{font-size:20px;margin:0 0 8px}h2{font-size:15px;margin:0 0 6px}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:14px}
+.grid{margin-top:14px}
+section{border:1px solid #ddd;border-radius:6px;padding:10px}img{width:100%}
+table{border-collapse:collapse;font-size:13px}td,th{padding:2px 8px;text-align:right}
+td:first-child,th:first-child{text-align:left}tr:nth-child(even){background:#f6f6f6}
+.better{color:#17752e}.worse{color:#b3261e}.muted{color:#666;font-size:12px}"""
+
+
+def jain_index(values) -> float:
+    """Jain's fairness index (sum x)^2 / (n * sum x^2) of non-negative values: 1.0 when all
+    are equal, 1/n when one of n is non-zero. NaN (undefined) when there are none or all are 0."""
+    values = [float(v) for v in values]
+    squares = sum(v * v for v in values)
+    return sum(values) ** 2 / (len(values) * squares) if squares else math.nan
+
+
+def _steps(times, values, end):
+    """A piecewise-constant series (each value holds until the next time, the last until
+    ``end``) as step-plot points (``where="post"``): as given when short, else the time-weighted
+    means of ``MAX_POINTS`` equal bins."""
+    import numpy as np
+
+    t, v = np.asarray(times, dtype=float), np.asarray(values, dtype=float)
+    end = max(float(end), float(t[-1]))
+    if len(t) <= MAX_POINTS or end <= t[0]:
+        return np.append(t, end), np.append(v, v[-1])
+    bounds = np.append(t, end)
+    integral = np.concatenate(([0.0], np.cumsum(v * np.diff(bounds))))
+    edges = np.linspace(t[0], end, MAX_POINTS + 1)
+    means = np.diff(np.interp(edges, bounds, integral)) / np.diff(edges)
+    return edges, np.append(means, means[-1])
+
+
+def _started(result) -> dict:
+    """Arrays over the jobs of ``result`` that started: tier, wait, start, end, GPUs and leaf
+    queue (an index into ``leaves``), plus allocated GPU-seconds by leaf queue path (``used``)."""
+    import numpy as np
+
+    tree, jobs, records = result.scheduler.tree, result.scheduler.jobs, result.records
+    index: dict[str, int] = {}  # job.queue as written -> position in leaves
+    leaves: list = []
+    rows, used = [], {}
+    for trace_job in result.trace:
+        job = jobs.get(trace_job.id)
+        if job is None or job.first_start is None:
+            continue
+        if job.queue not in index:
+            index[job.queue] = len(leaves)
+            leaves.append(tree.get(job.queue))
+        queue = leaves[index[job.queue]]
+        end = result.last_end if job.end_time is None else job.end_time
+        wait = job.first_start - job.submit_time
+        rows.append((job.tier, wait, job.first_start, end, job.amount, index[job.queue]))
+        record = records.get(trace_job.id)
+        if queue is not None and record is not None:
+            used[queue.path] = used.get(queue.path, 0.0) + record.allocated_gpu_s
+    table = np.array(rows, dtype=float).reshape(-1, 6)
+    keys = ("tier", "wait", "start", "end", "gpus", "leaf")
+    return {**dict(zip(keys, table.T, strict=True)), "leaves": leaves, "used": used}
+
+
+def fairness(result, started: dict | None = None) -> float:
+    """Jain's index over leaf queues guaranteed > 0 GPUs of mean running GPUs / guarantee, with
+    usage from each job's allocated GPU-seconds (exact, and the same whatever the policy)."""
+    used = (started or _started(result))["used"]
+    span = max(result.last_end - result.first_submit, 1.0)
+    leaves = [q for q in result.scheduler.tree.by_path.values() if q.parent is not None]
+    return jain_index(
+        used.get(q.path, 0.0) / span / q.guaranteed for q in leaves if q.is_leaf and q.guaranteed
+    )
+
+
+def _tracked(tree) -> list:
+    """The queues to plot against their guarantees: the top-level ones, at most the 8 largest."""
+    queues = [q for q in tree.by_path.values() if q.parent is not None]
+    top = [q for q in queues if q.parent.parent is None] or queues
+    return sorted(top, key=lambda q: (-q.guaranteed, q.path))[:MAX_QUEUES]
+
+
+def _usage(result, queues, started: dict) -> tuple[dict, bool]:
+    """``{queue path: (times, running GPUs)}`` for ``queues``, and whether it was rebuilt from job
+    start and end times (the policy left the sampled usage all zero: no quotas)."""
+    import numpy as np
+
+    sampled = {q.path: result.queue_usage.get(q.path) or [] for q in queues}
+    if any(gpus for samples in sampled.values() for _, gpus in samples):
+        return {p: np.asarray(s, dtype=float).T for p, s in sampled.items() if s}, False
+    out = {}
+    for queue in queues:
+        inside = [i for i, q in enumerate(started["leaves"]) if q and queue in q.chain()]
+        mask = np.isin(started["leaf"], inside)
+        if not mask.any():
+            continue
+        times = np.concatenate((started["start"][mask], started["end"][mask]))
+        deltas = np.concatenate((started["gpus"][mask], -started["gpus"][mask]))
+        order = np.argsort(times, kind="stable")
+        times, level = times[order], np.cumsum(deltas[order])
+        last = np.append(times[1:] != times[:-1], True)  # the level after each instant
+        out[queue.path] = (times[last], level[last])
+    return out, True
+
+
+def _get(figures: dict, path):
+    for key in path:
+        figures = figures.get(key) if isinstance(figures, dict) else None
+    return figures if isinstance(figures, (int, float)) else None
+
+
+def _num(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, int) or value == 0:
+        return f"{round(value):,}"
+    size = abs(value)
+    return f"{value:,.0f}" if size >= 100 else f"{value:.1f}" if size >= 10 else f"{value:.3g}"
+
+
+def _ratio(value, base) -> tuple[str, float | None]:
+    """`` (0.42x)`` and 0.42; `` (=)`` for 0 vs 0; `` (from 0)`` for a value vs 0."""
+    if value is None or base is None or math.isnan(value) or math.isnan(base):
+        return "", None
+    if base == 0:
+        return (" (=)", 1.0) if value == 0 else (" (from 0)", None)
+    return f" ({value / base:,.2f}x)", value / base
+
+
+def _duration(*seconds) -> list[str]:
+    """Seconds as text, all in the unit that suits the largest."""
+    top = max(seconds)
+    if top < 120:
+        return [f"{s:,.0f} s" for s in seconds]
+    unit, size = ("min", 60) if top < 7200 else ("h", 3600)
+    return [f"{s / size:,.1f} {unit}" for s in seconds]
+
+
+def _headline(names, figures, jains, tiers) -> list[str]:
+    """Plain sentences comparing each policy with the first (the baseline)."""
+    base, lines = names[0], []
+    for name in names[1:]:
+
+        def pair(*path, name=name):
+            return _get(figures.get(name, {}), path), _get(figures.get(base, {}), path)
+
+        mean, p99 = pair("wait_s", "mean"), pair("wait_s_by_tier", "1", "p99")
+        if None not in mean:
+            text = f"{name} vs {base}: mean wait {' vs '.join(_duration(*mean))}{_ratio(*mean)[0]}"
+            if None not in p99 and 1 in tiers:
+                text += f"; tier-1 p99 wait {' vs '.join(_duration(*p99))}"
+            lines.append(text + ".")
+        util, span = pair("gpu_utilization"), pair("makespan_s")
+        if None not in (*util, *span):
+            lines.append(
+                f"{name}: GPU utilization {util[0]:.2f} vs {util[1]:.2f}; all jobs done after "
+                f"{span[0] / 3600:,.1f} h vs {span[1] / 3600:,.1f} h."
+            )
+        pre, lost = pair("preemptions"), pair("lost_gpu_hours")
+        if None not in (*pre, *lost):
+            lines.append(
+                f"{name}: {pre[0]:,} pre-emptions losing {lost[0]:,.1f} GPU-h of work vs "
+                f"{pre[1]:,} losing {lost[1]:,.1f} GPU-h."
+            )
+        if not (math.isnan(jains[name]) or math.isnan(jains[base])):
+            lines.append(
+                f"{name}: fairness across leaf queues (Jain's index, 1 = each got the same "
+                f"multiple of its guarantee) {jains[name]:.2f} vs {jains[base]:.2f}."
+            )
+    return lines
+
+
+def _table(names, figures, jains, tiers) -> str:
+    rows = []
+    for label, path, scale, direction in ROWS:
+        if label != "TIERS":
+            rows.append((label, path, scale, direction))
+            continue
+        for tier in tiers:
+            for key in ("mean", "p50", "p95", "p99"):
+                rows.append(
+                    (f"tier-{tier} wait {key} (s)", ("wait_s_by_tier", str(tier), key), 1, -1)
+                )
+    head = "".join(f"<th>{html.escape(n)}</th>" for n in names)
+    out = [f"<table><tr><th>figure</th>{head}</tr>"]
+    for label, path, scale, direction in rows:
+        cells = []
+        for name in names:
+            value = jains[name] if path == ("jain",) else _get(figures.get(name, {}), path)
+            value = None if value is None else value * scale
+            if not cells:
+                base = value
+                cells.append(f"<td>{_num(value)}</td>")
+                continue
+            text, ratio = _ratio(value, base)
+            mood = ""
+            if ratio is not None and direction and abs(ratio - 1) > 0.05:
+                mood = ' class="better"' if (ratio > 1) == (direction > 0) else ' class="worse"'
+            cells.append(f"<td{mood}>{_num(value)}{html.escape(text)}</td>")
+        out.append(f"<tr><td>{html.escape(label)}</td>{''.join(cells)}</tr>")
+    return "\n".join([*out, "</table>"])
+
+
+def _figure(cols: int, height: float = 3.0, sharey: bool = False):
+    from matplotlib.figure import Figure  # no pyplot: no global figure list to leak into
+
+    fig = Figure(figsize=(max(6.4, 4.2 * cols), height), layout="constrained")
+    return fig, fig.subplots(1, cols, squeeze=False, sharey=sharey).ravel()
+
+
+def _png(fig) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _empty(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} recorded", ha="center", va="center", transform=ax.transAxes)
+
+
+def _label(text: str) -> str:
+    return text.replace("$", r"\$").lstrip("_") or "?"  # matplotlib hides labels starting "_"
+
+
+def _plot_waits(results, started, tiers) -> str:
+    import numpy as np
+    from matplotlib.ticker import NullLocator
+
+    fig, axes = _figure(max(len(tiers), 1), sharey=True)
+    for ax, tier in zip(axes, tiers or [None], strict=True):
+        top = 1.0
+        for result in results:
+            jobs = started[result.policy]
+            values = np.sort(np.maximum(jobs["wait"][jobs["tier"] == tier], 1.0))
+            if not len(values):
+                continue
+            pick = np.unique(np.linspace(0, len(values) - 1, MAX_POINTS).astype(int))
+            label = f"{_label(result.policy)} ({np.mean(values <= 1.0):.0%} at once)"
+            ax.step(values[pick], (pick + 1) / len(values), where="post", label=label)
+            top = max(top, values[-1])
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_locator(NullLocator())
+        ticks = [(t, n) for t, n in WAIT_TICKS if t == 1 or t <= top]
+        ax.set_xticks([t for t, _ in ticks], [n for _, n in ticks])
+        ax.set(title=f"tier {tier} queue wait (CDF)", xlabel="wait (log; 0 shown as 1 s)")
+        ax.set(ylabel="fraction of started jobs", ylim=(0, 1.02))
+        if ax.lines:
+            ax.legend(fontsize=8)
+        else:
+            _empty(ax, "started jobs")
+    return _png(fig)
+
+
+def _plot_allocation(results, gpus, origin) -> str:
+    fig, (ax,) = _figure(1)
+    for result in results:
+        if result.timeline:
+            times, allocated = [p[0] for p in result.timeline], [p[1] for p in result.timeline]
+            x, y = _steps(times, allocated, result.last_end)
+            ax.step((x - origin) / 3600, y, where="post", label=_label(result.policy), lw=1)
+    ax.axhline(gpus, color="black", ls="--", lw=1, label=f"cluster GPUs ({gpus:,})")
+    ax.set(title="Allocated GPUs over time", xlabel=HOURS, ylabel="allocated GPUs")
+    ax.set_ylim(0, gpus * 1.08)
+    ax.legend(fontsize=8, loc="lower right")
+    if not any(r.timeline for r in results):
+        _empty(ax, "timeline")
+    return _png(fig)
+
+
+def _plot_pending(results, origin) -> str:
+    fig, axes = _figure(len(results), sharey=True)
+    for ax, result in zip(axes, results, strict=True):
+        ax.set(title=f"{result.policy}: pending GPUs by reason", xlabel=HOURS, ylabel="GPUs")
+        if not result.timeline:
+            _empty(ax, "timeline")
+            continue
+        times, low = [p[0] for p in result.timeline], 0.0
+        for column, reason in enumerate(REASONS, start=2):
+            x, y = _steps(times, [p[column] for p in result.timeline], result.last_end)
+            ax.fill_between((x - origin) / 3600, low, low + y, step="post", label=reason, lw=0)
+            low = low + y
+        ax.legend(fontsize=8, loc="upper left")
+    return _png(fig)
+
+
+def _plot_queues(results, origin, started) -> str:
+    shown = results[:2]
+    fig, axes = _figure(len(shown), sharey=True)
+    for ax, result in zip(axes, shown, strict=True):
+        tracked = _tracked(result.scheduler.tree)
+        usage, rebuilt = _usage(result, tracked, started[result.policy])
+        star = " *" if rebuilt and usage else ""
+        ax.set(title=f"{result.policy}: running GPUs vs guarantee{star}")
+        ax.set(xlabel=HOURS, ylabel="running GPUs")
+        for n, queue in enumerate(tracked):
+            if queue.path in usage:
+                x, y = _steps(*usage[queue.path], result.last_end)
+                color, label = f"C{n % 10}", _label(queue.label())
+                ax.step((x - origin) / 3600, y, where="post", color=color, lw=1, label=label)
+                ax.axhline(queue.guaranteed, color=color, ls="--", lw=0.8)
+        if ax.lines:
+            ax.legend(fontsize=8, loc="upper left")
+        else:
+            _empty(ax, "queue usage")
+    return _png(fig)
+
+
+def _plot_fairness(names, jains) -> str:
+    fig, (ax,) = _figure(1, height=2.4)
+    heights = [0.0 if math.isnan(jains[n]) else jains[n] for n in names]
+    bars = ax.bar([_label(n) for n in names], heights, color=[f"C{i}" for i in range(len(names))])
+    ax.bar_label(bars, labels=["n/a" if math.isnan(jains[n]) else f"{jains[n]:.2f}" for n in names])
+    ax.set(title="Fairness across leaf queues", xlabel="policy", ylabel="Jain's index (1 = fair)")
+    ax.set_ylim(0, 1.12)
+    return _png(fig)
+
+
+def write_report(results: list, figures: dict[str, dict], path, title: str = "") -> None:
+    """Write a self-contained ``report.html`` to ``path`` comparing ``results`` (ReplayResults
+    of one trace; the first is the baseline) with their ``metrics()`` ``figures`` by policy."""
+    import matplotlib
+
+    if "matplotlib.pyplot" not in sys.modules:  # headless; leave an interactive session alone
+        matplotlib.use("Agg")
+    if not results:
+        raise ValueError("write_report needs at least one replay result")
+    names = [r.policy for r in results]
+    started = {r.policy: _started(r) for r in results}
+    tiers = sorted({int(t) for s in started.values() for t in set(s["tier"].tolist())})
+    jains = {r.policy: fairness(r, started[r.policy]) for r in results}
+    first = results[0]
+    gpus, origin = first.scheduler.cluster.total_gpus, first.first_submit
+    title = title or "GPU scheduling replay: " + " vs ".join(names)
+    intro = (
+        f"Policies compared: {', '.join(names)} (baseline: {names[0]}). Trace: "
+        f"{len(first.trace):,} jobs over {_duration(max(first.last_end - origin, 0.0))[0]}; "
+        f"cluster: {gpus:,} GPUs."
+    )
+    plots = {
+        "Queue waits": _plot_waits(results, started, tiers),
+        "GPU allocation": _plot_allocation(results, gpus, origin),
+        "Pending GPUs by reason": _plot_pending(results, origin),
+        "Queue usage vs guarantee": _plot_queues(results, origin, started),
+        "Fairness": _plot_fairness(names, jains),
+    }
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        f"<section><h2>Summary</h2><p>{html.escape(intro)}</p><ul>",
+        *(f"<li>{html.escape(s)}</li>" for s in _headline(names, figures, jains, tiers)),
+        "</ul></section>",
+        '<div class="grid"><section><h2>Metrics</h2>',
+        _table(names, figures, jains, tiers),
+        f'<p class="muted">Ratios are to {html.escape(names[0])}; green is better, red worse '
+        "(more than 5% apart). Waits in seconds from submit to first start.</p></section>",
+    ]
+    for heading, png in plots.items():
+        body.append(
+            f'<section><h2>{html.escape(heading)}</h2><img alt="{html.escape(heading)}" '
+            f'src="data:image/png;base64,{png}"><p class="muted">{html.escape(NOTES[heading])}'
+            "</p></section>"
+        )
+    page = (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>'
+        f"{html.escape(title)}</title><style>{CSS}</style></head><body>\n"
+        + "\n".join(body)
+        + "</div></body></html>\n"
+    )
+    Path(path).write_text(page, encoding="utf-8")

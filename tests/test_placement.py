@@ -2,7 +2,7 @@
 
 from helpers import cluster, job, leaves, names, started
 
-from jupyter_gpusched.core import Scheduler
+from jupyter_gpusched.core import PolicySettings, Scheduler
 
 
 def two_leaves():
@@ -87,3 +87,25 @@ def test_fifo_is_topology_blind_first_fit():
     placements = started(scheduler.schedule(0))
     assert names(scheduler, placements["a"]) == ["a1"]
     assert names(scheduler, placements["b"]) == ["a1"]
+
+
+def test_a_gang_waits_for_one_leaf_within_its_patience_then_may_span():
+    from helpers import run_replay, trace_job
+
+    c = cluster(
+        ("a[1-2]", 8, "leaf-1"),
+        ("b[1-2]", 8, "leaf-2", {"gpu_model": "B"}),
+        switches={"spine": ["leaf-1", "leaf-2"]},
+    )
+    trace = [
+        trace_job("a-half", 0, 1000, 8, walltime=1000),  # leaf-1 half busy
+        trace_job("b-half", 0, 5000, 8, walltime=5000, gpu_models=frozenset("B")),
+        trace_job("gang", 10, 100, 16, walltime=100),  # 16 free, but 8 under each leaf
+    ]
+    _, rows = run_replay(trace, c)
+    assert rows["gang"]["start_time"] == 1000  # leaf-1 frees at 1000, inside the 30 min
+    assert rows["gang"]["leaves"] == 1
+    assert rows["gang"]["first_reason_detail"] == "one-leaf"
+    impatient = PolicySettings().replace(leaf_patience=60.0)
+    _, rows = run_replay(trace, c, settings=impatient)
+    assert rows["gang"]["start_time"] == 70 and rows["gang"]["leaves"] == 2

@@ -49,15 +49,21 @@ def nodes_needed(job: Job, max_node_gpus: int) -> int | None:
 
 
 def find_placement(
-    state: ClusterState, job: Job, *, topology: bool = True, exclude: frozenset = frozenset()
+    state: ClusterState,
+    job: Job,
+    *,
+    topology: bool = True,
+    exclude: frozenset = frozenset(),
+    one_leaf: bool = False,
 ) -> Placement | None:
-    """Where ``job`` can run now, or None. Nodes in ``exclude`` are not used."""
+    """Where ``job`` can run now, or None. Nodes in ``exclude`` are not used; with
+    ``one_leaf`` a multi-node job is placed under one leaf switch or not at all."""
     if job.fractional:
         return _fractional(state, job, exclude, topology)
     per_node = job.gpus_per_node or job.gpus
     if per_node <= state.cluster.max_node_gpus and (job.gpus_per_node or 0) in (0, job.gpus):
         return _single_node(state, job, exclude, topology)
-    return _multi_node(state, job, exclude, topology)
+    return _multi_node(state, job, exclude, topology, one_leaf)
 
 
 def _fractional(state, job, exclude, topology) -> Placement | None:
@@ -168,7 +174,7 @@ def _candidates(state, job, exclude, minimum: int, share: float | None):
     return by_leaf
 
 
-def _multi_node(state, job, exclude, topology) -> Placement | None:
+def _multi_node(state, job, exclude, topology, one_leaf=False) -> Placement | None:
     cluster = state.cluster
     shape = job.gpus_per_node
     count = job.gpus // shape if shape else None
@@ -184,8 +190,8 @@ def _multi_node(state, job, exclude, topology) -> Placement | None:
             key = (len(chosen.parts), _waste(state, chosen), state.leaf_free[leaf], leaf)
             if best is None or key < best[0]:
                 best = (key, chosen)
-    if best is not None:
-        return best[1]
+    if best is not None or one_leaf:
+        return best[1] if best is not None else None
     # 2. inside one spine, then 3. anywhere: fill from the leaves with the most room first
     for spine in sorted(cluster.spines):
         leaves = [leaf for leaf in cluster.spines[spine] if leaf in by_leaf]

@@ -117,6 +117,9 @@ class Scheduler:
         self._last_deep = -math.inf
         self._deep_due = False
         self._capacity = Capacity(cluster)
+        self._leaf_gpus = max(
+            sum(cluster.nodes[i].gpus for i in members) for members in cluster.leaves.values()
+        )
         self._victims = VictimSearch(self.state, self.tree, self.settings, self.policy.topology)
 
     # -- events ------------------------------------------------------------------------------
@@ -324,6 +327,13 @@ class Scheduler:
         exclude = frozenset()
         if reservation is not None and not may_backfill(reservation, self._walltime(job), now):
             exclude = reservation.nodes
+        # a gang that fits one leaf switch waits a while for one before it spans leaves
+        patient = (
+            self.policy.topology
+            and len(self.cluster.leaves) > 1
+            and self.cluster.max_node_gpus < job.gpus <= self._leaf_gpus
+            and now < job.submit_time + self.settings.leaf_patience
+        )
         shape = (
             job.gpus <= self.cluster.max_node_gpus,
             job.gpu_fraction,
@@ -333,13 +343,26 @@ class Scheduler:
             job.cpus,
             job.memory_gb,
             bool(exclude),
+            patient,
         )
         if job.amount >= pass_.failed.get(shape, math.inf):
             return pass_.reasons[shape]  # a smaller job of this shape did not fit either
         topology = self.policy.topology
-        placement = find_placement(self.state, job, topology=topology, exclude=exclude)
+        placement = find_placement(
+            self.state, job, topology=topology, exclude=exclude, one_leaf=patient
+        )
         if placement is not None:
             return placement
+        if patient and find_placement(self.state, job, exclude=exclude) is not None:
+            self._wake = min(self._wake, job.submit_time + self.settings.leaf_patience)
+            reason = Reason(
+                "placement",
+                "one-leaf",
+                f"{free:g} GPUs free, but not under one leaf switch; it waits for one until "
+                f"{self.settings.leaf_patience / 60:g} min after submission, then may span leaves",
+            )
+            pass_.failed[shape], pass_.reasons[shape] = job.amount, reason
+            return reason
         if exclude and any(self.state.free[n] for n in exclude):
             reason = Reason(
                 "policy",

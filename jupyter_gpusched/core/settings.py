@@ -22,6 +22,9 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
     backfill:
       depth: 200                   # blocked jobs a deep pass examines for backfill
       interval: 30s                # deep passes (backfill, pre-emption) at most this often
+    placement:
+      leaf_patience: 30m           # a gang that fits one leaf switch waits this long for one
+                                   # before it may span leaves
     reaper: {...}                  # idle-session timeouts, see jupyter_gpusched.reaper
 """
 
@@ -61,6 +64,7 @@ class PolicySettings:
     walltime_notebook: float = 12 * 3600.0
     backfill_depth: int = 200
     backfill_interval: float = 30.0
+    leaf_patience: float = 1800.0
     reaper: dict = field(default_factory=dict)
 
     def default_walltime(self, kind: str) -> float:
@@ -103,6 +107,7 @@ class PolicySettings:
         age = reader.section("age", {"weight", "max_age"})
         walltime = reader.section("walltime", {"batch", "notebook"})
         backfill = reader.section("backfill", {"depth", "interval"})
+        placement = reader.section("placement", {"leaf_patience"})
         signal_name = str(data.get("preemption_signal", defaults.preemption_signal)).upper()
         if not signal_name.startswith("SIG"):
             signal_name = "SIG" + signal_name
@@ -121,6 +126,7 @@ class PolicySettings:
             "age",
             "walltime",
             "backfill",
+            "placement",
             "reaper",
         }
         if unknown:
@@ -141,6 +147,7 @@ class PolicySettings:
             walltime_notebook=reader.duration(walltime, "notebook", 12 * 3600.0, "walltime"),
             backfill_depth=int(reader.number(backfill, "depth", 200, "backfill")),
             backfill_interval=reader.duration(backfill, "interval", 30.0, "backfill"),
+            leaf_patience=reader.duration(placement, "leaf_patience", 1800.0, "placement"),
             reaper=dict(reaper),
         )
         if settings.fair_share_half_life <= 0:

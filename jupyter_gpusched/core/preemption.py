@@ -54,6 +54,7 @@ def find_victims(
     now: float,
     reclaim: bool,
     limit_node: Queue | None,
+    one_leaf: bool = False,
 ) -> tuple[Placement, list[Job]] | None:
     """The victims to pre-empt so that ``job`` can start, and where it will run; or None.
 
@@ -124,7 +125,7 @@ def find_victims(
         else:
             return None
     victims = list({v.id: v for group in picked for v in group}.values())
-    return _verify(ctx, job, victims, guard, limit_node)
+    return _verify(ctx, job, victims, guard, limit_node, one_leaf)
 
 
 def _promising_nodes(state, job, need: int, room: list[int], wanted: int) -> list[int]:
@@ -144,7 +145,7 @@ def _promising_nodes(state, job, need: int, room: list[int], wanted: int) -> lis
     return out
 
 
-def _verify(ctx, job, victims, guard, limit_node):
+def _verify(ctx, job, victims, guard, limit_node, one_leaf=False):
     """Release ``victims`` on the real state, place the job, keep only the victims whose GPUs
     it uses, and restore the state."""
     state = ctx.state
@@ -154,7 +155,7 @@ def _verify(ctx, job, victims, guard, limit_node):
         guard.take(victim)
     saved = {v.id: state.release(v.id) for v in victims}
     try:
-        placement = find_placement(state, job, topology=ctx.topology)
+        placement = find_placement(state, job, topology=ctx.topology, one_leaf=one_leaf)
     finally:
         for victim_id, held in saved.items():
             state.take(victim_id, held)

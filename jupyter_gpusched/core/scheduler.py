@@ -327,13 +327,7 @@ class Scheduler:
         exclude = frozenset()
         if reservation is not None and not may_backfill(reservation, self._walltime(job), now):
             exclude = reservation.nodes
-        # a gang that fits one leaf switch waits a while for one before it spans leaves
-        patient = (
-            self.policy.topology
-            and len(self.cluster.leaves) > 1
-            and self.cluster.max_node_gpus < job.gpus <= self._leaf_gpus
-            and now < job.submit_time + self.settings.leaf_patience
-        )
+        patient = self._patient(job, now)
         shape = (
             job.gpus <= self.cluster.max_node_gpus,
             job.gpu_fraction,
@@ -376,6 +370,15 @@ class Scheduler:
         pass_.reasons[shape] = reason
         return reason
 
+    def _patient(self, job: Job, now: float) -> bool:
+        """A gang that fits one leaf switch waits a while for one before it spans leaves."""
+        return (
+            self.policy.topology
+            and len(self.cluster.leaves) > 1
+            and self.cluster.max_node_gpus < job.gpus <= self._leaf_gpus
+            and now < job.submit_time + self.settings.leaf_patience
+        )
+
     def _try_preempt(self, job: Job, now: float, pass_: _Pass, limit_node=None) -> bool:
         """Pre-emption is tried in priority order and stops for the rest of the pass at the
         first job it cannot help (or after a few successes)."""
@@ -400,7 +403,15 @@ class Scheduler:
         if reclaim:
             room = [a + b for a, b in zip(room, self._on_node[2], strict=True)]
         found = find_victims(
-            self._victims, job, queue, self.running, room, now, reclaim, limit_node
+            self._victims,
+            job,
+            queue,
+            self.running,
+            room,
+            now,
+            reclaim,
+            limit_node,
+            one_leaf=self._patient(job, now),
         )
         if found is None:
             self._wake_for_minimum_run_time(now, reclaim)

@@ -72,6 +72,7 @@ class Job:
 
     state: JobState = JobState.PENDING
     reason: Reason | None = None
+    pending_since: float | None = None  # submitted, or requeued after its last run
     start_time: float | None = None  # start of the current (or last) run
     first_start: float | None = None
     end_time: float | None = None

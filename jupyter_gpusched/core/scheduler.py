@@ -138,7 +138,7 @@ class Scheduler:
             return job
         if self.policy.quotas:
             job.queue = self.tree.get(job.queue).path
-        job.state = JobState.PENDING
+        job.state, job.pending_since = JobState.PENDING, now
         self.pending.add(job, self._walltime(job))
         self._new.append(job.id)
         return job
@@ -348,12 +348,12 @@ class Scheduler:
         if placement is not None:
             return placement
         if patient and find_placement(self.state, job, exclude=exclude) is not None:
-            self._wake = min(self._wake, job.submit_time + self.settings.leaf_patience)
+            self._wake = min(self._wake, job.pending_since + self.settings.leaf_patience)
             reason = Reason(
                 "placement",
                 "one-leaf",
-                f"{free:g} GPUs free, but not under one leaf switch; it waits for one until "
-                f"{self.settings.leaf_patience / 60:g} min after submission, then may span leaves",
+                f"{free:g} GPUs free, but not under one leaf switch; it waits for one for "
+                f"{self.settings.leaf_patience / 60:g} min, then may span leaves",
             )
             pass_.failed[shape], pass_.reasons[shape] = job.amount, reason
             return reason
@@ -376,7 +376,7 @@ class Scheduler:
             self.policy.topology
             and len(self.cluster.leaves) > 1
             and self.cluster.max_node_gpus < job.gpus <= self._leaf_gpus
-            and now < job.submit_time + self.settings.leaf_patience
+            and now < job.pending_since + self.settings.leaf_patience
         )
 
     def _try_preempt(self, job: Job, now: float, pass_: _Pass, limit_node=None) -> bool:
@@ -500,6 +500,7 @@ class Scheduler:
 
     def _requeue(self, job: Job, reason: Reason) -> None:
         job.state = JobState.PENDING
+        job.pending_since = job.end_time
         self.pending.add(job, self._walltime(job))
         self._set_reason(job, reason)
 

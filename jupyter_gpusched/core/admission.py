@@ -48,6 +48,7 @@ class Capacity:
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
         self._cache: dict[tuple, tuple] = {}
+        self._holding: dict[tuple, int] = {}
 
     def of(self, job: Job) -> tuple[int, list[tuple[int, float, float]], float, float]:
         """(total GPUs, (GPUs, CPUs, memory) of each matching node, total CPUs, total memory)."""
@@ -67,6 +68,17 @@ class Capacity:
             )
         return self._cache[key]
 
+    def nodes_holding(self, job: Job, gpus: int, cpus: float, memory: float) -> int:
+        """How many matching nodes have at least these GPUs, CPUs and memory (cached)."""
+        key = (job.gpu_models, tuple(sorted(job.labels.items())), gpus, cpus, memory)
+        if key not in self._holding:
+            self._holding[key] = sum(
+                1
+                for node_gpus, node_cpus, node_memory in self.of(job)[1]
+                if node_gpus >= gpus and cpus <= node_cpus and memory <= node_memory
+            )
+        return self._holding[key]
+
 
 def rejection(
     job: Job, capacity: Capacity, tree: QueueTree, quotas: bool, guarantees: bool = True
@@ -85,12 +97,8 @@ def rejection(
     per_node = job.gpus_per_node or (job.gpus if job.gpus <= cluster.max_node_gpus else None)
     if per_node:
         share = per_node / job.gpus  # of the job's CPUs and memory, on each of its nodes
-        fitting = sum(
-            1
-            for gpus, node_cpus, node_memory in node_sizes
-            if gpus >= per_node
-            and (job.cpus or 0) * share <= node_cpus
-            and (job.memory_gb or 0) * share <= node_memory
+        fitting = capacity.nodes_holding(
+            job, per_node, (job.cpus or 0) * share, (job.memory_gb or 0) * share
         )
         if fitting < job.gpus // per_node:
             if job.gpus_per_node is None:

@@ -98,7 +98,8 @@ class Scheduler:
         self.running: dict[str, Job] = {}
         self._by_tier: dict[int, dict[str, Job]] = {1: {}, 2: {}, 3: {}}
         self._tier_gpus = {1: 0, 2: 0, 3: 0}  # GPUs held by running jobs of each tier
-        self._on_node = {t: [0] * len(cluster.nodes) for t in (1, 2, 3)}  # ... on each node
+        # ... on each node, by tier; key 23 holds tiers 2 and 3 together (what reclaim may take)
+        self._on_node = {t: [0.0] * len(cluster.nodes) for t in (1, 2, 3, 23)}
         self._by_queue: dict[str, dict[str, Job]] = {}  # running jobs of each leaf queue
         self.pending = PendingQueue(self._key, by_queue_and_tier=self.policy.order != "arrival")
         self.pending_gpus_by_reason = {"capacity": 0, "placement": 0, "policy": 0}
@@ -161,6 +162,8 @@ class Scheduler:
         job = self.running.pop(job_id)
         for part in self.state.allocations[job_id].parts:
             self._on_node[job.tier][part.node] -= part.gpus * part.fraction
+            if job.tier > 1:
+                self._on_node[23][part.node] -= part.gpus * part.fraction
         del self._by_tier[job.tier][job_id]
         self._tier_gpus[job.tier] -= job.amount
         del self._by_queue[job.queue][job_id]
@@ -399,9 +402,7 @@ class Scheduler:
         pool_gpus = self._tier_gpus[3] + (self._tier_gpus[2] if reclaim else 0)
         if pool_gpus + self._free_for(job) < job.gpus:
             return None
-        room = self._on_node[3]
-        if reclaim:
-            room = [a + b for a, b in zip(room, self._on_node[2], strict=True)]
+        room = self._on_node[23 if reclaim else 3]
         found = find_victims(
             self._victims,
             job,
@@ -485,6 +486,8 @@ class Scheduler:
         self.state.take(job.id, placement)
         for part in placement.parts:
             self._on_node[job.tier][part.node] += part.gpus * part.fraction
+            if job.tier > 1:
+                self._on_node[23][part.node] += part.gpus * part.fraction
         self._set_reason(job, None)
         job.state, job.start_time = JobState.RUNNING, now
         if job.first_start is None:

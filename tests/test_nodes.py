@@ -31,7 +31,7 @@ def test_a_node_going_down_fails_notebooks_and_requeues_batch_jobs():
     node_of = {j: names(scheduler, p)[0] for j, p in placements.items()}
     scheduler.set_node_state(node_of["batch"], "down", 10)
     decisions = scheduler.schedule(10)
-    assert Stop("batch", f"node {node_of['batch']} is down") in decisions
+    assert Stop("batch", f"node {node_of['batch']} is down", ended=True) in decisions
     batch = scheduler.jobs["batch"]
     assert batch.state == JobState.PENDING and batch.runs == 1
     assert batch.reason.family == "capacity"  # re-examined: the other node is busy

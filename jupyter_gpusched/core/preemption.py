@@ -4,7 +4,7 @@ Who may be pre-empted for a job ``J`` that cannot otherwise start:
 - never a tier-1 job, never a job inside its minimum run time, never one already signalled,
   never a fractional job (fractional jobs neither pre-empt nor are pre-empted);
 - a tier-3 job, by any tier-1 or tier-2 job;
-- a tier-2 job, only when ``J`` reclaims: ``J`` is tier 1 or its queue is under its guarantee
+- a tier-2 job, only when ``J`` reclaims: ``J``'s queue is under its guarantee
   (:func:`~jupyter_gpusched.core.admission.under_guarantee`), the victim's queue is not ``J``'s,
   and taking the victim never brings the victim's queue (or an ancestor that is not also
   ``J``'s) below its guarantee.
@@ -161,12 +161,27 @@ def _verify(ctx, job, victims, guard, limit_node, one_leaf=False):
             state.take(victim_id, held)
     if placement is None:
         return None
-    used = {p.node: p.mask for p in placement.parts}
+    # keep the victims whose GPUs the job uses, and on its nodes enough others for its CPUs
+    # and memory (cheapest first: ``victims`` is in cost order per node)
+    used = {p.node: p for p in placement.parts}
     needed = [
         v
         for v in victims
-        if any(p.mask & used.get(p.node, 0) for p in state.allocations[v.id].parts)
+        if any(p.mask & used[p.node].mask for p in state.allocations[v.id].parts if p.node in used)
     ]
+    for idx, part in used.items():
+        cpus, memory = state.cpu_free[idx], state.mem_free[idx]
+        for victim in victims:
+            for held in state.allocations[victim.id].parts:
+                if held.node == idx and victim in needed:
+                    cpus, memory = cpus + held.cpus, memory + held.memory_gb
+        for victim in victims:
+            if cpus >= part.cpus - 1e-9 and memory >= part.memory_gb - 1e-9:
+                break
+            for held in state.allocations[victim.id].parts:
+                if held.node == idx and victim not in needed:
+                    needed.append(victim)
+                    cpus, memory = cpus + held.cpus, memory + held.memory_gb
     if limit_node is not None:
         over = limit_node.running + limit_node.claimed + job.gpus - limit_node.limit
         if sum(v.gpus for v in needed) < over - 1e-9:
@@ -192,16 +207,21 @@ class _GuaranteeGuard:
         self.taken: dict[int, float] = {}  # id(queue) -> tier-2 GPUs taken under it
 
     def allows(self, victim: Job) -> bool:
+        """Tier-3 victims are always allowed; a tier-2 victim only while its queue stays at or
+        above its guarantee, counting every victim already taken from it (any tier) and the
+        victims of other claims still in their grace period (``leaving``)."""
         if victim.tier != 2:
             return True
         for node in self.tree.get(victim.queue).chain():
             if id(node) in self.chain:
                 continue
-            if node.running - self.taken.get(id(node), 0.0) - victim.gpus < node.guaranteed - 1e-9:
+            left = node.running - node.leaving - self.taken.get(id(node), 0.0)
+            if left - victim.gpus < node.guaranteed - 1e-9:
                 return False
         return True
 
     def take(self, victim: Job) -> None:
-        if victim.tier == 2:
-            for node in self.tree.get(victim.queue).chain():
+        queue = self.tree.get(victim.queue)
+        if queue is not None:
+            for node in queue.chain():
                 self.taken[id(node)] = self.taken.get(id(node), 0.0) + victim.gpus

@@ -32,6 +32,7 @@ class Queue:
     children: list[Queue] = field(default_factory=list)
     running: float = 0.0
     claimed: float = 0.0
+    leaving: float = 0.0  # GPUs of signalled pre-emption victims, still running until killed
     tier1_running: float = 0.0  # tier-1 GPUs running or claimed in this queue itself
     # decayed usage in GPU-seconds at ``usage_time``, and the GPUs running since then
     usage: float = 0.0

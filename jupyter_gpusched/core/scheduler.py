@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
+from collections import deque
 from dataclasses import dataclass, field
 
 from .admission import Capacity, policy_block, rejection, under_guarantee, validate
@@ -55,8 +56,13 @@ class Preempt:
 
 @dataclass(frozen=True)
 class Stop:
+    """Stop the job's processes (signal, grace, kill). ``ended``: the engine has already ended
+    the job (its node went down) and expects no :meth:`Scheduler.job_ended` for this run;
+    otherwise (a cancel) the adapter reports ``job_ended`` once the processes are gone."""
+
     job_id: str
     reason: str
+    ended: bool = False
 
 
 @dataclass
@@ -74,10 +80,12 @@ class _Pass:
 
 @dataclass
 class Claim:
-    """GPUs promised to a pre-empting job: it starts when ``waiting`` is empty."""
+    """GPUs promised to a pre-empting job: it starts when ``waiting`` is empty. ``short`` is
+    what the claim does not hold yet, per node: [GPU mask, CPUs, memory]."""
 
     placement: Placement
     waiting: set[str] = field(default_factory=set)
+    short: dict[int, list] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -97,6 +105,7 @@ class Scheduler:
         self.jobs: dict[str, Job] = {}
         self.running: dict[str, Job] = {}
         self._by_tier: dict[int, dict[str, Job]] = {1: {}, 2: {}, 3: {}}
+        self._recent_starts = {2: deque(), 3: deque()}  # (start, id) inside a minimum run time
         self._tier_gpus = {1: 0, 2: 0, 3: 0}  # GPUs held by running jobs of each tier
         # ... on each node, by tier; key 23 holds tiers 2 and 3 together (what reclaim may take)
         self._on_node = {t: [0.0] * len(cluster.nodes) for t in (1, 2, 3, 23)}
@@ -159,6 +168,8 @@ class Scheduler:
     def job_ended(self, job_id: str, now: float, outcome: str = "completed") -> None:
         """A running job's processes have exited: ``completed``, ``failed``, or ``preempted``
         (killed after a pre-emption signal)."""
+        if job_id not in self.running:
+            return  # already ended (e.g. by a node going down): nothing to do
         job = self.running.pop(job_id)
         for part in self.state.allocations[job_id].parts:
             self._on_node[job.tier][part.node] -= part.gpus * part.fraction
@@ -167,7 +178,7 @@ class Scheduler:
         del self._by_tier[job.tier][job_id]
         self._tier_gpus[job.tier] -= job.amount
         del self._by_queue[job.queue][job_id]
-        placement = self.state.release(job_id)
+        self.state.release(job_id)
         del self._ends[bisect_left(self._ends, (self._estimated_end(job), job_id))]
         self._account(job, -1, now)
         job.end_time = now
@@ -177,16 +188,18 @@ class Scheduler:
         if job_id in self._stopping:
             self._stopping.discard(job_id)
             job.state = JobState.CANCELLED
-        elif (claim_owner is not None or outcome == "preempted") and job.kind == "batch":
+        elif outcome == "preempted" and job.kind == "batch":
             job.preemptions += 1
             self._requeue(job, Reason("capacity", "preempted", "requeued after pre-emption"))
-        elif claim_owner is not None or outcome == "preempted":
+        elif outcome == "preempted":
             job.preemptions += 1
             job.state = JobState.PREEMPTED
         else:
             job.state = JobState.FAILED if outcome == "failed" else JobState.COMPLETED
-        if claim_owner is not None and claim_owner in self._claims:
-            self._hand_over(claim_owner, job_id, placement, now)
+        if claim_owner is not None:
+            self._leaving(job, -1)
+            if claim_owner in self._claims:
+                self._hand_over(claim_owner, job_id, now)
 
     def set_node_state(self, name: str, node_state: str, now: float) -> None:
         """``drain``: no new placements, running jobs finish; ``down``: running jobs fail (batch
@@ -195,14 +208,15 @@ class Scheduler:
         self.state.set_node_state(node.index, node_state)
         if node_state == "up":
             self._freed = True
-        if node_state != "down":
             return
         for owner, claim in list(self._claims.items()):
-            if node.index in claim.placement.nodes:
+            if node.index in claim.placement.nodes:  # no new placement there
                 self._drop_claim(self.jobs[owner])
+        if node_state != "down":
+            return
         for job_id in sorted(self.state.holders[node.index]):
             job = self.running[job_id]
-            self._outbox.append(Stop(job_id, f"node {name} is down"))
+            self._outbox.append(Stop(job_id, f"node {name} is down", ended=True))
             self.job_ended(job_id, now, "failed")
             if job.kind == "batch" and job.state == JobState.FAILED:
                 self._requeue(job, Reason("capacity", "node-down", f"requeued: {name} went down"))
@@ -272,7 +286,7 @@ class Scheduler:
                 continue
             if outcome is None:  # it pre-empted: the claim holds its GPUs
                 continue
-            if outcome.detail == "queue-limit" and full:
+            if full and outcome.family == "policy" and self._exhausted(job):
                 skip.add(self.pending.list_of(job))  # the rest of its list is blocked too
             if outcome.family in ("capacity", "placement"):
                 if self._try_preempt(job, now, pass_):
@@ -373,6 +387,16 @@ class Scheduler:
         pass_.reasons[shape] = reason
         return reason
 
+    def _exhausted(self, job: Job) -> bool:
+        """True when no job of this job's (queue, tier) list can pass admission now: a limit on
+        its chain, or for tier 1 the queue's guarantee, has no room left at all."""
+        if not self.policy.quotas:
+            return False
+        queue = self.tree.get(job.queue)
+        if job.tier == 1 and self.policy.guarantees and queue.tier1_running >= queue.guaranteed:
+            return True
+        return any(node.running + node.claimed >= node.limit - 1e-9 for node in queue.chain())
+
     def _patient(self, job: Job, now: float) -> bool:
         """A gang that fits one leaf switch waits a while for one before it spans leaves."""
         return (
@@ -419,15 +443,12 @@ class Scheduler:
             return False
         placement, victims = found
         claim = Claim(placement, {v.id for v in victims})
+        claim.short = {p.node: [p.mask, p.cpus, p.memory_gb] for p in placement.parts}
         self._claims[job.id] = claim
-        held = []
-        for part in placement.parts:
-            mask = part.mask & self.state.free_mask[part.node]
-            if mask:
-                held.append(Part(part.node, mask))
-        if held:
-            self.state.take(_holder(job.id), Placement(tuple(held)))
+        self._collect(job.id, claim)
         self._account_claim(job, +1)
+        for victim in victims:
+            self._leaving(victim, +1)
         grace = 0.0
         for victim in victims:
             victim.preempted_by = job.id
@@ -450,30 +471,35 @@ class Scheduler:
 
     def _wake_for_minimum_run_time(self, now: float, reclaim: bool) -> None:
         """Ask to be called when the next possible victim passes its minimum run time."""
-        if self._wake < math.inf:
-            return  # already due no later than any job that started since
         for tier in (3, 2) if reclaim else (3,):
             minimum = self.settings.tiers[tier].minimum_run_time
-            if minimum <= 0:
-                continue
-            # running jobs are kept in start order: walk back over those still inside it
-            for job in reversed(self._by_tier[tier].values()):
-                if job.start_time + minimum <= now:
-                    break
-                self._wake = min(self._wake, job.start_time + minimum)
+            starts = self._recent_starts[tier]
+            # started in time order: drop those past their minimum (for good: time only grows)
+            while starts and (starts[0][0] + minimum <= now or starts[0][1] not in self.running):
+                starts.popleft()
+            if starts:
+                self._wake = min(self._wake, starts[0][0] + minimum)
 
-    def _hand_over(self, owner: str, victim_id: str, freed: Placement, now: float) -> None:
-        """Give a victim's GPUs that the claim needs to the claim; start the owner when whole."""
+    def _collect(self, owner: str, claim: Claim) -> None:
+        """Hold for the claim whatever it still lacks that is free now: GPUs, CPUs, memory."""
+        state, parts = self.state, []
+        for idx, short in claim.short.items():
+            mask = short[0] & state.free_mask[idx]
+            cpus = min(short[1], max(state.cpu_free[idx], 0.0))
+            memory = min(short[2], max(state.mem_free[idx], 0.0))
+            if mask or cpus > 0 or memory > 0:
+                parts.append(Part(idx, mask, cpus, memory))
+                short[0] &= ~mask
+                short[1] -= cpus
+                short[2] -= memory
+        if parts:
+            state.take(_holder(owner), Placement(tuple(parts)), extend=True)
+
+    def _hand_over(self, owner: str, victim_id: str, now: float) -> None:
+        """A victim has gone: the claim takes what it freed; the owner starts when whole."""
         claim = self._claims[owner]
         claim.waiting.discard(victim_id)
-        wanted = {p.node: p.mask for p in claim.placement.parts}
-        parts = [
-            Part(p.node, p.mask & wanted[p.node])
-            for p in freed.parts
-            if p.mask & wanted.get(p.node, 0)
-        ]
-        if parts:
-            self.state.take(_holder(owner), Placement(tuple(parts)), extend=True)
+        self._collect(owner, claim)
         if claim.waiting:
             return
         job = self.jobs[owner]
@@ -495,6 +521,8 @@ class Scheduler:
         job.runs += 1
         self.running[job.id] = job
         self._by_tier[job.tier][job.id] = job
+        if job.tier > 1 and self.settings.tiers[job.tier].minimum_run_time > 0:
+            self._recent_starts[job.tier].append((now, job.id))
         self._tier_gpus[job.tier] += job.amount
         self._by_queue.setdefault(job.queue, {})[job.id] = job
         insort(self._ends, (self._estimated_end(job), job.id))
@@ -515,6 +543,16 @@ class Scheduler:
         claim = self._claims.pop(job.id, None)
         if claim is None:
             return
+        if job.state == JobState.PENDING and job.reason and job.reason.detail == "preempting":
+            self._set_reason(
+                job,
+                Reason(
+                    "capacity",
+                    "preemption-dropped",
+                    "its pre-emption was called off; it waits again",
+                ),
+            )
+            self._new.append(job.id)  # examine it again at the next pass
         if _holder(job.id) in self.state.allocations:
             self.state.release(_holder(job.id))
         self._account_claim(job, -1)
@@ -522,6 +560,7 @@ class Scheduler:
             victim = self.jobs[victim_id]
             if victim.preempted_by == job.id:
                 victim.preempted_by = None  # already signalled; it will simply end
+                self._leaving(victim, -1)
         self._freed = True
 
     def _account(self, job: Job, sign: int, now: float) -> None:
@@ -529,6 +568,12 @@ class Scheduler:
         self.tree.account(queue, sign * job.amount, now, self.half_life)
         if job.tier == 1 and job.id not in self._claims:
             queue.tier1_running += sign * job.amount
+
+    def _leaving(self, victim: Job, sign: int) -> None:
+        """Count a signalled victim's GPUs as leaving its queues (guarantee checks see it gone)."""
+        if self.policy.quotas:
+            for node in self.tree.get(victim.queue).chain():
+                node.leaving += sign * victim.amount
 
     def _account_claim(self, job: Job, sign: int) -> None:
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
@@ -586,9 +631,9 @@ class Scheduler:
         return (job.tier, -score, job.submit_time, job_id)
 
     def _reclaims(self, job: Job) -> bool:
-        if not self.policy.guarantees:
-            return False
-        return job.tier == 1 or under_guarantee(job, self.tree.get(job.queue))
+        """May ``job`` take back borrowed GPUs (pre-empt tier 2 of other queues)? Only while its
+        queue, and every ancestor, stays within its guarantee (invariant 4)."""
+        return self.policy.guarantees and under_guarantee(job, self.tree.get(job.queue))
 
     def _free_for(self, job: Job) -> float:
         """Free GPUs of the models the job accepts (for a fractional job, with the room left

@@ -145,7 +145,7 @@ def replay(
             elif isinstance(decision, Preempt):
                 record = records[decision.job_id]
                 heapq.heappush(heap, (now + decision.grace, KILL, seq, decision.job_id, record.run))
-            elif isinstance(decision, Stop) and decision.job_id in scheduler.running:
+            elif isinstance(decision, Stop) and not decision.ended:
                 record = records[decision.job_id]
                 heapq.heappush(heap, (now, END, seq, decision.job_id, record.run))
             seq += 1

@@ -5,18 +5,21 @@ and a random sequence of operations (submissions, time passing, jobs ending, can
 going to drain/down/up). A :class:`Harness` drives the engine the way the replay adapter does
 (:mod:`jupyter_gpusched.sim.replay`): after every event it calls ``schedule(now)``, carries out
 the decisions (a started job runs until its duration is up; a pre-emption victim keeps running
-until ``job_ended(victim, now + grace, "preempted")``; a stopped job ends at once) and checks the
-invariants after every ``schedule()`` call.
+until ``job_ended(victim, now + grace, "preempted")``; a stopped job ends at once; a wake-up is
+honoured at ``next_wakeup()``) and checks the invariants after every ``schedule()`` call.
 
 Invariants checked:
-1. no GPU held twice; ``free_mask`` is the complement of the held masks; CPUs/memory within nodes;
-2. gang: a running job holds exactly ``job.gpus`` GPUs, in the shape ``gpus_per_node`` asks for;
-3. for every queue and its ancestors: running GPUs <= limit, and ``queue.running`` is consistent;
+1. no GPU held twice (shares of a shared GPU sum to <= 1 and no whole-GPU job is on it);
+   ``free_mask`` is the complement of what is held; CPUs/memory within each node;
+2. gang: a running job holds exactly ``job.gpus`` GPUs (or its fraction of one), in its shape;
+3. for every queue and its ancestors: running GPUs <= limit, and ``running``, ``claimed`` and
+   ``tier1_running`` agree with the jobs (tier-1 jobs inside their queue's guarantee);
 4. pre-emption rules (tier 1 never a victim, tier 3 never a pre-emptor, tier 2 only reclaimed by a
    tier-1 job or a job under its guarantee and never below the victim queue's guarantee, minimum
    run time respected, no pre-emption in turns);
 5. determinism: the same inputs give the same decisions (also across ``PYTHONHASHSEED`` values);
 6. every pending job has exactly one current reason, of family capacity|placement|policy.
+At the end, ``test_pinned_*`` replay violations the search found, as fixed scenarios.
 """
 
 from __future__ import annotations
@@ -173,6 +176,8 @@ def submit_ops(draw, sizes: list[int], n_leaves: int, models: list, cpus: bool, 
         if gpus % d == 0 and sum(1 for size in sizes if size >= d) >= gpus // d
     ]
     gpn = draw(st.sampled_from([None, None, *shapes]))
+    # a share of one GPU (fractions on a GPU sum to at most 1)
+    fraction = draw(st.sampled_from([1.0, 1.0, 1.0, 0.5, 0.25, 0.3, 0.75])) if gpus == 1 else 1.0
     op = {
         "op": "submit",
         "gpus": gpus,
@@ -185,6 +190,7 @@ def submit_ops(draw, sizes: list[int], n_leaves: int, models: list, cpus: bool, 
         "cpus": draw(st.none() | st.integers(1, 48)) if cpus else None,
         "memory_gb": draw(st.none() | st.integers(1, 300)) if memory else None,
         "models": draw(st.sampled_from([None, None, None, *([m] for m in models)])),
+        "gpu_fraction": fraction,
     }
     return op
 
@@ -309,6 +315,7 @@ class Harness:
                 cpus=op["cpus"],
                 memory_gb=op["memory_gb"],
                 walltime=op["walltime"],
+                gpu_fraction=op.get("gpu_fraction", 1.0),
             )
             self.sched.submit(job, self.now)
             self.settle()
@@ -401,18 +408,21 @@ class Harness:
         """Invariant 4, on the Preempt decisions of one pass (``before``: each queue's running +
         claimed GPUs just before the pass)."""
         sched = self.sched
+        policy = sched.policy
         tiers = self.settings.tiers
-        quotas = sched.policy.quotas
         tier2_victims: list[Preempt] = []
         for d in decisions:
             if not isinstance(d, Preempt):
                 continue
-            assert sched.policy.preemption, f"policy {sched.policy.name} pre-empted: {d}"
+            assert policy.preemption, f"policy {policy.name} pre-empted: {d}"
             victim, by = sched.jobs[d.job_id], sched.jobs[d.by]
             assert victim.id in sched.running, f"{d}: the victim is not running"
             assert by.state == JobState.PENDING, f"{d}: the pre-emptor is {by.state}"
             assert victim.tier != 1, f"{d}: a tier-1 job was pre-empted"
             assert by.tier != 3, f"{d}: a tier-3 job pre-empted"
+            assert not _fractional(victim) and not _fractional(by), (
+                f"{d}: fractional jobs neither pre-empt nor are pre-empted"
+            )
             ran = self.now - self.started.get(victim.id, (victim.start_time,))[0]
             minimum = tiers[victim.tier].minimum_run_time
             assert ran >= minimum - EPS, f"{d}: victim ran {ran}s < minimum run time {minimum}s"
@@ -422,7 +432,11 @@ class Harness:
             self.preempted_pairs.add((d.by, d.job_id))
             assert math.isclose(d.grace, tiers[victim.tier].grace_period), d
             if victim.tier == 2:
-                assert quotas, f"{d}: tier 2 pre-empted without quotas"
+                # only to return borrowed capacity: never for plain priority
+                assert policy.quotas and policy.guarantees, (
+                    f"{d}: a tier-2 job pre-empted under policy {policy.name}, which has no "
+                    "guarantees to reclaim"
+                )
                 assert victim.queue != by.queue, f"{d}: tier-2 victim in the pre-emptor's queue"
                 if by.tier != 1:
                     # before the pass the pre-emptor's queues used at least ``before``; it was
@@ -430,10 +444,10 @@ class Harness:
                     # (the implicit root, the whole cluster, excepted)
                     for path in _chain_paths(sched.tree, by.queue)[:-1]:
                         q = sched.tree.get(path)
-                        assert before[path] + by.gpus <= q.guaranteed + EPS, (
+                        assert before[path] + _amount(by) <= q.guaranteed + EPS, (
                             f"{d}: tier-2 victim, but the pre-emptor's queue {q.label()} was not "
-                            f"under its guarantee ({before[path]:g} used + {by.gpus} asked > "
-                            f"{q.guaranteed:g})"
+                            f"under its guarantee ({before[path]:g} used + {_amount(by):g} asked "
+                            f"> {q.guaranteed:g})"
                         )
                 tier2_victims.append(d)
         self._check_guarantee_floor(tier2_victims)
@@ -455,40 +469,62 @@ class Harness:
                 if path in by_chain:
                     continue
                 q = tree.get(path)
-                gone = sum(j.gpus for j in leaving if path in _chain_paths(tree, j.queue))
+                gone = sum(_amount(j) for j in leaving if path in _chain_paths(tree, j.queue))
                 assert q.running + q.claimed - gone >= q.guaranteed - EPS, (
                     f"{d}: queue {q.label()} drops below its guarantee {q.guaranteed:g} "
-                    f"(running {q.running:g} + claimed {q.claimed:g} - leaving tier-2 {gone})"
+                    f"(running {q.running:g} + claimed {q.claimed:g} - leaving tier-2 {gone:g})"
                 )
 
     def check_state(self) -> None:
         sched, state, cluster = self.sched, self.sched.state, self.cluster
         jobs = sched.jobs
 
-        # -- invariant 1: no GPU held twice; free_mask is the complement; CPUs/memory fit
-        held = [0] * len(cluster.nodes)
-        cpus = [0.0] * len(cluster.nodes)
-        memory = [0.0] * len(cluster.nodes)
+        # -- invariant 1: no GPU held twice (fractions of a shared GPU sum to <= 1, and no
+        # whole-GPU holder shares it); free_mask is the complement; CPUs/memory within the node
+        n = len(cluster.nodes)
+        whole = [0] * n
+        shares: list[dict[int, float]] = [{} for _ in range(n)]
+        cpus = [0.0] * n
+        memory = [0.0] * n
         for holder, placement in state.allocations.items():
             owner = holder.split("\0")[0]
             assert holder in sched.running or jobs[owner].state == JobState.PENDING, (
                 f"{holder!r} holds GPUs but is {jobs[owner].state.value}"
             )
             for part in placement.parts:
-                node = cluster.nodes[part.node]
-                assert part.mask and not part.mask & ~node.all_mask, (holder, part)
-                overlap = held[part.node] & part.mask
-                assert not overlap, (
-                    f"GPUs {overlap:b} of {node.name} allocated twice (one holder {holder!r}); "
-                    f"allocations: {state.allocations}"
-                )
-                held[part.node] |= part.mask
-                cpus[part.node] += part.cpus
-                memory[part.node] += part.memory_gb
+                i, node = part.node, cluster.nodes[part.node]
+                # (a claim may hold CPUs/memory alone: an empty mask)
+                assert not part.mask & ~node.all_mask, (holder, part)
+                assert part.mask or holder not in sched.running, (holder, part)
+                fraction = getattr(part, "fraction", 1.0)
+                if fraction < 1.0:
+                    assert part.mask.bit_count() == 1, f"{holder!r}: a share of {part.mask:b}"
+                    shares[i][part.mask] = shares[i].get(part.mask, 0.0) + fraction
+                else:
+                    overlap = whole[i] & part.mask
+                    assert not overlap, (
+                        f"GPUs {overlap:b} of {node.name} allocated twice (one holder "
+                        f"{holder!r}); allocations: {state.allocations}"
+                    )
+                    whole[i] |= part.mask
+                cpus[i] += part.cpus
+                memory[i] += part.memory_gb
         for node in cluster.nodes:
             i = node.index
-            assert state.free_mask[i] == node.all_mask & ~held[i], (
-                f"{node.name}: free_mask {state.free_mask[i]:b} but held {held[i]:b}"
+            shared_bits = 0
+            for bit, used in shares[i].items():
+                shared_bits |= bit
+                assert used <= 1.0 + EPS, f"{node.name}: GPU {bit:b} shared {used:g} > 1"
+            assert not whole[i] & shared_bits, (
+                f"{node.name}: GPUs {whole[i] & shared_bits:b} held whole and shared"
+            )
+            if hasattr(state, "shared"):
+                assert set(state.shared[i]) == set(shares[i]), (node.name, state.shared[i])
+                for bit, used in shares[i].items():
+                    assert math.isclose(state.shared[i][bit], used, abs_tol=EPS), node.name
+            held = whole[i] | shared_bits
+            assert state.free_mask[i] == node.all_mask & ~held, (
+                f"{node.name}: free_mask {state.free_mask[i]:b} but held {held:b}"
             )
             assert state.free[i] == state.free_mask[i].bit_count(), node.name
             if node.cpus is not None:
@@ -499,7 +535,7 @@ class Harness:
                     f"{node.name}: {memory[i]} GB > {node.memory_gb}"
                 )
                 assert math.isclose(state.mem_free[i], node.memory_gb - memory[i], abs_tol=EPS)
-        up = [n.index for n in cluster.nodes if state.node_state[n.index] == "up"]
+        up = [node.index for node in cluster.nodes if state.node_state[node.index] == "up"]
         assert state.free_total == sum(state.free[i] for i in up), "free_total is stale"
 
         # the adapter's view: exactly the jobs it was told to start are running, where told
@@ -513,58 +549,86 @@ class Harness:
                 f"{job_id} holds {state.allocations.get(job_id)}, was started on {start.placement}"
             )
 
-        # -- invariant 2: gang shape
+        # -- invariant 2: a gang runs whole, in the shape asked for
         for job_id in running:
             job, placement = jobs[job_id], state.allocations[job_id]
             nodes = [p.node for p in placement.parts]
             assert placement.gpus == job.gpus, f"{job_id} holds {placement.gpus}/{job.gpus} GPUs"
             assert len(set(nodes)) == len(nodes), f"{job_id}: two parts on one node {placement}"
+            fractions = {getattr(p, "fraction", 1.0) for p in placement.parts}
+            assert fractions == {getattr(job, "gpu_fraction", 1.0)}, (job_id, placement)
             if job.gpus_per_node:
                 assert all(p.gpus == job.gpus_per_node for p in placement.parts), (
                     f"{job_id} wants {job.gpus_per_node} per node, got {placement}"
                 )
             if job.gpu_models is not None:
-                assert all(cluster.nodes[n].gpu_model in job.gpu_models for n in nodes), job_id
+                assert all(cluster.nodes[i].gpu_model in job.gpu_models for i in nodes), job_id
             if job.cpus:
                 assert math.isclose(sum(p.cpus for p in placement.parts), job.cpus), job_id
             if job.memory_gb:
                 assert math.isclose(sum(p.memory_gb for p in placement.parts), job.memory_gb)
 
         # -- invariant 3: limits along every chain; queue.running is the recomputed sum
-        tree = sched.tree
+        tree, policy = sched.tree, sched.policy
         claims = getattr(sched, "_claims", {})
         for path, queue in tree.by_path.items():
-            if sched.policy.quotas:
+            if policy.quotas:
                 members = [j for j in jobs.values() if path in _chain_paths(tree, j.queue)]
             else:
                 members = list(jobs.values()) if queue is tree.root else []
-            used = sum(j.gpus for j in members if j.state == JobState.RUNNING)
+            used = sum(_amount(j) for j in members if j.state == JobState.RUNNING)
             assert math.isclose(queue.running, used, abs_tol=EPS), (
-                f"queue {queue.label()}: running says {queue.running:g}, jobs hold {used}"
+                f"queue {queue.label()}: running says {queue.running:g}, jobs hold {used:g}"
             )
             assert used <= queue.limit + EPS, (
-                f"queue {queue.label()} runs {used} GPUs over its limit {queue.limit:g}"
+                f"queue {queue.label()} runs {used:g} GPUs over its limit {queue.limit:g}"
             )
-            claimed = sum(j.gpus for j in members if j.id in claims)
+            claimed = sum(_amount(j) for j in members if j.id in claims)
             assert math.isclose(queue.claimed, claimed, abs_tol=EPS), (
-                f"queue {queue.label()}: claimed says {queue.claimed:g}, claims hold {claimed}"
+                f"queue {queue.label()}: claimed says {queue.claimed:g}, claims hold {claimed:g}"
             )
+            # tier-1 jobs run only inside their own queue's guarantee (why they are never victims)
+            own = [j for j in members if not policy.quotas or j.queue == path]
+            tier1 = sum(
+                _amount(j)
+                for j in own
+                if j.tier == 1 and (j.state == JobState.RUNNING or j.id in claims)
+            )
+            assert math.isclose(queue.tier1_running, tier1, abs_tol=EPS), (
+                f"queue {queue.label()}: tier1_running says {queue.tier1_running:g}, "
+                f"tier-1 jobs hold {tier1:g}"
+            )
+            if policy.quotas and getattr(policy, "guarantees", True):
+                assert tier1 <= queue.guaranteed + EPS, (
+                    f"queue {queue.label()}: tier-1 jobs hold {tier1:g} GPUs, over its "
+                    f"guarantee {queue.guaranteed:g}"
+                )
 
         # -- invariant 6: every pending job has exactly one current reason
-        by_family = dict.fromkeys(FAMILIES, 0)
+        by_family = dict.fromkeys(FAMILIES, 0.0)
         pending = 0
         for job in jobs.values():
             if job.state == JobState.PENDING:
                 pending += 1
                 assert isinstance(job.reason, Reason), f"pending {job.id} has no reason"
                 assert job.reason.family in FAMILIES, f"{job.id}: {job.reason}"
-                by_family[job.reason.family] += job.gpus
+                by_family[job.reason.family] += _amount(job)
             else:
                 assert job.reason is None, f"{job.id} is {job.state.value} but has {job.reason}"
         assert len(sched.pending) == pending, f"{len(sched.pending)} queued, {pending} pending"
-        assert sched.pending_gpus_by_reason == by_family, (
-            f"pending GPUs by reason {sched.pending_gpus_by_reason} != {by_family}"
-        )
+        for family in FAMILIES:
+            assert math.isclose(
+                sched.pending_gpus_by_reason[family], by_family[family], abs_tol=EPS
+            ), f"pending GPUs by reason {sched.pending_gpus_by_reason} != {by_family}"
+
+
+def _amount(job: Job) -> float:
+    """GPUs a job counts for in quotas: a fraction of one GPU counts as itself."""
+    return job.gpus * getattr(job, "gpu_fraction", 1.0)
+
+
+def _fractional(job: Job) -> bool:
+    return getattr(job, "gpu_fraction", 1.0) < 1.0
 
 
 # -- the tests ---------------------------------------------------------------------------------
@@ -589,7 +653,15 @@ def test_invariants_gpusched_reclaim(scenario):
 @COMMON
 @given(scenario=scenarios())
 def test_invariants_fifo(scenario):
+    """No quotas, no pre-emption: invariants 1, 2, 3 (root accounting) and 6."""
     Harness(scenario, "fifo").run()
+
+
+@COMMON
+@given(scenario=scenarios(mode="contended"), policy=st.sampled_from(["priority", "slurm"]))
+def test_invariants_baseline_policies(scenario, policy):
+    """The other policies run through the same engine: tier-3 pre-emption only, limits (slurm)."""
+    Harness(scenario, policy).run()
 
 
 @COMMON
@@ -629,3 +701,96 @@ def test_same_decisions_across_hash_seeds(batch):
         assert done.returncode == 0, done.stderr[-3000:]
         outputs.append(json.loads(done.stdout))
     assert outputs[0] == outputs[1]
+
+
+# -- pinned cases: violations the search found (each fails while the engine has the bug) --------
+def _submit(gpus: int, tier: int, queue: int = 0, **extra) -> dict:
+    op = {
+        "op": "submit",
+        "gpus": gpus,
+        "gpus_per_node": None,
+        "tier": tier,
+        "queue": queue,
+        "kind": "batch",
+        "walltime": None,
+        "duration": 20000.0,
+        "cpus": None,
+        "memory_gb": None,
+        "models": None,
+    }
+    return {**op, **extra}
+
+
+def _advance(seconds: float) -> dict:
+    return {"op": "advance", "seconds": seconds}
+
+
+_DEFAULTS = {
+    "grace2": 300.0,
+    "minrun2": 600.0,
+    "grace3": 60.0,
+    "minrun3": 0.0,
+    "backfill_depth": 200,
+    "recalc": 300.0,
+}
+
+
+def test_pinned_claim_keeps_the_memory_it_needs():
+    """Invariant 1. A pre-empting job's claim holds the free GPUs it will use but none of the
+    memory; another job takes that memory meanwhile, and the claimant then starts on top of it
+    (17 GB on a 16 GB node)."""
+    scenario = {
+        "cluster": {"nodes": [{"name": "n0", "gpus": 3, "memory_gb": 16}]},
+        "queues": None,
+        "settings": _DEFAULTS,
+        "ops": [
+            _submit(1, 3),  # j0, a victim
+            _submit(1, 3),  # j1
+            _advance(1),
+            _submit(2, 1, memory_gb=16),  # j2 pre-empts j0; its claim holds one free GPU
+            _advance(1),
+            {"op": "end", "pick": 1, "failed": False},  # j1 ends: a GPU and no memory freed
+            _submit(1, 1, memory_gb=1),  # j3 takes 1 GB of the 16 GB j2 was promised
+            _advance(100),  # j0 is killed after its grace; j2 starts
+        ],
+    }
+    Harness(scenario, "gpusched").run()
+
+
+def test_pinned_victims_free_the_cpus_the_job_needs():
+    """Invariant 1. The job that holds all the CPUs is chosen as a victim, then dropped because
+    the pre-emptor does not use its GPU; the pre-emptor starts with a CPU that is not free."""
+    scenario = {
+        "cluster": {"nodes": [{"name": "n0", "gpus": 4, "cpus": 4}]},
+        "queues": None,
+        "settings": _DEFAULTS,
+        "ops": [
+            _submit(3, 3),  # j0: GPUs 0-2, no CPUs
+            _submit(1, 3, cpus=4),  # j1: GPU 3 and all 4 CPUs
+            _submit(2, 1, cpus=1),  # j2 pre-empts j0 only
+            _advance(100),
+        ],
+    }
+    Harness(scenario, "gpusched").run()
+
+
+def test_pinned_reclaim_never_below_the_victim_queues_guarantee():
+    """Invariant 4. Queue a (guarantee 2) runs 4 GPUs; b reclaims twice while a's first victim
+    is still in its grace period, and the guard counts that victim as staying: a ends with 0."""
+    scenario = {
+        "cluster": {"nodes": [{"name": "n0", "gpus": 6}]},
+        "queues": {"queues": {"a": {"guaranteed": 2}, "b": {"guaranteed": 4}, "c": {}}},
+        "settings": _DEFAULTS,
+        "ops": [
+            _advance(1),
+            _submit(2, 2, queue=2),  # c borrows 2 GPUs
+            _advance(999),
+            _submit(2, 2, queue=0),  # a borrows 2 GPUs beyond its guarantee of 2
+            _submit(2, 2, queue=0),
+            _advance(700),
+            _submit(2, 2, queue=1),  # b (under its guarantee) reclaims: pre-empts one of a's
+            _advance(1),
+            _submit(2, 2, queue=1),  # ... and again: the other one of a's
+        ],
+    }
+    Harness(scenario, "gpusched").run()

@@ -96,3 +96,19 @@ def test_blocked_top_job_has_an_eta_from_its_reservation():
     scheduler.submit(job("b", 4, t=10), 10)
     scheduler.schedule(10)
     assert scheduler.jobs["b"].reason.eta == 100
+
+
+def test_a_small_job_behind_a_limit_blocked_one_in_its_queue_still_starts():
+    c = cluster(("n[1-2]", 8, "leaf"))
+    tree = queues({"c": {"guaranteed": 4, "limit": 10}, "d": {"guaranteed": 4}}, c)
+    scheduler = Scheduler(c, tree)
+    scheduler.submit(job("c-run", 8, queue="c"), 0)
+    scheduler.submit(job("d-fill", 8, queue="d"), 0)
+    scheduler.schedule(0)
+    scheduler.submit(job("h", 4, queue="c", t=1), 1)  # 8 + 4 > 10: the limit
+    scheduler.submit(job("small", 2, queue="c", t=2), 2)  # fits the limit, not the free GPUs
+    scheduler.schedule(2)
+    assert scheduler.jobs["h"].reason.detail == "queue-limit"
+    assert scheduler.jobs["small"].reason.family == "capacity"
+    scheduler.job_ended("d-fill", 10)
+    assert "small" in started(scheduler.schedule(10))

@@ -28,6 +28,7 @@ class PendingQueue:
         self.lists: dict[tuple, list[tuple[float, str]]] = {}
         self.heads: dict[tuple, tuple] = {}  # list -> key of its first job
         self.sizes: dict[float, int] = {}  # GPUs asked -> number of pending jobs asking that
+        self.list_sizes: dict[tuple, dict[float, int]] = {}  # the same, per list
         self.walltimes: list[tuple[float, str]] = []  # (walltime estimate, id), ascending
         self.count = 0
 
@@ -42,6 +43,8 @@ class PendingQueue:
         if items[0] == entry:
             self.heads[list_key] = self.key(job.id)
         self.sizes[job.amount] = self.sizes.get(job.amount, 0) + 1
+        sizes = self.list_sizes.setdefault(list_key, {})
+        sizes[job.amount] = sizes.get(job.amount, 0) + 1
         insort(self.walltimes, (walltime, job.id))
         self.count += 1
 
@@ -59,9 +62,10 @@ class PendingQueue:
             else:
                 del self.heads[list_key]
                 del self.lists[list_key]
-        self.sizes[job.amount] -= 1
-        if not self.sizes[job.amount]:
-            del self.sizes[job.amount]
+        for sizes in (self.sizes, self.list_sizes[list_key]):
+            sizes[job.amount] -= 1
+            if not sizes[job.amount]:
+                del sizes[job.amount]
         del self.walltimes[bisect_left(self.walltimes, (walltime, job.id))]
         self.count -= 1
 
@@ -71,6 +75,10 @@ class PendingQueue:
 
     def smallest_request(self) -> float:
         return min(self.sizes) if self.sizes else 0
+
+    def smallest_in(self, list_key: tuple) -> float:
+        sizes = self.list_sizes.get(list_key)
+        return min(sizes) if sizes else 0.0
 
     def shortest_walltime(self) -> float:
         return self.walltimes[0][0] if self.walltimes else 0.0

@@ -286,8 +286,10 @@ class Scheduler:
                 continue
             if outcome is None:  # it pre-empted: the claim holds its GPUs
                 continue
-            if full and outcome.family == "policy" and self._exhausted(job):
-                skip.add(self.pending.list_of(job))  # the rest of its list is blocked too
+            if full and outcome.family == "policy":
+                list_key = self.pending.list_of(job)
+                if self._headroom(job) < self.pending.smallest_in(list_key) - 1e-9:
+                    skip.add(list_key)  # no job of its list fits under the same quota
             if outcome.family in ("capacity", "placement"):
                 if self._try_preempt(job, now, pass_):
                     continue
@@ -387,15 +389,15 @@ class Scheduler:
         pass_.reasons[shape] = reason
         return reason
 
-    def _exhausted(self, job: Job) -> bool:
-        """True when no job of this job's (queue, tier) list can pass admission now: a limit on
-        its chain, or for tier 1 the queue's guarantee, has no room left at all."""
+    def _headroom(self, job: Job) -> float:
+        """GPUs the quotas let this job's (queue, tier) list start now (inf without quotas)."""
         if not self.policy.quotas:
-            return False
+            return math.inf
         queue = self.tree.get(job.queue)
-        if job.tier == 1 and self.policy.guarantees and queue.tier1_running >= queue.guaranteed:
-            return True
-        return any(node.running + node.claimed >= node.limit - 1e-9 for node in queue.chain())
+        room = min(node.limit - node.running - node.claimed for node in queue.chain())
+        if job.tier == 1 and self.policy.guarantees:
+            room = min(room, queue.guaranteed - queue.tier1_running)
+        return room
 
     def _patient(self, job: Job, now: float) -> bool:
         """A gang that fits one leaf switch waits a while for one before it spans leaves."""

@@ -428,18 +428,23 @@ class Scheduler:
         pool_gpus = self._tier_gpus[3] + (self._tier_gpus[2] if reclaim else 0)
         if pool_gpus + self._free_for(job) < job.gpus:
             return None
-        room = self._on_node[23 if reclaim else 3]
-        found = find_victims(
-            self._victims,
-            job,
-            queue,
-            self.running,
-            room,
-            now,
-            reclaim,
-            limit_node,
-            one_leaf=self._patient(job, now),
-        )
+        # tier-3 victims first (shorter grace, no guarantee touched); reclaim from tier 2 only
+        # when tier 3 cannot make room
+        found = None
+        for tiers in (3, 23) if reclaim else (3,):
+            found = find_victims(
+                self._victims,
+                job,
+                queue,
+                self.running,
+                self._on_node[tiers],
+                now,
+                reclaim=tiers == 23,
+                limit_node=limit_node,
+                one_leaf=self._patient(job, now),
+            )
+            if found is not None:
+                break
         if found is None:
             self._wake_for_minimum_run_time(now, reclaim)
             return False

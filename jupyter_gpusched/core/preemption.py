@@ -40,7 +40,7 @@ class VictimSearch:
 
 def lost_work(job: Job, now: float, settings: PolicySettings) -> float:
     """GPU-seconds a victim loses if stopped now: the work since its last checkpoint."""
-    ran = now - (job.start_time or now)
+    ran = 0.0 if job.start_time is None else now - job.start_time
     since_checkpoint = 0.0 if settings.checkpoint_on_signal else ran % settings.checkpoint_interval
     return job.gpus * since_checkpoint
 

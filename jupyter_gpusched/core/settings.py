@@ -23,7 +23,7 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
       depth: 200                   # blocked jobs a deep pass examines for backfill
       interval: 30s                # deep passes (backfill, pre-emption) at most this often
     placement:
-      leaf_patience: 30m           # a gang that fits one leaf switch waits this long for one
+      leaf_patience: 2h            # a gang that fits one leaf switch waits this long for one
                                    # before it may span leaves
     reaper: {...}                  # idle-session timeouts, see jupyter_gpusched.reaper
 """
@@ -64,7 +64,7 @@ class PolicySettings:
     walltime_notebook: float = 12 * 3600.0
     backfill_depth: int = 200
     backfill_interval: float = 30.0
-    leaf_patience: float = 1800.0
+    leaf_patience: float = 7200.0
     reaper: dict = field(default_factory=dict)
 
     def default_walltime(self, kind: str) -> float:
@@ -147,7 +147,7 @@ class PolicySettings:
             walltime_notebook=reader.duration(walltime, "notebook", 12 * 3600.0, "walltime"),
             backfill_depth=int(reader.number(backfill, "depth", 200, "backfill")),
             backfill_interval=reader.duration(backfill, "interval", 30.0, "backfill"),
-            leaf_patience=reader.duration(placement, "leaf_patience", 1800.0, "placement"),
+            leaf_patience=reader.duration(placement, "leaf_patience", 7200.0, "placement"),
             reaper=dict(reaper),
         )
         if settings.fair_share_half_life <= 0:

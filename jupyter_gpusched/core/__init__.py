@@ -5,11 +5,12 @@ Start at :class:`~jupyter_gpusched.core.scheduler.Scheduler`; the steps of a pas
 """
 
 from .cluster import Cluster, Node
+from .decisions import Preempt, Start, Stop
 from .errors import ConfigError
 from .jobs import Job, JobState, Reason
 from .policies import POLICIES, Policy, get_policy
 from .quotas import Queue, QueueTree
-from .scheduler import Preempt, Scheduler, Start, Stop
+from .scheduler import Scheduler
 from .settings import PolicySettings
 
 __all__ = [

@@ -24,45 +24,22 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .admission import Capacity, policy_block, rejection, under_guarantee, validate
+from .claims import Claim, PreemptionSteps
 from .cluster import Cluster
+from .decisions import Start, Stop
 from .errors import ConfigError
 from .fairshare import fair_share_factors
 from .jobs import Job, JobState, Reason
 from .ordering import PendingQueue
 from .placement import find_placement
 from .policies import SLURM_WEIGHTS, Policy, get_policy
-from .preemption import VictimSearch, find_victims
+from .preemption import VictimSearch
 from .quotas import QueueTree
 from .reservation import Reservation, may_backfill, reserve
 from .settings import PolicySettings
-from .state import ClusterState, Part, Placement
+from .state import ClusterState, Placement
 
 PREEMPTION_TRIES_PER_PASS = 8  # successful pre-emptions per pass; the first failure ends them
-
-
-@dataclass(frozen=True)
-class Start:
-    job_id: str
-    placement: Placement
-
-
-@dataclass(frozen=True)
-class Preempt:
-    job_id: str
-    by: str  # the job the GPUs go to
-    signal: str
-    grace: float
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Stop the job's processes (signal, grace, kill). ``ended``: the engine has already ended
-    the job (its node went down) and expects no :meth:`Scheduler.job_ended` for this run;
-    otherwise (a cancel) the adapter reports ``job_ended`` once the processes are gone."""
-
-    job_id: str
-    reason: str
-    ended: bool = False
 
 
 @dataclass
@@ -78,17 +55,7 @@ class _Pass:
     reasons: dict = field(default_factory=dict)
 
 
-@dataclass
-class Claim:
-    """GPUs promised to a pre-empting job: it starts when ``waiting`` is empty. ``short`` is
-    what the claim does not hold yet, per node: [GPU mask, CPUs, memory]."""
-
-    placement: Placement
-    waiting: set[str] = field(default_factory=set)
-    short: dict[int, list] = field(default_factory=dict)
-
-
-class Scheduler:
+class Scheduler(PreemptionSteps):
     def __init__(
         self,
         cluster: Cluster,
@@ -408,112 +375,6 @@ class Scheduler:
             and now < job.pending_since + self.settings.leaf_patience
         )
 
-    def _try_preempt(self, job: Job, now: float, pass_: _Pass, limit_node=None) -> bool:
-        """Pre-emption is tried in priority order and stops for the rest of the pass at the
-        first job it cannot help (or after a few successes)."""
-        if pass_.tries <= 0:
-            return False
-        attempted = self._preempt(job, now, limit_node)
-        if attempted is None:
-            return False
-        pass_.tries = pass_.tries - 1 if attempted else 0
-        return attempted
-
-    def _preempt(self, job: Job, now: float, limit_node=None) -> bool | None:
-        """Try to pre-empt for ``job``: None if there was nothing to try, else success."""
-        if job.tier == 3 or job.fractional:
-            return None  # fractional jobs neither pre-empt nor are pre-empted
-        queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
-        reclaim = self.policy.quotas and self._reclaims(job)
-        pool_gpus = self._tier_gpus[3] + (self._tier_gpus[2] if reclaim else 0)
-        if pool_gpus + self._free_for(job) < job.gpus:
-            return None
-        # tier-3 victims first (shorter grace, no guarantee touched); reclaim from tier 2 only
-        # when tier 3 cannot make room
-        found = None
-        for tiers in (3, 23) if reclaim else (3,):
-            found = find_victims(
-                self._victims,
-                job,
-                queue,
-                self.running,
-                self._on_node[tiers],
-                now,
-                reclaim=tiers == 23,
-                limit_node=limit_node,
-                one_leaf=self._patient(job, now),
-            )
-            if found is not None:
-                break
-        if found is None:
-            self._wake_for_minimum_run_time(now, reclaim)
-            return False
-        placement, victims = found
-        claim = Claim(placement, {v.id for v in victims})
-        claim.short = {p.node: [p.mask, p.cpus, p.memory_gb] for p in placement.parts}
-        self._claims[job.id] = claim
-        self._collect(job.id, claim)
-        self._account_claim(job, +1)
-        for victim in victims:
-            self._leaving(victim, +1)
-        grace = 0.0
-        for victim in victims:
-            victim.preempted_by = job.id
-            tier_grace = self.settings.tiers[victim.tier].grace_period
-            grace = max(grace, tier_grace)
-            self._outbox.append(
-                Preempt(victim.id, job.id, self.settings.preemption_signal, tier_grace)
-            )
-        names = ", ".join(v.id for v in victims)
-        self._set_reason(
-            job,
-            Reason(
-                "capacity",
-                "preempting",
-                f"pre-empting {names}; starts once they have checkpointed",
-                now + grace,
-            ),
-        )
-        return True
-
-    def _wake_for_minimum_run_time(self, now: float, reclaim: bool) -> None:
-        """Ask to be called when the next possible victim passes its minimum run time."""
-        for tier in (3, 2) if reclaim else (3,):
-            minimum = self.settings.tiers[tier].minimum_run_time
-            starts = self._recent_starts[tier]
-            # started in time order: drop those past their minimum (for good: time only grows)
-            while starts and (starts[0][0] + minimum <= now or starts[0][1] not in self.running):
-                starts.popleft()
-            if starts:
-                self._wake = min(self._wake, starts[0][0] + minimum)
-
-    def _collect(self, owner: str, claim: Claim) -> None:
-        """Hold for the claim whatever it still lacks that is free now: GPUs, CPUs, memory."""
-        state, parts = self.state, []
-        for idx, short in claim.short.items():
-            mask = short[0] & state.free_mask[idx]
-            cpus = min(short[1], max(state.cpu_free[idx], 0.0))
-            memory = min(short[2], max(state.mem_free[idx], 0.0))
-            if mask or cpus > 0 or memory > 0:
-                parts.append(Part(idx, mask, cpus, memory))
-                short[0] &= ~mask
-                short[1] -= cpus
-                short[2] -= memory
-        if parts:
-            state.take(_holder(owner), Placement(tuple(parts)), extend=True)
-
-    def _hand_over(self, owner: str, victim_id: str, now: float) -> None:
-        """A victim has gone: the claim takes what it freed; the owner starts when whole."""
-        claim = self._claims[owner]
-        claim.waiting.discard(victim_id)
-        self._collect(owner, claim)
-        if claim.waiting:
-            return
-        job = self.jobs[owner]
-        self._drop_claim(job)
-        self._start(job, claim.placement, now)
-        self._leave_pending(job)
-
     # -- bookkeeping -------------------------------------------------------------------------
     def _start(self, job: Job, placement: Placement, now: float) -> None:
         self.state.take(job.id, placement)
@@ -546,46 +407,10 @@ class Scheduler:
         self.pending.remove(job, self._walltime(job))
         self._set_reason(job, None)
 
-    def _drop_claim(self, job: Job) -> None:
-        claim = self._claims.pop(job.id, None)
-        if claim is None:
-            return
-        if job.state == JobState.PENDING and job.reason and job.reason.detail == "preempting":
-            self._set_reason(
-                job,
-                Reason(
-                    "capacity",
-                    "preemption-dropped",
-                    "its pre-emption was called off; it waits again",
-                ),
-            )
-            self._new.append(job.id)  # examine it again at the next pass
-        if _holder(job.id) in self.state.allocations:
-            self.state.release(_holder(job.id))
-        self._account_claim(job, -1)
-        for victim_id in claim.waiting:
-            victim = self.jobs[victim_id]
-            if victim.preempted_by == job.id:
-                victim.preempted_by = None  # already signalled; it will simply end
-                self._leaving(victim, -1)
-        self._freed = True
-
     def _account(self, job: Job, sign: int, now: float) -> None:
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
         self.tree.account(queue, sign * job.amount, now, self.half_life)
         if job.tier == 1 and job.id not in self._claims:
-            queue.tier1_running += sign * job.amount
-
-    def _leaving(self, victim: Job, sign: int) -> None:
-        """Count a signalled victim's GPUs as leaving its queues (guarantee checks see it gone)."""
-        if self.policy.quotas:
-            for node in self.tree.get(victim.queue).chain():
-                node.leaving += sign * victim.amount
-
-    def _account_claim(self, job: Job, sign: int) -> None:
-        queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
-        self.tree.claim(queue, sign * job.amount)
-        if job.tier == 1:
             queue.tier1_running += sign * job.amount
 
     def _set_reason(self, job: Job, reason: Reason | None) -> None:
@@ -672,7 +497,3 @@ class Scheduler:
     def pending_jobs(self, now: float) -> list[Job]:
         """Pending jobs in priority order."""
         return [self.jobs[j] for j in self.pending.ordered()]
-
-
-def _holder(job_id: str) -> str:
-    return f"{job_id}\0claim"

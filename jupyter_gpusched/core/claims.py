@@ -1,0 +1,176 @@
+"""Pre-emption as the scheduler carries it out: victims are signalled, and the GPUs (and CPUs
+and memory) they free are *claimed* for the pre-empting job, which starts once all its victims
+have gone. Victim choice itself is :mod:`.preemption`.
+
+:class:`PreemptionSteps` is part of :class:`~jupyter_gpusched.core.scheduler.Scheduler` (a mixin,
+to keep each module short); it uses the scheduler's state: ``state``, ``tree``, ``settings``,
+``policy``, ``jobs``, ``running``, ``_claims``, ``_on_node``, ``_recent_starts``, ``_wake``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .decisions import Preempt
+from .jobs import Job, JobState, Reason
+from .preemption import find_victims
+from .state import Part, Placement
+
+
+@dataclass
+class Claim:
+    """GPUs promised to a pre-empting job: it starts when ``waiting`` is empty. ``short`` is
+    what the claim does not hold yet, per node: [GPU mask, CPUs, memory]."""
+
+    placement: Placement
+    waiting: set[str] = field(default_factory=set)
+    short: dict[int, list] = field(default_factory=dict)
+
+
+def holder(job_id: str) -> str:
+    """The name under which a claim holds resources in the ClusterState."""
+    return f"{job_id}\0claim"
+
+
+class PreemptionSteps:
+    def _try_preempt(self, job: Job, now: float, pass_, limit_node=None) -> bool:
+        """Pre-emption is tried in priority order and stops for the rest of the pass (``pass_``,
+        the scheduler's ``_Pass``) at the first job it cannot help, or after a few successes."""
+        if pass_.tries <= 0:
+            return False
+        attempted = self._preempt(job, now, limit_node)
+        if attempted is None:
+            return False
+        pass_.tries = pass_.tries - 1 if attempted else 0
+        return attempted
+
+    def _preempt(self, job: Job, now: float, limit_node=None) -> bool | None:
+        """Try to pre-empt for ``job``: None if there was nothing to try, else success."""
+        if job.tier == 3 or job.fractional:
+            return None  # fractional jobs neither pre-empt nor are pre-empted
+        queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
+        reclaim = self.policy.quotas and self._reclaims(job)
+        pool_gpus = self._tier_gpus[3] + (self._tier_gpus[2] if reclaim else 0)
+        if pool_gpus + self._free_for(job) < job.gpus:
+            return None
+        # tier-3 victims first (shorter grace, no guarantee touched); reclaim from tier 2 only
+        # when tier 3 cannot make room
+        found = None
+        for tiers in (3, 23) if reclaim else (3,):
+            found = find_victims(
+                self._victims,
+                job,
+                queue,
+                self.running,
+                self._on_node[tiers],
+                now,
+                reclaim=tiers == 23,
+                limit_node=limit_node,
+                one_leaf=self._patient(job, now),
+            )
+            if found is not None:
+                break
+        if found is None:
+            self._wake_for_minimum_run_time(now, reclaim)
+            return False
+        placement, victims = found
+        claim = Claim(placement, {v.id for v in victims})
+        claim.short = {p.node: [p.mask, p.cpus, p.memory_gb] for p in placement.parts}
+        self._claims[job.id] = claim
+        self._collect(job.id, claim)
+        self._account_claim(job, +1)
+        for victim in victims:
+            self._leaving(victim, +1)
+        grace = 0.0
+        for victim in victims:
+            victim.preempted_by = job.id
+            tier_grace = self.settings.tiers[victim.tier].grace_period
+            grace = max(grace, tier_grace)
+            self._outbox.append(
+                Preempt(victim.id, job.id, self.settings.preemption_signal, tier_grace)
+            )
+        names = ", ".join(v.id for v in victims)
+        self._set_reason(
+            job,
+            Reason(
+                "capacity",
+                "preempting",
+                f"pre-empting {names}; starts once they have checkpointed",
+                now + grace,
+            ),
+        )
+        return True
+
+    def _wake_for_minimum_run_time(self, now: float, reclaim: bool) -> None:
+        """Ask to be called when the next possible victim passes its minimum run time."""
+        for tier in (3, 2) if reclaim else (3,):
+            minimum = self.settings.tiers[tier].minimum_run_time
+            starts = self._recent_starts[tier]
+            # started in time order: drop those past their minimum (for good: time only grows)
+            while starts and (starts[0][0] + minimum <= now or starts[0][1] not in self.running):
+                starts.popleft()
+            if starts:
+                self._wake = min(self._wake, starts[0][0] + minimum)
+
+    def _collect(self, owner: str, claim: Claim) -> None:
+        """Hold for the claim whatever it still lacks that is free now: GPUs, CPUs, memory."""
+        state, parts = self.state, []
+        for idx, short in claim.short.items():
+            mask = short[0] & state.free_mask[idx]
+            cpus = min(short[1], max(state.cpu_free[idx], 0.0))
+            memory = min(short[2], max(state.mem_free[idx], 0.0))
+            if mask or cpus > 0 or memory > 0:
+                parts.append(Part(idx, mask, cpus, memory))
+                short[0] &= ~mask
+                short[1] -= cpus
+                short[2] -= memory
+        if parts:
+            state.take(holder(owner), Placement(tuple(parts)), extend=True)
+
+    def _hand_over(self, owner: str, victim_id: str, now: float) -> None:
+        """A victim has gone: the claim takes what it freed; the owner starts when whole."""
+        claim = self._claims[owner]
+        claim.waiting.discard(victim_id)
+        self._collect(owner, claim)
+        if claim.waiting:
+            return
+        job = self.jobs[owner]
+        self._drop_claim(job)
+        self._start(job, claim.placement, now)
+        self._leave_pending(job)
+
+    def _drop_claim(self, job: Job) -> None:
+        claim = self._claims.pop(job.id, None)
+        if claim is None:
+            return
+        if job.state == JobState.PENDING and job.reason and job.reason.detail == "preempting":
+            self._set_reason(
+                job,
+                Reason(
+                    "capacity",
+                    "preemption-dropped",
+                    "its pre-emption was called off; it waits again",
+                ),
+            )
+            self._new.append(job.id)  # examine it again at the next pass
+        if holder(job.id) in self.state.allocations:
+            self.state.release(holder(job.id))
+        self._account_claim(job, -1)
+        for victim_id in claim.waiting:
+            victim = self.jobs[victim_id]
+            if victim.preempted_by == job.id:
+                victim.preempted_by = None  # already signalled; it will simply end
+                self._leaving(victim, -1)
+        self._freed = True
+
+    def _leaving(self, victim: Job, sign: int) -> None:
+        """Count a signalled victim's GPUs as leaving its queues (guarantee checks see it gone)."""
+        if self.policy.quotas:
+            for node in self.tree.get(victim.queue).chain():
+                node.leaving += sign * victim.amount
+
+    def _account_claim(self, job: Job, sign: int) -> None:
+        queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
+        self.tree.claim(queue, sign * job.amount)
+        if job.tier == 1:
+            queue.tier1_running += sign * job.amount

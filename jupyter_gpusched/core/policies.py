@@ -11,7 +11,8 @@ replayed through the same engine and harness:
   multifactor priority (``PriorityType=priority/multifactor`` with QOS = tier, fair share and
   age factors: see :data:`SLURM_WEIGHTS`), queue limits (``GrpTRES``) but no guarantees to
   reclaim, EASY backfill on walltime estimates (``sched/backfill``), best fit over the switch
-  tree (``topology/tree``), and ``PreemptType=preempt/qos`` pre-emption of tier 3
+  tree (``topology/tree``: the fewest switches free now; a job does not wait for fewer, as
+  with ``--switches`` unset), and ``PreemptType=preempt/qos`` pre-emption of tier 3
   (``PreemptMode=REQUEUE``). It uses the policy file's grace periods, minimum run times,
   fair-share half-life and backfill settings like every other policy.
 
@@ -40,6 +41,7 @@ class Policy:
     preemption: bool = True  # tier 3 gives way to blocked tier-1 and tier-2 jobs
     backfill: bool = True  # the top blocked job reserves; others start only if they don't delay it
     topology: bool = True  # tightest-domain, best-fit placement (else first fit)
+    leaf_patience: bool = True  # a gang waits for one leaf switch (placement.leaf_patience)
 
 
 POLICIES = {

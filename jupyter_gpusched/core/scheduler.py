@@ -370,6 +370,7 @@ class Scheduler(PreemptionSteps):
         """A gang that fits one leaf switch waits a while for one before it spans leaves."""
         return (
             self.policy.topology
+            and self.policy.leaf_patience
             and len(self.cluster.leaves) > 1
             and self.cluster.max_node_gpus < job.gpus <= self._leaf_gpus
             and now < job.pending_since + self.settings.leaf_patience

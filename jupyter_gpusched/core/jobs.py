@@ -90,6 +90,3 @@ class Job:
     @property
     def fractional(self) -> bool:
         return self.gpu_fraction < 1.0
-
-    def sort_key(self) -> tuple:
-        return (self.submit_time, self.id)

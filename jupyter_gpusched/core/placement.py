@@ -41,13 +41,6 @@ def pick_gpus(node, free_mask: int, k: int) -> tuple[int, int]:
     return lowest_bits(free_mask, k), 2
 
 
-def nodes_needed(job: Job, max_node_gpus: int) -> int | None:
-    """The node count of a shaped gang, or None when the job is free to use the fewest nodes."""
-    if job.gpus_per_node:
-        return job.gpus // job.gpus_per_node
-    return 1 if job.gpus <= max_node_gpus else None
-
-
 def find_placement(
     state: ClusterState,
     job: Job,

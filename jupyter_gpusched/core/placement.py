@@ -65,7 +65,7 @@ def _fractional(state, job, exclude, topology) -> Placement | None:
     Blind: the lowest node index, shared or free."""
     fraction = job.gpu_fraction
     best = None  # (key, node, bit)
-    for model in _models(state, job):
+    for model in models_for(state, job):
         entries = state.shared_index[model]
         start = bisect_left(entries, (fraction - 1e-9,))
         for room, idx, bit in entries[start:]:
@@ -86,7 +86,7 @@ def _fractional(state, job, exclude, topology) -> Placement | None:
     return Placement((Part(best[1], best[2], cpus, memory, fraction),))
 
 
-def _models(state: ClusterState, job: Job):
+def models_for(state: ClusterState, job: Job):
     if job.gpu_models is None:
         return state.cluster.gpu_models
     return [m for m in state.cluster.gpu_models if m in job.gpu_models]
@@ -119,7 +119,7 @@ def _single_node(state, job, exclude, topology) -> Placement | None:
     k = job.gpus
     nodes = state.cluster.nodes
     best = None  # (key, mask)
-    for model in _models(state, job):
+    for model in models_for(state, job):
         buckets = state.index[model]
         for count in range(k, len(buckets)):
             by_leaf = buckets[count]
@@ -156,7 +156,7 @@ def _candidates(state, job, exclude, minimum: int, share: float | None):
     """Eligible nodes with at least ``minimum`` free GPUs, grouped by leaf: {leaf: [(free, idx)]}.
     ``share`` is the fraction of the job's CPUs/memory each node must hold (None: checked later)."""
     by_leaf: dict[str, list[tuple[int, int]]] = {}
-    for model in _models(state, job):
+    for model in models_for(state, job):
         buckets = state.index[model]
         for count in range(max(minimum, 1), len(buckets)):
             for leaf, members in buckets[count].items():

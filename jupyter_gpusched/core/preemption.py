@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .jobs import Job
-from .placement import find_placement, node_fits
+from .placement import find_placement, models_for, node_fits
 from .quotas import Queue, QueueTree
 from .settings import PolicySettings
 from .state import ClusterState, Placement
@@ -132,7 +132,7 @@ def _promising_nodes(state, job, need: int, room: list[int], wanted: int) -> lis
     """Up to ``wanted`` nodes where pre-emption could make room, those with the most free GPUs
     (the fewest to free) first; nodes by index within a leaf, leaves by name."""
     out: list[int] = []
-    models = [m for m in state.index if job.gpu_models is None or m in job.gpu_models]
+    models = models_for(state, job)
     for count in range(len(next(iter(state.index.values()))) - 1, -1, -1):
         for model in models:
             by_leaf = state.index[model][count]

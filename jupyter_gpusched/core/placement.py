@@ -86,7 +86,8 @@ def _fractional(state, job, exclude, topology) -> Placement | None:
     return Placement((Part(best[1], best[2], cpus, memory, fraction),))
 
 
-def models_for(state: ClusterState, job: Job):
+def models_for(state: ClusterState, job: Job) -> list[str]:
+    """The cluster's GPU models that ``job`` accepts."""
     if job.gpu_models is None:
         return state.cluster.gpu_models
     return [m for m in state.cluster.gpu_models if m in job.gpu_models]

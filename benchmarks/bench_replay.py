@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from jupyter_gpusched.cli import with_walltimes
 from jupyter_gpusched.core import PolicySettings, get_policy
 from jupyter_gpusched.sim.loaders import (
+    WALLTIME_FACTORS,
     load_cluster_spec,
     load_queue_spec,
     load_trace,
@@ -32,6 +32,7 @@ from jupyter_gpusched.sim.loaders import (
 from jupyter_gpusched.sim.metrics import metrics
 from jupyter_gpusched.sim.pack import pack, read_tasks
 from jupyter_gpusched.sim.replay import replay
+from jupyter_gpusched.sim.trace import with_walltimes
 
 TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 PHILLY = TRACES / "philly" / "philly_2017_sep_oct.csv"
@@ -43,7 +44,7 @@ TARGETS = {"philly_sim_wall_s": 20, "pack_wall_s": 5, "peak_memory_mb": 1024}
 def bench_philly(profile: bool) -> dict:
     started = time.perf_counter()
     trace = load_trace(PHILLY, "philly", parse_tier_mix("10,60,30")).jobs
-    trace = with_walltimes(trace, None, "philly")
+    trace = with_walltimes(trace, WALLTIME_FACTORS["philly"])
     load_s = time.perf_counter() - started
     cluster = load_cluster_spec("philly:768").cluster
     queues = load_queue_spec("philly:768", cluster, trace, PHILLY)

@@ -15,7 +15,7 @@ from pathlib import Path
 from . import __version__
 from .core import ConfigError, PolicySettings, get_policy
 from .files import load_policy
-from .sim.loaders import FORMATS
+from .sim.loaders import FORMATS, WALLTIME_FACTORS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +115,7 @@ def run_replay(args) -> int:
     from .sim.loaders import load_cluster_spec, load_queue_spec, load_trace, parse_tier_mix
     from .sim.metrics import comparison_table, metrics, write_jobs_csv
     from .sim.replay import replay
+    from .sim.trace import with_walltimes
 
     try:
         policies = [get_policy(name) for name in args.policies or ["gpusched", "fifo"]]
@@ -123,7 +124,12 @@ def run_replay(args) -> int:
     tier_mix = parse_tier_mix(args.tier_mix) if args.tier_mix is not None else None
     started = time.perf_counter()
     loaded = load_trace(args.trace, args.format, tier_mix, args.skip_bad_rows)
-    trace = with_walltimes(loaded.jobs, args.walltime_factor, args.format)
+    factor = args.walltime_factor
+    if factor is None:
+        factor = WALLTIME_FACTORS.get(args.format)
+    elif factor <= 0:
+        raise ConfigError("must be greater than 0", field="--walltime-factor")
+    trace = with_walltimes(loaded.jobs, factor)
     if not args.quiet:
         took = time.perf_counter() - started
         print(f"read {len(trace):,} jobs from {args.trace} in {took:.2f} s", file=sys.stderr)
@@ -154,22 +160,6 @@ def run_replay(args) -> int:
     if not args.quiet:
         print(f"\nwrote {', '.join(map(str, written))}", file=sys.stderr)
     return 0
-
-
-def with_walltimes(trace, factor, fmt):
-    """The walltime model for traces without user estimates: ``factor`` x the real run time."""
-    import dataclasses
-
-    if factor is None:
-        factor = 2.0 if fmt in ("philly", "alibaba2023") else None
-    if factor is None:
-        return trace
-    if factor <= 0:
-        raise ConfigError("must be greater than 0", field="--walltime-factor")
-    return [
-        t if t.walltime is not None else dataclasses.replace(t, walltime=t.duration * factor)
-        for t in trace
-    ]
 
 
 def run_pack(args) -> int:

@@ -32,6 +32,8 @@ from ..files import load_cluster, load_queues
 from .trace import OPTIONAL, REQUIRED, TraceError, TraceJob, parse_row, read_trace
 
 FORMATS = ("csv", "philly", "alibaba2023")
+# traces that carry no walltime estimates get this multiple of each job's real run time
+WALLTIME_FACTORS = {"philly": 2.0, "alibaba2023": 2.0}
 BAD_ROWS = "bad rows"
 ZERO_GPU = "zero-GPU tasks"
 NEVER_SCHEDULED = "never-scheduled tasks"

@@ -8,6 +8,7 @@ kind, gpus_per_node, gpu_model, walltime, gpu_fraction, cpus, memory_gb``. An em
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,3 +171,15 @@ def parse_row(row: dict, source: str, line: int) -> TraceJob:
         cpus=number("cpus", default=None),
         memory_gb=number("memory_gb", default=None),
     )
+
+
+def with_walltimes(trace: list[TraceJob], factor: float | None) -> list[TraceJob]:
+    """The walltime model for traces without user estimates: a job that gives none gets
+    ``factor`` x its real run time (None: leave it to the policy file's defaults). The same
+    model applies to every policy replayed."""
+    if factor is None:
+        return trace
+    return [
+        t if t.walltime is not None else dataclasses.replace(t, walltime=t.duration * factor)
+        for t in trace
+    ]

@@ -19,11 +19,21 @@ from .sim.loaders import FORMATS, WALLTIME_FACTORS
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "serve":  # a traitlets Application: --GPUSchedService.x=... options
+        from .service.app import main as serve
+
+        return serve(argv[1:])
     parser = argparse.ArgumentParser(
         prog="jupyter-gpusched", description="GPU scheduling for JupyterHub."
     )
     parser.add_argument("--version", action="version", version=__version__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser(
+        "serve",
+        help="run the scheduler service (a JupyterHub service; see `serve --help-all`)",
+        add_help=False,
+    )
     replay = commands.add_parser(
         "replay",
         help="replay a job trace through one or more policies and compare them",

@@ -3,6 +3,7 @@
 
 import os
 
+from db_fixtures import db_url, postgres_server, sqlite_url  # noqa: F401
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("dev", max_examples=200, deadline=None)

@@ -69,6 +69,8 @@ class Job:
     memory_gb: float | None = None
     walltime: float | None = None
     gpu_fraction: float = 1.0  # below 1: a share of one GPU (then gpus is 1)
+    priority: int = 0  # an admin's override: higher goes first within the job's tier
+    held: bool = False  # held by an admin: pending, but not considered until released
 
     state: JobState = JobState.PENDING
     reason: Reason | None = None

@@ -7,7 +7,10 @@ order of two jobs never changes between fair-share recomputations: the engine or
 time-invariant equivalent ``fair_share.weight * F - age.weight * submit / max_age`` (capped jobs are
 exact as of the last recomputation, which runs every ``fair_share.recalc_interval``).
 
-Within one list every job has the same tier and fair-share factor, so the list's own order
+An admin's priority override (``Job.priority``, higher first) ranks a job within its tier; jobs
+with an override get lists of their own.
+
+Within one list every job has the same tier, priority and fair-share factor, so the list's own order
 (submit time, then id) is its priority order. The global order is a merge of the list heads whose
 keys are kept up to date as heads change, so a pass costs O(lists + jobs examined).
 """
@@ -33,7 +36,9 @@ class PendingQueue:
         self.count = 0
 
     def list_of(self, job: Job) -> tuple:
-        return (job.queue, job.tier) if self.by_queue_and_tier else ("", 0)
+        if self.by_queue_and_tier:
+            return (job.queue, job.tier, job.priority)
+        return ("", 0, job.priority)
 
     def add(self, job: Job, walltime: float) -> None:
         list_key = self.list_of(job)
@@ -82,6 +87,14 @@ class PendingQueue:
 
     def shortest_walltime(self) -> float:
         return self.walltimes[0][0] if self.walltimes else 0.0
+
+    def ahead_of(self, key: tuple) -> int:
+        """How many pending jobs have a smaller key than ``key`` (each list is in key order,
+        so this is a binary search per list)."""
+        return sum(
+            bisect_left(items, key, key=lambda entry: self.key(entry[1]))
+            for items in self.lists.values()
+        )
 
     def __len__(self) -> int:
         return self.count

@@ -61,8 +61,16 @@ class Queue:
 class QueueTree:
     """All queues by path; the root is implicit and guarantees the whole cluster."""
 
-    def __init__(self, root: Queue, half_life: float | None = None, default_queue: str = ""):
+    def __init__(
+        self,
+        root: Queue,
+        half_life: float | None = None,
+        default_queue: str = "",
+        user_limits: dict[str, UserLimit] | None = None,
+    ):
         self.root = root
+        # per-user caps: a user's own entry, else "default" (absent: no cap)
+        self.user_limits: dict[str, UserLimit] = user_limits or {}
         self.half_life = half_life  # None: the policy file's value applies
         self.by_path: dict[str, Queue] = {}
         stack = [root]
@@ -77,6 +85,40 @@ class QueueTree:
     def single(cls, cluster_gpus: int) -> QueueTree:
         """No queue file: one root queue that guarantees the whole cluster."""
         return cls(Queue(ROOT, "", None, float(cluster_gpus), math.inf))
+
+    def user_limit(self, user: str) -> UserLimit | None:
+        return self.user_limits.get(user) or self.user_limits.get("default")
+
+    def queues_for(self, user: str, groups=()) -> list[Queue]:
+        """Leaf queues ``user`` may submit to: those naming the user or one of the groups, on
+        the queue or an ancestor; a queue tree that names nobody anywhere is open to all."""
+        if not any(q.users or q.groups for q in self.by_path.values()):
+            return list(self.leaves)
+        groups = set(groups)
+        return [
+            leaf
+            for leaf in self.leaves
+            if any(user in q.users or groups & set(q.groups) for q in leaf.chain())
+        ]
+
+    def adopt(self, other: QueueTree) -> None:
+        """Take the settings (guarantees, limits, weights, members, user limits) of ``other``,
+        a tree with the same queues, keeping this tree's running totals and usage."""
+        if set(other.by_path) != set(self.by_path):
+            added = sorted(set(other.by_path) - set(self.by_path))
+            removed = sorted(set(self.by_path) - set(other.by_path))
+            raise ConfigError(
+                f"adding or removing queues needs a restart with the edited queue file "
+                f"(added: {', '.join(added) or 'none'}; removed: {', '.join(removed) or 'none'})",
+                field="queues",
+            )
+        for path, queue in self.by_path.items():
+            new = other.by_path[path]
+            queue.guaranteed, queue.limit, queue.weight = new.guaranteed, new.limit, new.weight
+            queue.users, queue.groups = new.users, new.groups
+        self.half_life = other.half_life
+        self.default_queue = other.default_queue
+        self.user_limits = other.user_limits
 
     def get(self, path: str) -> Queue | None:
         path = (path or self.default_queue).strip("/")
@@ -100,9 +142,10 @@ class QueueTree:
         if not isinstance(data, dict) or not isinstance(data.get("queues"), dict):
             raise ConfigError("expected a mapping with a 'queues' mapping", source=source)
         for key in data:
-            if key not in ("queues", "fair_share_half_life", "default_queue"):
+            if key not in ("queues", "fair_share_half_life", "default_queue", "user_limits"):
                 raise ConfigError(
-                    f"unknown key {key!r} (expected queues, fair_share_half_life, default_queue)",
+                    f"unknown key {key!r} (expected queues, fair_share_half_life, "
+                    "default_queue, user_limits)",
                     source=source,
                     field=key,
                     line=line_of(data, key),
@@ -131,7 +174,9 @@ class QueueTree:
                 source=source,
                 field="guaranteed",
             )
-        tree = cls(root, half_life, str(data.get("default_queue") or "").strip("/"))
+        user_limits = _parse_user_limits(data.get("user_limits"), source, data)
+        default = str(data.get("default_queue") or "").strip("/")
+        tree = cls(root, half_life, default, user_limits)
         if tree.default_queue and tree.get(tree.default_queue) is None:
             raise ConfigError(
                 f"default_queue {tree.default_queue!r} is not a queue in this file",
@@ -186,6 +231,54 @@ def _parse_children(parent: Queue, entries, source: str, container) -> None:
                     f"children guarantee {total:g} GPUs, more than this queue's {guaranteed:g}",
                     "guaranteed",
                 )
+
+
+@dataclass(frozen=True)
+class UserLimit:
+    """Caps on one user's jobs (None: no cap): GPUs and jobs running, jobs pending."""
+
+    gpus: float | None = None
+    running_jobs: int | None = None
+    pending_jobs: int | None = None
+
+
+_USER_LIMIT_FIELDS = ("gpus", "running_jobs", "pending_jobs")
+
+
+def _parse_user_limits(entries, source: str, container) -> dict[str, UserLimit]:
+    if entries is None:
+        return {}
+    if not isinstance(entries, dict):
+        raise ConfigError(
+            "must map user names (or 'default') to limits",
+            source=source,
+            field="user_limits",
+            line=line_of(container, "user_limits"),
+        )
+    out = {}
+    for user, spec in entries.items():
+
+        def fail(message, key, spec=spec, user=user):
+            line = line_of(spec, key) if isinstance(spec, dict) else line_of(entries, user)
+            raise ConfigError(
+                message, source=source, entry=f"user_limits {user}", field=key, line=line
+            )
+
+        if not isinstance(spec, dict):
+            fail("must be a mapping with gpus, running_jobs, pending_jobs", "user_limits")
+        values = {}
+        for key, value in spec.items():
+            if key not in _USER_LIMIT_FIELDS:
+                fail(f"unknown field {key!r}; known: {', '.join(_USER_LIMIT_FIELDS)}", key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                fail(f"'{key}' must be a number >= 0, got {value!r}", key)
+            if key != "gpus" and value != int(value):
+                fail(f"'{key}' must be a whole number of jobs, got {value!r}", key)
+            values[key] = float(value) if key == "gpus" else int(value)
+        out[str(user)] = UserLimit(**values)
+    return out
 
 
 def _number(spec, key, default, fail) -> float:

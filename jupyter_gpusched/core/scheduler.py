@@ -23,6 +23,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
 
+from .admin import HELD, AdminSteps
 from .admission import Capacity, policy_block, rejection, under_guarantee, validate
 from .claims import Claim, PreemptionSteps
 from .cluster import Cluster
@@ -55,7 +56,7 @@ class _Pass:
     reasons: dict = field(default_factory=dict)
 
 
-class Scheduler(PreemptionSteps):
+class Scheduler(PreemptionSteps, AdminSteps):
     def __init__(
         self,
         cluster: Cluster,
@@ -77,6 +78,8 @@ class Scheduler(PreemptionSteps):
         # ... on each node, by tier; key 23 holds tiers 2 and 3 together (what reclaim may take)
         self._on_node = {t: [0.0] * len(cluster.nodes) for t in (1, 2, 3, 23)}
         self._by_queue: dict[str, dict[str, Job]] = {}  # running jobs of each leaf queue
+        self._by_user: dict[str, list] = {}  # user -> [running GPUs, running jobs]
+        self.maintenance: dict[int, float] = {}  # node index -> when it is drained
         self.pending = PendingQueue(self._key, by_queue_and_tier=self.policy.order != "arrival")
         self.pending_gpus_by_reason = {"capacity": 0, "placement": 0, "policy": 0}
         self.reservation: Reservation | None = None
@@ -116,6 +119,9 @@ class Scheduler(PreemptionSteps):
         if self.policy.quotas:
             job.queue = self.tree.get(job.queue).path
         job.state, job.pending_since = JobState.PENDING, now
+        if job.held:  # submitted on hold
+            self._set_reason(job, HELD)
+            return job
         self.pending.add(job, self._walltime(job))
         self._new.append(job.id)
         return job
@@ -145,6 +151,9 @@ class Scheduler(PreemptionSteps):
         del self._by_tier[job.tier][job_id]
         self._tier_gpus[job.tier] -= job.amount
         del self._by_queue[job.queue][job_id]
+        used = self._by_user[job.user]
+        used[0] -= job.amount
+        used[1] -= 1
         self.state.release(job_id)
         del self._ends[bisect_left(self._ends, (self._estimated_end(job), job_id))]
         self._account(job, -1, now)
@@ -194,6 +203,9 @@ class Scheduler(PreemptionSteps):
         if now >= self._wake:
             self._wake = math.inf
             self._freed = self._deep_due = True
+            if self.maintenance:
+                self._start_maintenance(now)
+                self._wake = min([self._wake, *self.maintenance.values()])
         if self._freed or self._new:
             full, new = self._freed, self._new
             self._freed, self._new = False, []
@@ -307,12 +319,16 @@ class Scheduler(PreemptionSteps):
                     if self._try_preempt(job, now, pass_, limit_node):
                         return None
                 return reason
+        if self.tree.user_limits:
+            block = self._user_block(job)
+            if block is not None:
+                return block
         free = self._free_for(job)
         if free < job.amount - 1e-9:
             return Reason("capacity", "gpus-busy", f"needs {job.amount:g} GPUs; {free:g} are free")
-        exclude = frozenset()
+        exclude = self._maintenance_excluded(job, now)
         if reservation is not None and not may_backfill(reservation, self._walltime(job), now):
-            exclude = reservation.nodes
+            exclude = exclude | reservation.nodes
         patient = self._patient(job, now)
         shape = (
             job.gpus <= self.cluster.max_node_gpus,
@@ -324,6 +340,7 @@ class Scheduler(PreemptionSteps):
             job.memory_gb,
             bool(exclude),
             patient,
+            self._maintenance_excluded(job, now),
         )
         if job.amount >= pass_.failed.get(shape, math.inf):
             return pass_.reasons[shape]  # a smaller job of this shape did not fit either
@@ -343,7 +360,7 @@ class Scheduler(PreemptionSteps):
             )
             pass_.failed[shape], pass_.reasons[shape] = job.amount, reason
             return reason
-        if exclude and any(self.state.free[n] for n in exclude):
+        if reservation is not None and exclude and any(self.state.free[n] for n in exclude):
             reason = Reason(
                 "policy",
                 "reservation",
@@ -355,6 +372,25 @@ class Scheduler(PreemptionSteps):
         pass_.failed[shape] = job.amount
         pass_.reasons[shape] = reason
         return reason
+
+    def _user_block(self, job: Job) -> Reason | None:
+        limit = self.tree.user_limit(job.user)
+        if limit is None:
+            return None
+        gpus, count = self._by_user.get(job.user, (0.0, 0))
+        if limit.gpus is not None and gpus + job.amount > limit.gpus + 1e-9:
+            return Reason(
+                "policy",
+                "user-limit",
+                f"{job.user} already runs {gpus:g} GPUs; the limit per user is {limit.gpus:g}",
+            )
+        if limit.running_jobs is not None and count + 1 > limit.running_jobs:
+            return Reason(
+                "policy",
+                "user-limit",
+                f"{job.user} already runs {count} jobs; the limit per user is {limit.running_jobs}",
+            )
+        return None
 
     def _headroom(self, job: Job) -> float:
         """GPUs the quotas let this job's (queue, tier) list start now (inf without quotas)."""
@@ -377,26 +413,35 @@ class Scheduler(PreemptionSteps):
         )
 
     # -- bookkeeping -------------------------------------------------------------------------
-    def _start(self, job: Job, placement: Placement, now: float) -> None:
+    def _start(self, job: Job, placement: Placement, now: float, restored=False) -> None:
+        """Give ``placement`` to ``job``; ``restored``: it already runs there (see
+        :meth:`restore`), so keep its run count and start time and emit no Start."""
         self.state.take(job.id, placement)
         for part in placement.parts:
             self._on_node[job.tier][part.node] += part.gpus * part.fraction
             if job.tier > 1:
                 self._on_node[23][part.node] += part.gpus * part.fraction
         self._set_reason(job, None)
-        job.state, job.start_time = JobState.RUNNING, now
+        if not restored:
+            job.start_time, job.runs = now, job.runs + 1
+        job.state = JobState.RUNNING
         if job.first_start is None:
-            job.first_start = now
-        job.runs += 1
+            job.first_start = job.start_time
         self.running[job.id] = job
         self._by_tier[job.tier][job.id] = job
-        if job.tier > 1 and self.settings.tiers[job.tier].minimum_run_time > 0:
-            self._recent_starts[job.tier].append((now, job.id))
+        minimum = self.settings.tiers[job.tier].minimum_run_time if job.tier > 1 else 0
+        if minimum > 0 and job.start_time + minimum > now:
+            starts = self._recent_starts[job.tier]
+            insort(starts, (job.start_time, job.id))
         self._tier_gpus[job.tier] += job.amount
         self._by_queue.setdefault(job.queue, {})[job.id] = job
         insort(self._ends, (self._estimated_end(job), job.id))
         self._account(job, +1, now)
-        self._outbox.append(Start(job.id, placement))
+        used = self._by_user.setdefault(job.user, [0.0, 0])
+        used[0] += job.amount
+        used[1] += 1
+        if not restored:
+            self._outbox.append(Start(job.id, placement))
 
     def _requeue(self, job: Job, reason: Reason) -> None:
         job.state = JobState.PENDING
@@ -448,9 +493,9 @@ class Scheduler(PreemptionSteps):
         job = self.jobs[job_id]
         order = self.policy.order
         if order == "arrival":
-            return (job.submit_time, job_id)
+            return (-job.priority, job.submit_time, job_id)
         if order == "tier":
-            return (job.tier, job.submit_time, job_id)
+            return (job.tier, -job.priority, job.submit_time, job_id)
         s, t = self.settings, self._fair_time
         fair = self._fair.get(job.queue, 1.0)
         age = 0.0
@@ -459,9 +504,9 @@ class Scheduler(PreemptionSteps):
         if order == "multifactor":
             w = SLURM_WEIGHTS
             score = w["qos"] * (3 - job.tier) / 2 + w["fairshare"] * fair + w["age"] * age
-            return (-score, job.submit_time, job_id)
+            return (-job.priority, -score, job.submit_time, job_id)
         score = s.fair_share_weight * fair + s.age_weight * age
-        return (job.tier, -score, job.submit_time, job_id)
+        return (job.tier, -job.priority, -score, job.submit_time, job_id)
 
     def _reclaims(self, job: Job) -> bool:
         """May ``job`` take back borrowed GPUs (pre-empt tier 2 of other queues)? Only while its

@@ -97,6 +97,26 @@ class ClusterState:
         return self.node_state[idx] == "up"
 
     # -- allocation ---------------------------------------------------------------------------
+    def conflict(self, placement: Placement) -> str | None:
+        """Why ``placement`` cannot be taken now (unknown node, GPUs taken, a shared GPU too
+        full, CPUs or memory short), or None."""
+        for part in placement.parts:
+            if not 0 <= part.node < len(self.cluster.nodes):
+                return f"node index {part.node} is not in the cluster"
+            node = self.cluster.nodes[part.node]
+            if part.mask >> node.gpus:
+                return f"node {node.name} has no GPU {part.mask.bit_length() - 1}"
+            if part.fraction < 1.0 and part.mask in self.shared[part.node]:
+                if self.shared[part.node][part.mask] + part.fraction > 1.0 + 1e-9:
+                    return f"GPU {part.mask.bit_length() - 1} on {node.name} is full"
+            elif part.mask & ~self.free_mask[part.node]:
+                return f"GPUs {part.mask:b} on {node.name} are not free"
+            if part.cpus > self.cpu_free[part.node] + 1e-9:
+                return f"node {node.name} has {self.cpu_free[part.node]:g} CPUs free"
+            if part.memory_gb > self.mem_free[part.node] + 1e-9:
+                return f"node {node.name} has {self.mem_free[part.node]:g} GB free"
+        return None
+
     def take(self, job_id: str, placement: Placement, extend: bool = False) -> None:
         """Give ``placement`` to ``job_id``; every GPU in it must be free, or for a fraction,
         shared with room enough (invariant 1). With ``extend``, add it to what ``job_id``

@@ -1,0 +1,141 @@
+"""What a hub admin (and a restarted service) does to the engine, as a mixin of the Scheduler:
+hold and release jobs, override a job's priority, schedule maintenance, edit quotas, and put back
+the jobs that were running when the service stopped.
+
+Each operation changes engine state and marks what a pass must look at again; none starts or
+stops anything itself (the next :meth:`Scheduler.schedule` does)."""
+
+from __future__ import annotations
+
+from .admission import validate
+from .errors import ConfigError
+from .jobs import Job, JobState, Reason
+from .quotas import QueueTree
+from .state import Placement
+
+HELD = Reason("policy", "held", "held by an admin; it waits until released")
+
+
+class AdminSteps:
+    """Mixed into :class:`~.scheduler.Scheduler`; uses its bookkeeping."""
+
+    def hold(self, job_id: str, now: float) -> Job:
+        """Keep a pending job out of scheduling until :meth:`release`. Its place in the queue
+        (submit time) is kept."""
+        job = self._pending_job(job_id, "held")
+        if job.held:
+            return job
+        self._drop_claim(job)
+        self._leave_pending(job)
+        job.held = True
+        self._set_reason(job, HELD)
+        self._freed = True  # it may have held the reservation
+        return job
+
+    def release(self, job_id: str, now: float) -> Job:
+        job = self._pending_job(job_id, "released")
+        if not job.held:
+            return job
+        job.held = False
+        self._set_reason(job, None)
+        self.pending.add(job, self._walltime(job))
+        self._new.append(job.id)
+        return job
+
+    def set_priority(self, job_id: str, priority: int, now: float) -> Job:
+        """Override a job's rank within its tier (higher first; 0 is the default)."""
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ConfigError(f"must be a whole number, got {priority!r}", field="priority")
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise KeyError(job_id)
+        if job.state != JobState.PENDING or job.held:
+            job.priority = priority  # takes effect if it is requeued or released
+            return job
+        self._drop_claim(job)
+        self.pending.remove(job, self._walltime(job))
+        job.priority = priority
+        self._keys.pop(job_id, None)
+        self.pending.add(job, self._walltime(job))
+        self._set_reason(job, None)
+        self._new.append(job_id)
+        self._freed = True  # the order changed: the reservation may belong to someone else
+        return job
+
+    def set_maintenance(self, node_name: str, start: float | None, now: float) -> None:
+        """Drain ``node_name`` at ``start`` (None cancels the window). Until then no job whose
+        walltime runs past ``start`` is placed there; from then on the node is drained."""
+        node = self.cluster.node(node_name)
+        if start is None:
+            self.maintenance.pop(node.index, None)
+        else:
+            self.maintenance[node.index] = float(start)
+            self._wake = min(self._wake, float(start))
+        self._freed = True
+
+    def _start_maintenance(self, now: float) -> None:
+        for index, start in sorted(self.maintenance.items()):
+            if start <= now:
+                del self.maintenance[index]
+                self.set_node_state(self.cluster.nodes[index].name, "drain", now)
+
+    def _maintenance_excluded(self, job: Job, now: float) -> frozenset:
+        """Nodes whose maintenance begins before ``job`` would end if it started now."""
+        if not self.maintenance:
+            return frozenset()
+        end = now + self._walltime(job)
+        return frozenset(i for i, start in self.maintenance.items() if end > start)
+
+    def update_quotas(self, tree: QueueTree, now: float) -> None:
+        """Take the guarantees, limits, weights, members and user limits of ``tree`` (built
+        from an edited queue file with the same queues). Running jobs are not touched; the new
+        figures apply from the next pass."""
+        self.tree.adopt(tree)
+        self.half_life = self.tree.half_life or self.settings.fair_share_half_life
+        self._fair_time = float("-inf")  # recompute fair share (and the keys) next pass
+        self.reservation = None
+        self._freed = True
+
+    def restore(self, job: Job, placement: Placement, now: float) -> Job:
+        """Put back a job that was running when the adapter stopped, on the resources it holds
+        (its ``start_time``, ``runs`` and ``first_start`` are kept). Raises ValueError if those
+        resources are taken or unknown. Call before any submission; no Start is emitted."""
+        validate(job)
+        if job.id in self.jobs:
+            raise ConfigError(f"a job with id {job.id!r} already exists", field="id")
+        if job.start_time is None:
+            raise ValueError(f"job {job.id} has no start time")
+        if self.policy.quotas:
+            queue = self.tree.get(job.queue)
+            if queue is None:
+                raise ValueError(f"job {job.id}: queue {job.queue!r} no longer exists")
+            job.queue = queue.path
+        conflict = self.state.conflict(placement)
+        if conflict is not None:
+            raise ValueError(f"job {job.id}: {conflict}")
+        self.jobs[job.id] = job
+        self._start(job, placement, now, restored=True)
+        return job
+
+    def _pending_job(self, job_id: str, verb: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise KeyError(job_id)
+        if job.state != JobState.PENDING:
+            raise ConfigError(f"only a pending job can be {verb}; {job_id} is {job.state.value}")
+        return job
+
+    def forget(self, job_id: str) -> None:
+        """Drop a finished job from memory (a long-running service keeps finished jobs in its
+        database, not in the engine)."""
+        job = self.jobs.get(job_id)
+        if job is not None and job.state.finished:
+            del self.jobs[job_id]
+            self._keys.pop(job_id, None)
+
+    def position(self, job_id: str) -> int | None:
+        """How many pending jobs are ahead of ``job_id`` (None if it is not waiting in line)."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state != JobState.PENDING or job.held:
+            return None
+        return self.pending.ahead_of(self._key(job_id))

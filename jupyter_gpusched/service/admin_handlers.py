@@ -1,0 +1,158 @@
+"""The REST API for admins (quotas, holds, priorities, nodes, maintenance) and for everyone's
+records (the audit log, usage), plus the OpenAPI document."""
+
+from __future__ import annotations
+
+import datetime
+
+from ..core.quotas import QueueTree
+from .handlers import APIError, APIHandler, api
+from .openapi import openapi_document
+
+USAGE_KEYS = ("queue", "user", "gpu_model")
+
+
+class QuotasHandler(APIHandler):
+    @api
+    def get(self):
+        live = self.live
+        queues = []
+        for _, queue in sorted(live.engine.tree.by_path.items()):
+            queues.append(
+                {
+                    "path": queue.label(),
+                    "guaranteed": queue.guaranteed,
+                    "limit": None if queue.limit == float("inf") else queue.limit,
+                    "weight": queue.weight,
+                    "running": queue.running,
+                    "leaf": queue.is_leaf,
+                    "users": list(queue.users),
+                    "groups": list(queue.groups),
+                }
+            )
+        self.send({"document": live.quota_document, "queues": queues})
+
+    @api
+    def put(self):
+        """Replace the quotas with a queue-file document (same schema; same queues)."""
+        self.require_admin()
+        document = self.body()
+        tree = QueueTree.from_dict(document, self.live.cluster.total_gpus, "request body")
+        self.live.update_quotas(tree, document, self.identity.name)
+        self.get()
+
+
+class HoldHandler(APIHandler):
+    @api
+    def post(self, job_id, action):
+        self.require_admin()
+        self.job_row(job_id)
+        if self.live.engine.jobs.get(job_id) is None:
+            raise APIError(409, f"job {job_id} has ended", "id")
+        self.live.hold(job_id, self.identity.name, hold=action == "hold")
+        self.send(self.view(self.live.row(job_id)))
+
+
+class PriorityHandler(APIHandler):
+    @api
+    def put(self, job_id):
+        self.require_admin()
+        self.job_row(job_id)
+        if self.live.engine.jobs.get(job_id) is None:
+            raise APIError(409, f"job {job_id} has ended", "id")
+        priority = self.body().get("priority")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise APIError(400, "'priority' must be a whole number (higher goes first)", "priority")
+        self.live.set_priority(job_id, priority, self.identity.name)
+        self.send(self.view(self.live.row(job_id)))
+
+
+class NodeHandler(APIHandler):
+    @api
+    def post(self, name, action):
+        self.require_admin()
+        self.live.cluster.node(name)  # 400 naming the node if unknown
+        self.live.set_node(name, action, self.identity.name)
+        self.send({"node": name, "state": self.live.node_state(name)})
+
+
+class MaintenanceHandler(APIHandler):
+    @api
+    def put(self, name):
+        """Body ``{"start": T}`` (epoch seconds or ISO 8601): from T the node is drained, and
+        no job whose walltime runs past T starts there before."""
+        self.require_admin()
+        self.live.cluster.node(name)
+        start = parse_time(self.body().get("start"), "start")
+        self.live.set_maintenance(name, start, self.identity.name)
+        self.send({"node": name, "maintenance": start})
+
+    @api
+    def delete(self, name):
+        self.require_admin()
+        self.live.cluster.node(name)
+        self.live.set_maintenance(name, None, self.identity.name)
+        self.send({"node": name, "maintenance": None})
+
+
+class EventsHandler(APIHandler):
+    @api
+    def get(self):
+        user = self.get_argument("user", None)
+        if not self.admin:
+            user = self.identity.name
+        events = self.live.store.events(
+            since=self.number("since"),
+            until=self.number("until"),
+            kind=self.get_argument("kind", None),
+            job_id=self.get_argument("job_id", None),
+            user=user,
+            limit=max(1, min(int(self.number("limit", 1000)), 10000)),
+            before_id=self.number("before"),
+        )
+        self.send({"events": events})
+
+
+class UsageHandler(APIHandler):
+    @api
+    def get(self):
+        by = self.get_argument("by", "queue")
+        if by not in USAGE_KEYS:
+            raise APIError(400, f"'by' must be one of {', '.join(USAGE_KEYS)}", "by")
+        now = self.live.clock()
+        until = self.number("until", now)
+        since = self.number("since", until - 30 * 86400)
+        if since >= until:
+            raise APIError(400, "'since' must be before 'until'", "since")
+        rows = self.live.store.usage(since, until, by=by)
+        if by == "user" and not self.admin:
+            rows = [r for r in rows if r["key"] == self.identity.name]
+        prices = self.settings.get("gpusched_prices") or {}
+        if by == "gpu_model" and prices:
+            for row in rows:
+                price = prices.get(row["key"])
+                row["cost"] = None if price is None else row["gpu_hours"] * price
+        self.send({"since": since, "until": until, "by": by, "usage": rows})
+
+
+class OpenAPIHandler(APIHandler):
+    async def prepare(self):  # the API's description is public
+        pass
+
+    def get(self):
+        self.send(openapi_document(self.settings.get("gpusched_prefix", "/")))
+
+
+def parse_time(value, field: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    if isinstance(value, str):
+        try:
+            moment = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            pass
+        else:
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=datetime.timezone.utc)
+            return moment.timestamp()
+    raise APIError(400, f"'{field}' must be epoch seconds or an ISO 8601 time", field)

@@ -1,0 +1,263 @@
+"""``jupyter-gpusched serve``: the scheduler service as a traitlets Application.
+
+Run by JupyterHub as a managed service (see ``hub_config/jupyterhub_config.py``), it reads where
+to listen and how to authenticate from the ``JUPYTERHUB_*`` environment the hub sets. Standalone,
+give it ``--GPUSchedService.token_file`` and ``--GPUSchedService.bind_url``.
+
+Policy settings live in the policy file (the schema ``replay --config`` reads); the traits here
+only say where the files are and how the service runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from urllib.parse import urlparse
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tornado import web
+from tornado.ioloop import PeriodicCallback
+from traitlets import Bool, Dict, Float, Integer, Type, Unicode, default
+from traitlets.config import Application
+
+from ..core.errors import ConfigError
+from ..core.quotas import QueueTree
+from ..core.scheduler import Scheduler
+from ..core.settings import PolicySettings
+from ..files import load_cluster, load_policy, read_yaml
+from . import admin_handlers as admin
+from . import handlers as user
+from .auth import HubAuthenticated, TokenFileAuth
+from .launcher import Launcher, LocalLauncher
+from .live import LiveScheduler
+from .metrics import Metrics
+from .recovery import recover
+from .store import Store
+
+_JOB = r"(?P<job_id>j-[0-9]+)"
+_NODE = r"(?P<name>[^/]+)"
+
+
+class MetricsHandler(user.APIHandler):
+    async def prepare(self):
+        if self.settings["gpusched_authenticate_metrics"]:
+            await super().prepare()
+
+    def get(self):
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(generate_latest(self.settings["gpusched_metrics"].registry))
+
+
+ROUTES = [
+    (r"api/cluster", user.ClusterHandler),
+    (r"api/queue", user.QueueHandler),
+    (r"api/jobs", user.JobsHandler),
+    (rf"api/jobs/{_JOB}", user.JobHandler),
+    (rf"api/jobs/{_JOB}/log", user.JobLogHandler),
+    (rf"api/jobs/{_JOB}/(?P<action>hold|release)", admin.HoldHandler),
+    (rf"api/jobs/{_JOB}/priority", admin.PriorityHandler),
+    (r"api/quotas", admin.QuotasHandler),
+    (rf"api/nodes/{_NODE}/(?P<action>drain|resume)", admin.NodeHandler),
+    (rf"api/nodes/{_NODE}/maintenance", admin.MaintenanceHandler),
+    (r"api/events", admin.EventsHandler),
+    (r"api/usage", admin.UsageHandler),
+    (r"api/openapi.json", admin.OpenAPIHandler),
+    (r"metrics", MetricsHandler),
+]
+
+
+class GPUSchedService(Application):
+    name = "jupyter-gpusched-serve"
+    description = "The GPU scheduler service: queue, engine, launcher and REST API."
+
+    config_file = Unicode(
+        "", help="A Python config file (c.GPUSchedService.* = ...) to load at start."
+    ).tag(config=True)
+    cluster_file = Unicode(
+        "cluster.yaml", help="The cluster file (nodes, GPUs, switches): see docs/files.md."
+    ).tag(config=True)
+    queue_file = Unicode(
+        "", help="The queue (quota) file; empty: one queue guaranteeing the whole cluster."
+    ).tag(config=True)
+    policy_file = Unicode(
+        "",
+        help="The policy file (tiers, grace periods, fair share, backfill, reaper timeouts): "
+        "the same schema `replay --config` reads. Empty: the documented defaults.",
+    ).tag(config=True)
+    policy = Unicode(
+        "gpusched", help="The scheduling policy: gpusched, fifo, priority or slurm."
+    ).tag(config=True)
+    db_url = Unicode(
+        "sqlite:///gpusched.sqlite",
+        help="Where jobs, allocations, usage, settings and the audit log are kept "
+        "(SQLAlchemy URL; postgresql+psycopg://... for PostgreSQL).",
+    ).tag(config=True)
+    launcher_class = Type(
+        LocalLauncher,
+        klass=Launcher,
+        help="What runs batch jobs: LocalLauncher (this host, CUDA_VISIBLE_DEVICES) or a "
+        "backend for many nodes.",
+    ).tag(config=True)
+    log_dir = Unicode(
+        "gpusched-logs", help="Where job output goes: <log_dir>/<user>/<job id>.log."
+    ).tag(config=True)
+    bind_url = Unicode(
+        help="Where to listen, e.g. http://127.0.0.1:8765/services/gpusched/. Default: "
+        "$JUPYTERHUB_SERVICE_URL when run by the hub, else http://127.0.0.1:8765/."
+    ).tag(config=True)
+    token_file = Unicode(
+        "",
+        help="Standalone mode: a YAML file of API tokens (see jupyter_gpusched.service.auth). "
+        "Empty: authenticate through JupyterHub.",
+    ).tag(config=True)
+    poll_interval = Float(
+        1.0,
+        help="Seconds between checks for exited processes and engine timers (pre-emption "
+        "minimum run times, backfill passes, maintenance windows).",
+    ).tag(config=True)
+    default_tier = Integer(2, help="The tier of jobs that name none (1, 2 or 3).").tag(config=True)
+    cancel_grace = Float(
+        10.0, help="Seconds between the polite signal and SIGKILL when a job is cancelled."
+    ).tag(config=True)
+    gpu_hour_prices = Dict(
+        {},
+        help="Showback: price of one GPU-hour per GPU model, e.g. {'H100': 2.5}; api/usage "
+        "?by=gpu_model then reports a cost.",
+    ).tag(config=True)
+    authenticate_metrics = Bool(
+        True, help="Require a token for /metrics (turn off for an unauthenticated scraper)."
+    ).tag(config=True)
+
+    aliases = {  # noqa: RUF012 (traitlets reads it as a class attribute)
+        "config": "GPUSchedService.config_file",
+        "cluster": "GPUSchedService.cluster_file",
+        "queues": "GPUSchedService.queue_file",
+        "policy-file": "GPUSchedService.policy_file",
+        "db": "GPUSchedService.db_url",
+        "bind-url": "GPUSchedService.bind_url",
+        "token-file": "GPUSchedService.token_file",
+        "log-dir": "GPUSchedService.log_dir",
+    }
+
+    @default("bind_url")
+    def _bind_url_default(self):
+        return os.environ.get("JUPYTERHUB_SERVICE_URL") or "http://127.0.0.1:8765/"
+
+    def initialize(self, argv=None):
+        super().initialize(argv)
+        if self.config_file:
+            self.load_config_file(self.config_file)
+            self.update_config(self.cli_config)
+        self.live = self.build()
+
+    def build(self) -> LiveScheduler:
+        """Read the files (ConfigError names file, line and field), open the database,
+        rebuild the queue from it, and return the live scheduler."""
+        cluster = load_cluster(self.cluster_file)
+        document = read_yaml(self.queue_file) if self.queue_file else None
+        tree = (
+            QueueTree.from_dict(document, cluster.total_gpus, self.queue_file)
+            if document is not None
+            else None
+        )
+        settings = load_policy(self.policy_file) if self.policy_file else PolicySettings()
+        engine = Scheduler(cluster, tree, settings, self.policy)
+        self.store = Store(self.db_url)
+        self.metrics = Metrics()
+        live = LiveScheduler(
+            engine,
+            self.store,
+            self.launcher_class(parent=self),
+            log_dir=os.path.abspath(self.log_dir),
+            default_tier=self.default_tier,
+            cancel_grace=self.cancel_grace,
+            metrics=self.metrics,
+        )
+        self.metrics.live = live
+        live.quota_document = _plain(document)
+        counts = recover(live)
+        stored = self.store.get_setting("quotas")
+        if stored:
+            live.quota_document = stored
+        self.log.info("recovered from the database: %s", counts)
+        return live
+
+    def make_app(self) -> web.Application:
+        prefix = urlparse(self.bind_url).path or "/"
+        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", prefix)
+        if not prefix.endswith("/"):
+            prefix += "/"
+        auth = (
+            TokenFileAuth(parent=self, token_file=self.token_file)
+            if self.token_file
+            else HubAuthenticated(parent=self)
+        )
+        routes = [(prefix + pattern, handler) for pattern, handler in ROUTES]
+        routes += auth.handlers(prefix)
+        return web.Application(
+            routes,
+            gpusched_live=self.live,
+            gpusched_auth=auth,
+            gpusched_metrics=self.metrics,
+            gpusched_prices=dict(self.gpu_hour_prices),
+            gpusched_prefix=prefix,
+            gpusched_authenticate_metrics=self.authenticate_metrics,
+            cookie_secret=os.urandom(32),
+            log_function=_log_request,
+        )
+
+    async def serve(self) -> None:
+        url = urlparse(self.bind_url)
+        app = self.make_app()
+        server = app.listen(url.port or 80, address=url.hostname or "127.0.0.1")
+        poller = PeriodicCallback(self.live.poll, self.poll_interval * 1000)
+        poller.start()
+        self.log.info("jupyter-gpusched serving on %s", self.bind_url)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        poller.stop()
+        server.stop()
+        self.store.close()
+        self.log.info("stopped; running jobs keep running and are re-attached at the next start")
+
+    def start(self):
+        asyncio.run(self.serve())
+
+
+def _log_request(handler):
+    status = handler.get_status()
+    level = logging.DEBUG if status < 400 else logging.INFO if status < 500 else logging.ERROR
+    logging.getLogger("jupyter_gpusched.service").log(
+        level,
+        "%d %s %s %.1f ms",
+        status,
+        handler.request.method,
+        handler.request.uri,
+        1000 * handler.request.request_time(),
+    )
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def main(argv=None) -> int:
+    """Entry point of ``jupyter-gpusched serve``; exit code 2 for a bad file."""
+    try:
+        app = GPUSchedService.instance()
+        app.initialize(argv)
+    except ConfigError as exc:
+        print(f"jupyter-gpusched serve: error: {exc}", file=sys.stderr)
+        return 2
+    app.start()
+    return 0

@@ -1,0 +1,246 @@
+"""The REST API for users: the cluster, the queue, and their own jobs.
+
+Every handler is an :class:`APIHandler`: the caller is identified before the method runs (401
+otherwise), errors are JSON ``{"error": message, "field": name}``, and a user only ever sees
+their own jobs in full (others' are anonymised). Admin routes are in :mod:`.admin_handlers`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import wraps
+
+from tornado import web
+
+from ..core.errors import ConfigError
+from ..core.jobs import JobState
+from .records import placement_view, public_job, reason_dict
+from .requests import RequestError, parse_body, parse_job_request
+
+MAX_LOG_BYTES = 1 << 20
+
+
+class APIError(web.HTTPError):
+    def __init__(self, status: int, message: str, field: str | None = None):
+        super().__init__(status, message)
+        self.message, self.field = message, field
+
+
+def api(method):
+    """Turn bad input (RequestError, ConfigError) into a 4xx with the field."""
+
+    @wraps(method)
+    async def wrapper(self, *args, **kwargs):
+        try:
+            result = method(self, *args, **kwargs)
+            if hasattr(result, "__await__"):
+                result = await result
+            return result
+        except RequestError as exc:
+            raise APIError(exc.status, exc.message, exc.field) from None
+        except ConfigError as exc:
+            raise APIError(400, str(exc), exc.field) from None
+
+    return wrapper
+
+
+class APIHandler(web.RequestHandler):
+    """Base: identifies the caller, speaks JSON."""
+
+    identity = None
+
+    @property
+    def live(self):
+        return self.settings["gpusched_live"]
+
+    def check_xsrf_cookie(self):
+        """Token-authenticated API: writes need an Authorization header (checked in prepare),
+        so a cross-site form cannot act with a user's cookie."""
+
+    async def prepare(self):
+        self.identity = await self.settings["gpusched_auth"].identify(self)
+        if self.identity is None:
+            raise APIError(401, "not authenticated: send 'Authorization: token <hub API token>'")
+        if self.request.method not in ("GET", "HEAD") and (
+            "Authorization" not in self.request.headers and not self.get_argument("token", "")
+        ):
+            raise APIError(403, "changes need a token in the Authorization header")
+
+    @property
+    def admin(self) -> bool:
+        return self.identity.admin
+
+    def require_admin(self) -> None:
+        if not self.admin:
+            raise APIError(403, f"{self.identity.name} is not an admin of the scheduler")
+
+    def body(self) -> dict:
+        return parse_body(self.request.body)
+
+    def send(self, data, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data, default=str))
+
+    def write_error(self, status_code, **kwargs):
+        exc = kwargs.get("exc_info", (None, None))[1]
+        message = getattr(exc, "message", None) or self._reason
+        field = getattr(exc, "field", None)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": message, "field": field}))
+
+    def number(self, name: str, default=None):
+        value = self.get_argument(name, None)
+        if value is None:
+            return default
+        try:
+            return float(value)
+        except ValueError:
+            raise APIError(400, f"'{name}' must be a number", name) from None
+
+    def job_row(self, job_id: str) -> dict:
+        """The job, if the caller may see it in full (404 otherwise: other users' job ids are
+        not confirmed to exist)."""
+        row = self.live.row(job_id)
+        if row is None or (row["user"] != self.identity.name and not self.admin):
+            raise APIError(404, f"no job {job_id} of yours", "id")
+        return row
+
+    def view(self, row: dict) -> dict:
+        mine = row["user"] == self.identity.name
+        view = public_job(
+            row, mine=mine, full=mine or self.admin, position=self.live.engine.position(row["id"])
+        )
+        placement = self.live.engine.state.allocations.get(row["id"])
+        if placement is not None and row["state"] == "running":
+            view["allocation"] = placement_view(placement, self.live.cluster)
+        return view
+
+
+class ClusterHandler(APIHandler):
+    @api
+    def get(self):
+        live, me = self.live, self.identity.name
+        engine = live.engine
+        state = engine.state
+        nodes = []
+        for node in live.cluster.nodes:
+            gpus = [{"index": i, "jobs": []} for i in range(node.gpus)]
+            for job_id in sorted(state.holders[node.index]):
+                job = engine.jobs[job_id]
+                visible = self.admin or job.user == me
+                for part in state.allocations[job_id].parts:
+                    if part.node != node.index:
+                        continue
+                    for i in range(node.gpus):
+                        if part.mask >> i & 1:
+                            holder = {"job": job_id if visible else None, "fraction": part.fraction}
+                            holder["user"] = job.user if visible else None
+                            holder["tier"] = job.tier
+                            gpus[i]["jobs"].append(holder)
+            nodes.append(
+                {
+                    "name": node.name,
+                    "gpu_model": node.gpu_model,
+                    "gpus": node.gpus,
+                    "free": state.free[node.index],
+                    "state": state.node_state[node.index],
+                    "maintenance": engine.maintenance.get(node.index),
+                    "leaf": node.leaf,
+                    "spine": node.spine,
+                    "labels": node.labels,
+                    "gpu_list": gpus,
+                }
+            )
+        total = live.cluster.total_gpus
+        busy = sum(job.amount for job in engine.running.values())
+        self.send({"total_gpus": total, "allocated_gpus": busy, "nodes": nodes})
+
+
+class QueueHandler(APIHandler):
+    @api
+    def get(self):
+        engine, me = self.live.engine, self.identity.name
+        limit = int(self.number("limit", 1000))
+        out = []
+        for position, job in enumerate(engine.pending_jobs(0)):
+            if position >= limit:
+                break
+            out.append(self._entry(job, position, me))
+        held = [job for job in engine.jobs.values() if job.held and job.state == JobState.PENDING]
+        held = [self._entry(job, None, me) for job in held[:limit]]
+        running = len(engine.running)
+        self.send({"pending": len(engine.pending), "running": running, "jobs": out, "held": held})
+
+    def _entry(self, job, position, me) -> dict:
+        visible = self.admin or job.user == me
+        extra = self.live.extras.get(job.id)
+        return {
+            "position": position,
+            "id": job.id,
+            "mine": job.user == me,
+            "user": job.user if visible else None,
+            "name": extra.name if visible and extra else None,
+            "queue": job.queue,
+            "tier": job.tier,
+            "gpus": job.gpus,
+            "gpu_fraction": job.gpu_fraction,
+            "submit_time": job.submit_time,
+            "reason": reason_dict(job.reason),
+        }
+
+
+class JobsHandler(APIHandler):
+    @api
+    def post(self):
+        request = parse_job_request(self.body())
+        job = self.live.submit(self.identity, request)
+        self.send(self.view(self.live.row(job.id)), status=201)
+
+    @api
+    def get(self):
+        user = self.get_argument("user", None)
+        if not self.admin:
+            user = self.identity.name
+        states = self.get_arguments("state") or None
+        if states and not set(states) <= {s.value for s in JobState}:
+            raise APIError(
+                400, "unknown state; use " + ", ".join(s.value for s in JobState), "state"
+            )
+        limit = int(self.number("limit", 500))
+        offset = int(self.number("offset", 0))
+        rows = self.live.store.jobs(states=states, user=user, limit=limit, offset=offset)
+        self.send({"jobs": [self.view(self.live.row(r["id"]) or r) for r in rows]})
+
+
+class JobHandler(APIHandler):
+    @api
+    def get(self, job_id):
+        self.send(self.view(self.job_row(job_id)))
+
+    @api
+    def delete(self, job_id):
+        row = self.job_row(job_id)
+        if row["state"] not in ("pending", "running"):
+            raise APIError(409, f"job {job_id} has already ended ({row['state']})", "id")
+        self.live.cancel(job_id, self.identity.name)
+        self.send(self.view(self.live.row(job_id)))
+
+
+class JobLogHandler(APIHandler):
+    @api
+    def get(self, job_id):
+        row = self.job_row(job_id)
+        path = self.live.log_path(row)
+        tail = int(self.number("bytes", 64 * 1024))
+        tail = max(0, min(tail, MAX_LOG_BYTES))
+        if not os.path.exists(path):
+            raise APIError(404, f"job {job_id} has no log yet", "id")
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - tail))
+            data = f.read()
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish(data)

@@ -1,0 +1,376 @@
+"""Launch backends: how the service carries out "run job J on these GPUs" on a host.
+
+The service decides *where* a job runs; a :class:`Launcher` only starts it, watches it and stops
+it. ``start`` returns a *handle*, a small JSON-serialisable dict that the service stores in its
+database; every other method takes that handle, so a launcher created after a service restart
+can pick up the jobs its predecessor started.
+
+:class:`LocalLauncher` runs jobs on this host:
+
+* Each job runs under :mod:`jupyter_gpusched.service.runner` (``sys.executable -m ...``), which
+  leads a process group of its own, so ``signal`` and ``stop`` reach every process of the job.
+  The runner writes how the job ended to an *exit record* (``<log_dir>/<job_id>.exit``) through
+  a file descriptor the launcher opened; ``poll`` reads that record, which works even when the
+  job is no longer the service's child (after a restart). If the runner vanished without a
+  record, the outcome is ``"killed"`` when the launcher had sent SIGKILL, ``"lost"`` otherwise.
+* stdout and stderr go to ``<log_dir>/<job_id>.log``, appended to (a requeued job's runs follow
+  one another), each run starting with a header line. A notebook job's executed copy is saved
+  as ``<log_dir>/<job_id>.out.ipynb``.
+* **Environment.** The service's environment is *not* passed on: a job gets only the variables
+  named in :attr:`LocalLauncher.env_keep` (PATH and LANG by default), HOME, USER and LOGNAME of
+  the account it runs as, ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so that CUDA numbers GPUs as
+  nvidia-smi does), the user-supplied ``spec.env`` (GPUSCHED_* included), and last
+  ``CUDA_VISIBLE_DEVICES`` from ``spec.gpus`` (``""``: no GPU), which ``spec.env`` cannot
+  override.
+* **Accounts.** When the service runs as root, a job runs as the hub user who submitted it
+  (looked up with :func:`pwd.getpwnam`; an unknown user is a :class:`LaunchError`, never a job
+  run as root), as JupyterHub's LocalProcessSpawner does. When the service is not root, or
+  :attr:`LocalLauncher.run_as_submitting_user` is False, jobs run as the service's own user.
+  The interpreter (:attr:`LocalLauncher.python`) and this package must then be readable and
+  executable by those users.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import pwd
+import re
+import signal as _signal
+import socket
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+
+import psutil
+from traitlets import Bool, Float, List, Unicode
+from traitlets.config import LoggingConfigurable
+
+#: A handle's create_time and the process's may differ by this much and still be the same process.
+CREATE_TIME_TOLERANCE = 1e-2
+
+
+class LaunchError(Exception):
+    """A job could not be started; ``message`` says why, for the user."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass
+class LaunchSpec:
+    """What to run, for whom, on which local GPUs, and where its log goes."""
+
+    job_id: str
+    user: str  # the hub user who submitted it
+    command: str | None  # a shell command (run with /bin/sh -c), or
+    notebook: str | None  # a notebook path, executed with nbclient (exactly one is set)
+    gpus: list[int]  # local GPU indices -> CUDA_VISIBLE_DEVICES="0,3"; [] -> ""
+    env: dict[str, str]  # user-supplied environment, plus GPUSCHED_* set by the service
+    cwd: str | None  # working directory (None: the job's log directory)
+    log_dir: str  # where the log (and the executed notebook) go; created if missing
+
+
+@dataclass
+class Exit:
+    """How a job ended."""
+
+    code: int | None  # exit status, None when unknown (also when ended by a signal)
+    outcome: str  # "completed" | "failed" | "killed" | "lost"
+    message: str  # one line for humans, e.g. "exit code 3", "killed by SIGKILL"
+
+
+class Launcher(LoggingConfigurable):
+    """The interface the service drives. Handles are plain dicts; see :class:`LocalLauncher`."""
+
+    def start(self, spec: LaunchSpec) -> dict:
+        """Start the job; return its handle (JSON-serialisable). Raises :class:`LaunchError`."""
+        raise NotImplementedError
+
+    def poll(self, handle: dict) -> Exit | None:
+        """How the job ended, or None while it runs. Never blocks."""
+        raise NotImplementedError
+
+    def signal(self, handle: dict, signame: str) -> None:
+        """Send ``signame`` (e.g. ``"SIGTERM"``) to every process of the job."""
+        raise NotImplementedError
+
+    async def stop(self, handle: dict, signame: str, grace: float) -> Exit:
+        """Send ``signame``, wait up to ``grace`` seconds, then SIGKILL; return how it ended."""
+        raise NotImplementedError
+
+    def alive(self, handle: dict) -> bool:
+        """Is the job's work still running (checked by identity, not just by PID)?"""
+        raise NotImplementedError
+
+    def log_path(self, handle: dict) -> str:
+        """The job's log file."""
+        raise NotImplementedError
+
+
+def _signum(signame: str) -> int:
+    name = signame.upper()
+    try:
+        return _signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+    except KeyError:
+        raise ValueError(f"unknown signal {signame!r}") from None
+
+
+def _open(path: str, flags: int, owner: pwd.struct_passwd | None) -> int:
+    """Open ``path`` (never through a symlink) and give it to ``owner``."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    if owner is not None:
+        os.fchown(fd, owner.pw_uid, owner.pw_gid)
+    return fd
+
+
+def _exit_from_record(record: dict) -> Exit:
+    if record.get("signal") is not None:
+        try:
+            name = _signal.Signals(record["signal"]).name
+        except ValueError:
+            name = f"signal {record['signal']}"
+        return Exit(None, "killed", f"killed by {name}")
+    code = int(record["code"])
+    return Exit(code, "completed" if code == 0 else "failed", f"exit code {code}")
+
+
+class LocalLauncher(Launcher):
+    """Runs jobs as processes on this host (see the module docstring)."""
+
+    run_as_submitting_user = Bool(
+        True,
+        help="When the service runs as root, run each job as the hub user who submitted it "
+        "(who must exist on this host). False: jobs run as the service's own user.",
+    ).tag(config=True)
+
+    env_keep = List(
+        Unicode(),
+        default_value=["PATH", "LANG"],
+        help="Variables copied from the service's environment into every job's; the rest of "
+        "the service's environment is not passed on.",
+    ).tag(config=True)
+
+    python = Unicode(
+        sys.executable,
+        help="Python interpreter that runs the job wrapper (jupyter_gpusched.service.runner) "
+        "and, for notebooks, nbclient. It must be usable by the users jobs run as.",
+    ).tag(config=True)
+
+    kill_wait = Float(
+        5.0,
+        help="Seconds stop() waits for the processes to vanish after SIGKILL.",
+    ).tag(config=True)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._children: dict[int, tuple[subprocess.Popen, float]] = {}  # pid -> (, create_time)
+        self._ended: dict[int, tuple[float, int]] = {}  # reaped: pid -> (create_time, status)
+        self._forget: set[int] = set()  # exit already reported: reap, keep no status
+        self._killed: set[tuple[int, float]] = set()  # (pid, create_time) we SIGKILLed
+
+    # -- start --------------------------------------------------------------------------------
+
+    def _account(self, user: str) -> pwd.struct_passwd | None:
+        """The account to switch to, or None to run as the service's user."""
+        if os.geteuid() != 0 or not self.run_as_submitting_user:
+            return None
+        try:
+            return pwd.getpwnam(user)
+        except KeyError:
+            raise LaunchError(f"user {user!r} does not exist on this host") from None
+
+    def _environment(self, spec: LaunchSpec, account: pwd.struct_passwd | None) -> dict:
+        env = {name: os.environ[name] for name in self.env_keep if name in os.environ}
+        env.setdefault("PATH", os.defpath)
+        env.setdefault("LANG", "C.UTF-8")
+        try:
+            me = account or pwd.getpwuid(os.geteuid())
+            env.update(HOME=me.pw_dir, USER=me.pw_name, LOGNAME=me.pw_name)
+        except KeyError:  # a uid without a passwd entry (some containers)
+            env["HOME"] = os.environ.get("HOME", "/")
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env.update(spec.env)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in spec.gpus)
+        return env
+
+    def start(self, spec: LaunchSpec) -> dict:
+        self._reap()
+        if (spec.command is None) == (spec.notebook is None):
+            raise LaunchError(f"job {spec.job_id}: exactly one of command and notebook is needed")
+        if not re.fullmatch(r"\w[\w.@+-]*", spec.job_id):
+            raise LaunchError(f"job id {spec.job_id!r} cannot name a log file")
+        account = self._account(spec.user)
+        env = self._environment(spec, account)
+        os.makedirs(spec.log_dir, exist_ok=True)
+        base = os.path.join(os.path.abspath(spec.log_dir), spec.job_id)
+        log, record = base + ".log", base + ".exit"
+        output = base + ".out.ipynb" if spec.notebook is not None else None
+        run = uuid.uuid4().hex
+        argv = [self.python, "-m", "jupyter_gpusched.service.runner", f"--run={run}"]
+        if spec.command is not None:
+            argv.append(f"--command={spec.command}")
+        else:
+            argv += [f"--notebook={spec.notebook}", f"--output={output}"]
+            # Created here so that the job's user may write it in a directory they cannot.
+            os.close(_open(output, os.O_WRONLY | os.O_CREAT, account))
+        ids = {}
+        if account is not None:
+            groups = os.getgrouplist(account.pw_name, account.pw_gid)
+            ids = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": groups}
+        run_as = account.pw_name if account else env.get("USER", str(os.geteuid()))
+        log_fd = _open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, account)
+        record_fd = _open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, None)
+        try:
+            stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            os.write(
+                log_fd,
+                f"===== {stamp} job {spec.job_id} starting on {socket.gethostname()} as "
+                f"{run_as}: CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}\n".encode(),
+            )
+            argv.insert(4, f"--exit-fd={record_fd}")
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                cwd=spec.cwd or spec.log_dir,
+                env=env,
+                start_new_session=True,
+                pass_fds=(record_fd,),
+                **ids,
+            )
+        except OSError as exc:
+            os.write(log_fd, f"===== could not start: {exc}\n".encode())
+            raise LaunchError(f"could not start job {spec.job_id}: {exc}") from exc
+        finally:
+            os.close(log_fd)
+            os.close(record_fd)
+        create_time = psutil.Process(process.pid).create_time()  # a zombie still has one
+        self._children[process.pid] = (process, create_time)
+        self._ended.pop(process.pid, None)
+        self._forget.discard(process.pid)
+        self.log.info("Started job %s as %s: pid %d", spec.job_id, run_as, process.pid)
+        return {
+            "backend": "local",
+            "host": socket.gethostname(),
+            "pid": process.pid,
+            "pgid": process.pid,
+            "create_time": create_time,
+            "run": run,
+            "user": run_as,
+            "log": log,
+            "exit_record": record,
+            "notebook_output": output,
+        }
+
+    # -- watching -----------------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        """Collect every child of ours that has ended (no zombies), keeping its status."""
+        for pid, (process, create_time) in list(self._children.items()):
+            status = process.poll()  # waitpid(pid, WNOHANG)
+            if status is not None:
+                del self._children[pid]
+                if pid in self._forget:
+                    self._forget.discard(pid)
+                else:
+                    self._ended[pid] = (create_time, status)
+
+    def _read_record(self, handle: dict) -> Exit | None:
+        try:
+            with open(handle["exit_record"], "rb") as file:
+                record = json.loads(file.read())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(record, dict) or record.get("run") != handle["run"]:
+            return None  # empty (still running), or the record of another run of the job
+        return _exit_from_record(record)
+
+    @staticmethod
+    def _same(create_time: float, handle: dict) -> bool:
+        return abs(create_time - handle["create_time"]) <= CREATE_TIME_TOLERANCE
+
+    def poll(self, handle: dict) -> Exit | None:
+        self._reap()
+        pid = handle["pid"]
+        ended = self._ended.get(pid)  # our child, reaped
+        if ended is not None and not self._same(ended[0], handle):
+            ended = None
+        child = self._children.get(pid)  # our child, not reaped yet
+        if child is not None and not self._same(child[1], handle):
+            child = None
+        exit = self._read_record(handle)  # the record wins, whatever has become of the pid
+        if exit is None:
+            if ended is None and (child is not None or self.alive(handle)):
+                return None
+            exit = self._read_record(handle)  # written just before the runner vanished?
+        if ended is not None:
+            del self._ended[pid]
+        elif child is not None:
+            self._forget.add(pid)  # the runner exits right after writing its record
+        return exit or self._without_record(handle, ended[1] if ended else None)
+
+    def _without_record(self, handle: dict, status: int | None) -> Exit:
+        pid = handle["pid"]
+        if handle.get("sigkill_sent") or (pid, handle["create_time"]) in self._killed:
+            return Exit(None, "killed", "killed by SIGKILL")
+        if status is None:
+            return Exit(None, "lost", f"process {pid} vanished while the service was down")
+        if status < 0:
+            name = _signal.Signals(-status).name
+            return Exit(None, "lost", f"process {pid} was killed by {name}, not by the launcher")
+        return Exit(None, "failed", f"the job wrapper exited with {status} before the job ended")
+
+    def alive(self, handle: dict) -> bool:
+        try:
+            process = psutil.Process(handle["pid"])
+            return (
+                self._same(process.create_time(), handle)
+                and process.status() != psutil.STATUS_ZOMBIE
+            )
+        except psutil.NoSuchProcess:  # ZombieProcess included
+            return False
+
+    def log_path(self, handle: dict) -> str:
+        return handle["log"]
+
+    # -- signals ------------------------------------------------------------------------------
+
+    def signal(self, handle: dict, signame: str) -> None:
+        signum = _signum(signame)
+        if not self.alive(handle):  # the group's id may belong to someone else by now
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(handle["pgid"], signum)
+
+    def _kill(self, handle: dict) -> None:
+        handle["sigkill_sent"] = True
+        self._killed.add((handle["pid"], handle["create_time"]))
+        self.signal(handle, "SIGKILL")
+
+    async def stop(self, handle: dict, signame: str, grace: float) -> Exit:
+        loop = asyncio.get_running_loop()
+        exit = self.poll(handle)
+        if exit is not None:
+            return exit
+        self.signal(handle, signame)
+        for phase_end in (loop.time() + max(grace, 0.0), None):
+            if phase_end is None:
+                self._kill(handle)
+                phase_end = loop.time() + self.kill_wait
+            while True:
+                exit = self.poll(handle)
+                if exit is not None:
+                    return exit
+                left = phase_end - loop.time()
+                if left <= 0:
+                    break
+                await asyncio.sleep(min(0.1, left))
+        pid = handle["pid"]
+        return Exit(None, "killed", f"sent SIGKILL, but process {pid} was still there after it")

@@ -1,0 +1,413 @@
+"""The engine, live: requests and process exits in, launches, signals and rows out.
+
+:class:`LiveScheduler` is the one place where the service changes scheduling state. Every
+change follows the same steps:
+
+1. tell the engine (``submit``, ``cancel``, ``job_ended``, ...);
+2. run a pass (:meth:`LiveScheduler.run_pass`) and turn its decisions into rows, written in one
+   transaction *before* anything is launched or signalled;
+3. carry the decisions out through the launcher (start a process, signal, kill).
+
+So after a crash at any point the database says at least as much as happened: a job marked
+running whose launch never happened has no launcher handle and is requeued on restart
+(:meth:`recover`); one whose process is still alive is put back on its GPUs; one whose process
+ended while the service was down is finished from the launcher's exit record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from ..core.decisions import Preempt, Start, Stop
+from ..core.errors import ConfigError
+from ..core.jobs import Job, JobState
+from ..core.scheduler import Scheduler
+from .launcher import Exit, LaunchError, LaunchSpec
+from .records import Extra, allocation_rows, job_id_for, row_for, state_fields
+from .requests import JobRequest, RequestError
+
+log = logging.getLogger("jupyter_gpusched.service")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is calling: a hub user (or service), their groups, and whether they administer the
+    scheduler."""
+
+    name: str
+    admin: bool = False
+    groups: frozenset[str] = frozenset()
+
+
+class LiveScheduler:
+    def __init__(
+        self,
+        engine: Scheduler,
+        store,
+        launcher,
+        *,
+        log_dir: str,
+        default_tier: int = 2,
+        cancel_grace: float = 10.0,
+        clock=time.time,
+        metrics=None,
+    ):
+        self.engine = engine
+        self.cluster = engine.cluster
+        self.store = store
+        self.launcher = launcher
+        self.log_dir = log_dir
+        self.default_tier = default_tier
+        self.cancel_grace = cancel_grace
+        self.clock = clock
+        self.metrics = metrics
+        self.extras: dict[str, Extra] = {}  # unfinished jobs only
+        self._number = store.next_number()
+        self._pending_by_user: dict[str, int] = {}
+        self._stopping: dict[str, tuple[int, str]] = {}  # job -> (run, why) while signalled
+        self._tasks: set[asyncio.Task] = set()
+        self.decisions = 0
+        self.quota_document: dict | None = None  # the queue file as loaded, or the last edit
+
+    # -- what users and admins do ------------------------------------------------------------
+    def submit(self, who: Identity, request: JobRequest) -> Job:
+        tree = self.engine.tree
+        allowed = tree.queues_for(who.name, who.groups)
+        if request.queue is None:
+            default = tree.get("")
+            if default is not None and default.is_leaf and default in allowed:
+                request.queue = default.path
+            elif allowed:
+                request.queue = allowed[0].path
+            else:
+                raise RequestError(f"{who.name} belongs to no queue", "queue", status=403)
+        queue = tree.get(request.queue)
+        if queue is None:
+            known = ", ".join(q.path for q in allowed) or "none"
+            raise RequestError(f"no queue {request.queue!r}; yours: {known}", "queue")
+        if queue not in allowed and not who.admin:
+            raise RequestError(f"{who.name} may not submit to queue {queue.path}", "queue", 403)
+        limit = tree.user_limit(who.name)
+        waiting = self._pending_by_user.get(who.name, 0)
+        if limit is not None and limit.pending_jobs is not None and waiting >= limit.pending_jobs:
+            raise RequestError(
+                f"{who.name} already has {waiting} pending jobs; the limit is {limit.pending_jobs}",
+                "gpus",
+                status=429,
+            )
+        now = self.clock()
+        job_id = job_id_for(self._number)
+        job = Job(
+            id=job_id,
+            gpus=request.gpus,
+            submit_time=now,
+            tier=request.tier or self.default_tier,
+            queue=queue.path,
+            user=who.name,
+            kind=request.kind,
+            gpus_per_node=request.gpus_per_node,
+            gpu_models=request.gpu_models,
+            labels=request.labels,
+            cpus=request.cpus,
+            memory_gb=request.memory_gb,
+            walltime=request.walltime,
+            gpu_fraction=request.gpu_fraction,
+            held=request.held,
+        )
+        try:
+            self.engine.submit(job, now)
+        except ConfigError as exc:
+            raise RequestError(exc.message, exc.field) from None
+        self._number += 1
+        extra = Extra(
+            self._number - 1,
+            command=request.command,
+            notebook=request.notebook,
+            name=request.name,
+            env=request.env,
+            cwd=request.cwd,
+        )
+        kind = "rejected" if job.state == JobState.REJECTED else "submitted"
+        message = job.reject_reason if kind == "rejected" else f"{job.gpus:g} GPUs, tier {job.tier}"
+        self.store.add_job(row_for(job, extra), self._event(kind, job, who.name, message))
+        if job.state == JobState.REJECTED:
+            self.engine.forget(job.id)
+            return job
+        self.extras[job.id] = extra
+        self._count_pending(job, +1)
+        self.run_pass()
+        return job
+
+    def cancel(self, job_id: str, actor: str) -> Job:
+        job = self.engine.jobs[job_id]
+        was_pending = job.state == JobState.PENDING
+        self.engine.cancel(job_id, self.clock())
+        if was_pending:
+            self._count_pending(job, -1)
+            self._finish(job, self._event("cancelled", job, actor, f"cancelled by {actor}"))
+        self.run_pass()
+        return job
+
+    def hold(self, job_id: str, actor: str, hold: bool = True) -> Job:
+        now = self.clock()
+        job = (self.engine.hold if hold else self.engine.release)(job_id, now)
+        kind = "held" if hold else "released"
+        self.store.update_job(
+            job_id, self._fields(job), self._event(kind, job, actor, f"{kind} by {actor}")
+        )
+        self.run_pass()
+        return job
+
+    def set_priority(self, job_id: str, priority: int, actor: str) -> Job:
+        job = self.engine.set_priority(job_id, priority, self.clock())
+        message = f"priority set to {priority} by {actor}"
+        self.store.update_job(
+            job_id, self._fields(job), self._event("priority", job, actor, message)
+        )
+        self.run_pass()
+        return job
+
+    def set_node(self, name: str, node_state: str, actor: str) -> None:
+        """``drain`` (no new work; running jobs finish), ``resume`` (back in service) or
+        ``down`` (running jobs stop: batch jobs are requeued)."""
+        engine_state = {"drain": "drain", "resume": "up", "down": "down"}[node_state]
+        self.engine.set_node_state(name, engine_state, self.clock())
+        nodes = dict(self.store.get_setting("nodes", {}))
+        if engine_state == "up":
+            nodes.pop(name, None)
+        else:
+            nodes[name] = engine_state
+        event = self._event(f"node-{node_state}", None, actor, f"{name}: {node_state} by {actor}")
+        event["node"] = name
+        self.store.set_setting("nodes", nodes, by=actor, event=event)
+        self.run_pass()
+
+    def set_maintenance(self, name: str, start: float | None, actor: str) -> None:
+        self.engine.set_maintenance(name, start, self.clock())
+        windows = dict(self.store.get_setting("maintenance", {}))
+        if start is None:
+            windows.pop(name, None)
+            message = f"{name}: maintenance window cancelled by {actor}"
+        else:
+            windows[name] = start
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(start))
+            message = f"{name}: drained from {when} (set by {actor})"
+        event = self._event("maintenance", None, actor, message)
+        event["node"] = name
+        self.store.set_setting("maintenance", windows, by=actor, event=event)
+        self.run_pass()
+
+    def update_quotas(self, tree, document: dict, actor: str) -> None:
+        self.engine.update_quotas(tree, self.clock())
+        event = self._event("quota-changed", None, actor, f"quotas edited by {actor}")
+        self.store.set_setting("quotas", document, by=actor, event=event)
+        self.quota_document = document
+        self.run_pass()
+
+    def node_state(self, name: str) -> str:
+        return self.engine.state.node_state[self.cluster.node(name).index]
+
+    # -- the pass ----------------------------------------------------------------------------
+    def run_pass(self) -> None:
+        """Run the engine and carry out what it decided (rows first, then processes)."""
+        now = self.clock()
+        decisions = self.engine.schedule(now)
+        if not decisions:
+            return
+        self.decisions += len(decisions)
+        changes, opened, closed, events, launches, stops = [], [], [], [], [], []
+        for decision in decisions:
+            job = self.engine.jobs[decision.job_id]
+            extra = self.extras[job.id]
+            if isinstance(decision, Start):
+                self._count_pending(job, -1)
+                extra.handle = extra.exit_code = extra.message = None
+                opened += allocation_rows(job, decision.placement, self.cluster, now)
+                where = describe(decision.placement, self.cluster)
+                events.append(self._event("started", job, None, f"started on {where}"))
+                if self.metrics:
+                    self.metrics.started(job, now)
+                if job.kind == "batch":
+                    launches.append((job, decision.placement))
+            elif isinstance(decision, Preempt):
+                message = (
+                    f"pre-empted for {decision.by}: {decision.signal}, then killed after "
+                    f"{decision.grace:g} s"
+                )
+                events.append(self._event("preempted", job, None, message))
+                self._stopping[job.id] = (job.runs, "preempted")
+                stops.append((job, decision.signal, decision.grace, extra.handle))
+                if self.metrics:
+                    self.metrics.preempted(job)
+            if self.metrics:
+                self.metrics.decided(type(decision).__name__.lower())
+            elif isinstance(decision, Stop):
+                if decision.ended:  # the engine already ended it (its node went down)
+                    closed.append((job.id, job.runs, now))
+                    extra.message = decision.reason
+                    kind = "requeued" if job.state == JobState.PENDING else job.state.value
+                    events.append(self._event(kind, job, None, decision.reason))
+                    if job.state == JobState.PENDING:
+                        self._count_pending(job, +1)
+                    stops.append((job, "SIGKILL", 0.0, extra.handle))
+                    extra.handle = None
+                else:
+                    self._stopping[job.id] = (job.runs, "cancelled")
+                    signame = self.engine.settings.preemption_signal
+                    stops.append((job, signame, self.cancel_grace, extra.handle))
+            changes.append((job.id, self._fields(job)))
+        self.store.apply(changes, opened, closed, events)
+        for job in {job.id: job for job, *_ in stops if job.state.finished}.values():
+            self._forget(job)
+        for job, placement in launches:
+            self._launch(job, placement, now)
+        for job, signame, grace, handle in stops:
+            self._spawn(self._stop(job.id, job.runs, handle, signame, grace))
+
+    def poll(self) -> None:
+        """Notice processes that exited; then run a pass (for timers inside the engine)."""
+        for job_id in list(self.engine.running):
+            extra = self.extras.get(job_id)
+            if extra is None or extra.handle is None:
+                continue
+            try:
+                result = self.launcher.poll(extra.handle)
+            except Exception:
+                log.exception("polling job %s failed", job_id)
+                continue
+            if result is not None:
+                self.process_exited(job_id, self.engine.jobs[job_id].runs, result)
+        self.run_pass()
+
+    def process_exited(self, job_id: str, run: int, result: Exit) -> None:
+        """A run's processes are gone: tell the engine, record how it ended, reschedule."""
+        job = self.engine.jobs.get(job_id)
+        if job is None or job.state != JobState.RUNNING or job.runs != run:
+            return  # already accounted for
+        extra = self.extras[job_id]
+        stopping = self._stopping.pop(job_id, (None, None))
+        why = stopping[1] if stopping[0] == run else None
+        if why == "preempted":
+            outcome = "preempted"
+        elif result.outcome == "completed":
+            outcome = "completed"
+        else:
+            outcome = "failed"
+        now = self.clock()
+        self.engine.job_ended(job_id, now, outcome)
+        extra.exit_code, extra.message, extra.handle = result.code, result.message, None
+        if job.state == JobState.PENDING:
+            kind = "requeued"
+            self._count_pending(job, +1)
+        else:
+            kind = job.state.value
+        event = self._event(kind, job, None, result.message)
+        self.store.apply([(job_id, self._fields(job))], [], [(job_id, run, now)], [event])
+        if job.state.finished:
+            self._forget(job)
+        self.run_pass()
+
+    # -- launching and stopping --------------------------------------------------------------
+    def _launch(self, job: Job, placement, now: float) -> None:
+        extra = self.extras[job.id]
+        first = placement.parts[0]
+        gpus = [i for i in range(first.mask.bit_length()) if first.mask >> i & 1]
+        nodes = ",".join(self.cluster.nodes[p.node].name for p in placement.parts)
+        env = dict(extra.env)
+        env.update(
+            GPUSCHED_JOB_ID=job.id,
+            GPUSCHED_QUEUE=job.queue,
+            GPUSCHED_TIER=str(job.tier),
+            GPUSCHED_NODES=nodes,
+            GPUSCHED_RUN=str(job.runs),
+            GPUSCHED_PREEMPTION_SIGNAL=self.engine.settings.preemption_signal,
+        )
+        spec = LaunchSpec(
+            job_id=job.id,
+            user=job.user,
+            command=extra.command,
+            notebook=extra.notebook,
+            gpus=gpus,
+            env=env,
+            cwd=extra.cwd,
+            log_dir=os.path.join(self.log_dir, job.user or "_"),
+        )
+        try:
+            extra.handle = self.launcher.start(spec)
+        except (LaunchError, OSError) as exc:
+            log.warning("job %s could not be launched: %s", job.id, exc)
+            self.store.update_job(job.id, {"handle": None})
+            self.process_exited(job.id, job.runs, Exit(None, "failed", f"launch failed: {exc}"))
+            return
+        self.store.update_job(job.id, {"handle": extra.handle})
+
+    async def _stop(self, job_id: str, run: int, handle, signame: str, grace: float) -> None:
+        if handle is None:  # a notebook server (its spawner stops it), or never launched
+            await asyncio.sleep(grace)
+            result = Exit(None, "killed", f"stopped ({signame}, grace {grace:g} s)")
+        else:
+            result = await self.launcher.stop(handle, signame, grace)
+        self.process_exited(job_id, run, result)
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain_tasks(self) -> None:
+        """Wait for signals and kills in flight (used at shutdown and in tests)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _fields(self, job: Job) -> dict:
+        return state_fields(job, self.extras.get(job.id) or Extra(0))
+
+    def _finish(self, job: Job, event: dict) -> None:
+        self.store.update_job(job.id, self._fields(job), event)
+        self._forget(job)
+
+    def _forget(self, job: Job) -> None:
+        self.extras.pop(job.id, None)
+        self._stopping.pop(job.id, None)
+        self.engine.forget(job.id)
+
+    def _count_pending(self, job: Job, sign: int) -> None:
+        self._pending_by_user[job.user] = self._pending_by_user.get(job.user, 0) + sign
+
+    def _event(self, kind: str, job: Job | None, actor: str | None, message: str) -> dict:
+        return {
+            "time": self.clock(),
+            "kind": kind,
+            "job_id": job.id if job else None,
+            "user": job.user if job else None,
+            "actor": actor,
+            "node": None,
+            "message": message,
+            "data": None,
+        }
+
+    def log_path(self, row: dict) -> str:
+        """Where the launcher writes a job's output (see :class:`.launcher.LaunchSpec`)."""
+        return os.path.join(self.log_dir, row["user"] or "_", f"{row['id']}.log")
+
+    def row(self, job_id: str) -> dict | None:
+        """The job as the database would have it, from memory when it is unfinished."""
+        job = self.engine.jobs.get(job_id)
+        extra = self.extras.get(job_id)
+        if job is None or extra is None:
+            return self.store.get_job(job_id)
+        return row_for(job, extra)
+
+
+def describe(placement, cluster) -> str:
+    parts = []
+    for part in placement.parts:
+        gpus = ",".join(str(i) for i in range(part.mask.bit_length()) if part.mask >> i & 1)
+        share = f" ({part.fraction:g} of it)" if part.fraction < 1 else ""
+        parts.append(f"{cluster.nodes[part.node].name} GPU {gpus}{share}")
+    return "; ".join(parts)

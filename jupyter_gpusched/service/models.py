@@ -1,0 +1,216 @@
+"""The scheduler service's database schema, as SQLAlchemy 2 declarative models.
+
+Four tables hold everything that must survive a crash of the service:
+
+``jobs``
+    One row per job: the request (user, queue, tier, GPUs, ...) and where the scheduler has got
+    with it (state, reason, times, the launcher's handle for the current run).
+``allocations``
+    One row per run of a job on a node (a gang job spanning three nodes has three rows per run).
+    Closed rows (``end`` set) are also the usage history: GPU-hours over a period are the
+    overlap of these intervals with the period, times ``gpus``.
+``settings``
+    Key -> JSON value: quota overrides, reaper settings, per-user limits, drained nodes, ...
+``events``
+    The audit log: who did what to which job or node, and when.
+
+Times are float epoch seconds (``time.time()``) throughout. JSON columns hold plain Python
+objects (lists, dicts); SQL NULL stands for None (``none_as_null``), never the JSON ``null``.
+
+These models are the *reference* for the schema, but the database is created and changed only
+by the Alembic migrations in ``migrations/versions``. A test checks that the two agree, so a
+change here without a migration (or the reverse) fails the test suite.
+
+The service reads and writes through :class:`jupyter_gpusched.service.store.Store`, which uses
+the ``Table`` objects (``Job.__table__`` ...) with SQLAlchemy Core for speed; the ORM classes are
+there for readability and for ad-hoc queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Every constraint and index gets a predictable name: Alembic's batch mode on SQLite (which
+# copies a table to alter it) and later migrations need names to refer to.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# Auto-increment ids: BIGINT on PostgreSQL (the audit log may outgrow 2**31 rows); on SQLite
+# it must be exactly INTEGER to alias the rowid (a BIGINT primary key would not auto-increment).
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+# JSON columns: SQL NULL for None, so that ``IS NULL`` means what it says.
+Json = sa.JSON(none_as_null=True)
+
+
+class Base(DeclarativeBase):
+    """Declarative base; its ``metadata`` is what Alembic compares against the database."""
+
+    metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Job(Base):
+    """One job: its request, and its current state."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)  # e.g. "j-000042"
+    number: Mapped[int] = mapped_column(sa.Integer, unique=True)  # submit order
+    user: Mapped[str] = mapped_column(sa.String(255))
+    queue: Mapped[str] = mapped_column(sa.String(255))
+    tier: Mapped[int] = mapped_column(sa.Integer)
+    kind: Mapped[str] = mapped_column(sa.String(16))  # "batch" | "notebook"
+    name: Mapped[str | None] = mapped_column(sa.Text)  # the user's label for it, if any
+    # the request
+    gpus: Mapped[int] = mapped_column(sa.Integer)
+    gpus_per_node: Mapped[int | None] = mapped_column(sa.Integer)
+    gpu_models: Mapped[list[str] | None] = mapped_column(Json)
+    gpu_fraction: Mapped[float] = mapped_column(sa.Double, default=1.0)
+    cpus: Mapped[float | None] = mapped_column(sa.Double)
+    memory_gb: Mapped[float | None] = mapped_column(sa.Double)
+    walltime: Mapped[float | None] = mapped_column(sa.Double)  # seconds
+    labels: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
+    command: Mapped[str | None] = mapped_column(sa.Text)
+    notebook: Mapped[str | None] = mapped_column(sa.Text)
+    env: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
+    cwd: Mapped[str | None] = mapped_column(sa.Text)
+    # admin controls
+    priority: Mapped[int] = mapped_column(sa.Integer, default=0)
+    held: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    # progress
+    state: Mapped[str] = mapped_column(sa.String(16), default="pending")
+    reason: Mapped[dict[str, Any] | None] = mapped_column(Json)  # {family, detail, message, eta}
+    submit_time: Mapped[float] = mapped_column(sa.Double)
+    start_time: Mapped[float | None] = mapped_column(sa.Double)  # of the current or last run
+    first_start: Mapped[float | None] = mapped_column(sa.Double)
+    end_time: Mapped[float | None] = mapped_column(sa.Double)
+    runs: Mapped[int] = mapped_column(sa.Integer, default=0)
+    preemptions: Mapped[int] = mapped_column(sa.Integer, default=0)
+    exit_code: Mapped[int | None] = mapped_column(sa.Integer)
+    message: Mapped[str | None] = mapped_column(sa.Text)  # how it ended
+    handle: Mapped[dict[str, Any] | None] = mapped_column(Json)  # the launcher's, for this run
+
+    __table_args__ = (
+        sa.Index("ix_jobs_state", "state"),
+        sa.Index("ix_jobs_user_number", "user", "number"),
+    )
+
+
+class Allocation(Base):
+    """One run of a job on one node; ``end`` is NULL while it runs."""
+
+    __tablename__ = "allocations"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(sa.String(64), sa.ForeignKey("jobs.id"))
+    run: Mapped[int] = mapped_column(sa.Integer)  # 1 for the first run, 2 after a requeue ...
+    node: Mapped[str] = mapped_column(sa.String(255))
+    gpu_indices: Mapped[list[int]] = mapped_column(Json)
+    gpu_model: Mapped[str] = mapped_column(sa.String(255))
+    gpus: Mapped[float] = mapped_column(sa.Double)  # count x fraction: what is charged
+    cpus: Mapped[float | None] = mapped_column(sa.Double)
+    memory_gb: Mapped[float | None] = mapped_column(sa.Double)
+    # copied from the job, so that usage queries need no join
+    queue: Mapped[str] = mapped_column(sa.String(255))
+    user: Mapped[str] = mapped_column(sa.String(255))
+    tier: Mapped[int] = mapped_column(sa.Integer)
+    start: Mapped[float] = mapped_column(sa.Double)
+    end: Mapped[float | None] = mapped_column(sa.Double)
+
+    __table_args__ = (
+        sa.Index("ix_allocations_job_id_run", "job_id", "run"),
+        sa.Index("ix_allocations_start", "start"),
+        sa.Index("ix_allocations_end", "end"),
+    )
+
+
+class Setting(Base):
+    """One setting: a JSON value under a key, with who changed it last and when."""
+
+    __tablename__ = "settings"
+
+    key: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    value: Mapped[Any] = mapped_column(Json, nullable=True)
+    updated: Mapped[float] = mapped_column(sa.Double)
+    updated_by: Mapped[str | None] = mapped_column(sa.String(255))
+
+
+class Event(Base):
+    """One audit-log entry. ``job_id`` is deliberately not a foreign key: the log outlives
+    purged jobs, and records rejected submissions as they were."""
+
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    time: Mapped[float] = mapped_column(sa.Double)
+    kind: Mapped[str] = mapped_column(sa.String(64))  # submitted, started, preempted, ...
+    job_id: Mapped[str | None] = mapped_column(sa.String(64))
+    user: Mapped[str | None] = mapped_column(sa.String(255))  # whom it concerns
+    actor: Mapped[str | None] = mapped_column(sa.String(255))  # who caused it
+    node: Mapped[str | None] = mapped_column(sa.String(255))
+    message: Mapped[str] = mapped_column(sa.Text, default="")
+    data: Mapped[dict[str, Any] | None] = mapped_column(Json)
+
+    __table_args__ = (
+        sa.Index("ix_events_time", "time"),
+        sa.Index("ix_events_job_id", "job_id"),
+        sa.Index("ix_events_kind", "kind"),
+    )
+
+
+jobs_table: sa.Table = Job.__table__  # type: ignore[assignment]
+allocations_table: sa.Table = Allocation.__table__  # type: ignore[assignment]
+settings_table: sa.Table = Setting.__table__  # type: ignore[assignment]
+events_table: sa.Table = Event.__table__  # type: ignore[assignment]
+
+
+class RowShape:
+    """The columns of one table as the store checks a row dict against them: which keys it may
+    have, which it must have, and what the others default to (from the models above)."""
+
+    def __init__(self, table: sa.Table, what: str, skip: Iterable[str] = ()) -> None:
+        self.what = what
+        self.defaults: dict[str, Any] = {}
+        self.required: list[str] = []
+        for column in table.columns:
+            if column.key in skip:
+                continue
+            default = column.default
+            if default is None:
+                self.defaults[column.key] = None
+                if not column.nullable:
+                    self.required.append(column.key)
+            elif default.is_scalar:
+                self.defaults[column.key] = default.arg
+            else:  # a callable such as dict; SQLAlchemy wraps it to take a context argument
+                self.defaults[column.key] = default.arg(None)  # type: ignore[operator]
+        self.columns = frozenset(self.defaults)
+
+    def check(self, fields: dict[str, Any]) -> None:
+        """``ValueError`` naming any key of ``fields`` that is not a column."""
+        unknown = fields.keys() - self.columns
+        if unknown:
+            raise ValueError(f"unknown {self.what} field(s): {', '.join(sorted(unknown))}")
+
+    def row(self, row: dict[str, Any]) -> dict[str, Any]:
+        """``row`` with every column present (defaults filled in), checked."""
+        self.check(row)
+        full = {**self.defaults, **row}
+        missing = [key for key in self.required if full[key] is None]
+        if missing:
+            raise ValueError(f"{self.what} row lacks required field(s): {', '.join(missing)}")
+        return full
+
+
+JOB_ROW = RowShape(jobs_table, "job")
+ALLOCATION_ROW = RowShape(allocations_table, "allocation", skip=("id",))  # id: auto-increment
+EVENT_ROW = RowShape(events_table, "event", skip=("id",))

@@ -1,0 +1,205 @@
+"""Turning a JSON request body into a job, with a 400 that names the field for anything wrong.
+
+The submitting user never comes from the body: it is the hub identity of the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+from ..core.durations import parse_duration
+from ..core.jobs import TIERS
+
+# The fields of POST api/jobs, with what each must be (used in messages and in the OpenAPI doc).
+JOB_FIELDS = {
+    "command": "a shell command to run (string); exactly one of command and notebook",
+    "notebook": "the path of a notebook to execute with nbclient (string)",
+    "kind": "batch (default) or notebook (a notebook server: allocation only, no command)",
+    "name": "a label for you (string, at most 200 characters)",
+    "gpus": "how many GPUs (whole number >= 1)",
+    "gpu_fraction": "a share of one GPU, in (0, 1]; below 1 only with gpus = 1",
+    "gpus_per_node": "the gang shape: GPUs on each node; must divide gpus",
+    "tier": "1 (never pre-empted, within the queue's guarantee), 2 (default) or 3 (pre-emptible)",
+    "queue": "the queue path, e.g. research/vision (default: your first queue)",
+    "gpu_model": "a GPU model, or alternatives as a list or 'A100|H100'",
+    "walltime": "the longest it runs: seconds or 30m, 2h, 1d",
+    "cpus": "CPUs for the whole job (number >= 0)",
+    "memory_gb": "memory for the whole job in GB (number >= 0)",
+    "labels": "node labels that must match (object of strings)",
+    "env": "environment variables for the job (object of strings)",
+    "cwd": "working directory (absolute path)",
+    "held": "submit on hold (true/false): it waits until released",
+}
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "GPUSCHED_")
+
+
+class RequestError(ValueError):
+    """A bad request: ``message`` says what to fix, ``field`` names the field (or None)."""
+
+    def __init__(self, message: str, field: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.message, self.field, self.status = message, field, status
+
+
+@dataclass
+class JobRequest:
+    """A validated POST api/jobs body (defaults filled in by the service)."""
+
+    gpus: int
+    kind: str = "batch"
+    command: str | None = None
+    notebook: str | None = None
+    name: str | None = None
+    gpu_fraction: float = 1.0
+    gpus_per_node: int | None = None
+    tier: int | None = None
+    queue: str | None = None
+    gpu_models: frozenset[str] | None = None
+    walltime: float | None = None
+    cpus: float | None = None
+    memory_gb: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    held: bool = False
+
+
+def parse_body(body: bytes) -> dict:
+    """The JSON object in ``body``, or RequestError."""
+    try:
+        data = json.loads(body or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise RequestError("the body must be a JSON object")
+    return data
+
+
+def parse_job_request(data: dict) -> JobRequest:
+    if "user" in data:
+        raise RequestError("the user is your hub identity; remove 'user' from the body", "user")
+    for key in data:
+        if key not in JOB_FIELDS:
+            raise RequestError(
+                f"unknown field {key!r}; known fields: {', '.join(JOB_FIELDS)}", str(key)[:100]
+            )
+    if "gpus" not in data:
+        raise RequestError("'gpus' is required: " + JOB_FIELDS["gpus"], "gpus")
+    request = JobRequest(gpus=_whole(data, "gpus", minimum=1))
+    request.kind = _choice(data, "kind", ("batch", "notebook"), "batch")
+    request.command = _text(data, "command")
+    request.notebook = _text(data, "notebook")
+    request.name = _text(data, "name", max_length=200)
+    if request.kind == "batch" and (request.command is None) == (request.notebook is None):
+        raise RequestError("a batch job needs exactly one of 'command' and 'notebook'", "command")
+    if request.kind == "notebook" and (request.command or request.notebook):
+        field_name = "command" if request.command else "notebook"
+        raise RequestError("a notebook-server job has no command or notebook", field_name)
+    if "gpu_fraction" in data:
+        fraction = _number(data, "gpu_fraction")
+        if not 0 < fraction <= 1 or (fraction < 1 and request.gpus != 1):
+            raise RequestError(JOB_FIELDS["gpu_fraction"], "gpu_fraction")
+        request.gpu_fraction = fraction
+    if data.get("gpus_per_node") is not None:
+        per_node = _whole(data, "gpus_per_node", minimum=1)
+        if request.gpus % per_node:
+            raise RequestError(
+                f"'gpus_per_node' ({per_node}) must divide 'gpus' ({request.gpus})",
+                "gpus_per_node",
+            )
+        request.gpus_per_node = per_node
+    if data.get("tier") is not None:
+        tier = _whole(data, "tier", minimum=1)
+        if tier not in TIERS:
+            raise RequestError(JOB_FIELDS["tier"], "tier")
+        request.tier = tier
+    request.queue = _text(data, "queue", max_length=500)
+    request.gpu_models = _models(data.get("gpu_model"))
+    if data.get("walltime") is not None:
+        try:
+            request.walltime = parse_duration(data["walltime"])
+        except (ValueError, TypeError) as exc:
+            raise RequestError(str(exc), "walltime") from None
+        if request.walltime <= 0 or not math.isfinite(request.walltime):
+            raise RequestError("'walltime' must be longer than 0", "walltime")
+    for name in ("cpus", "memory_gb"):
+        if data.get(name) is not None:
+            setattr(request, name, _number(data, name))
+    request.labels = _strings(data, "labels")
+    request.env = _strings(data, "env")
+    for name in request.env:
+        if not _ENV_NAME.match(name):
+            raise RequestError(f"environment variable name {name!r} is not valid", "env")
+        if name.startswith(_RESERVED_ENV):
+            raise RequestError(f"{name} is set by the scheduler; remove it from 'env'", "env")
+    request.cwd = _text(data, "cwd", max_length=4096)
+    if request.cwd is not None and not request.cwd.startswith("/"):
+        raise RequestError("'cwd' must be an absolute path", "cwd")
+    if "held" in data:
+        if not isinstance(data["held"], bool):
+            raise RequestError("'held' must be true or false", "held")
+        request.held = data["held"]
+    return request
+
+
+def _whole(data, name, minimum) -> int:
+    value = data[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise RequestError(f"'{name}' must be a whole number >= {minimum}, got {value!r}", name)
+    return value
+
+
+def _number(data, name) -> float:
+    value = data[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"'{name}' must be a number, got {value!r}", name)
+    if not math.isfinite(value) or value < 0:
+        raise RequestError(f"'{name}' must be a finite number >= 0, got {value!r}", name)
+    return float(value)
+
+
+def _text(data, name, max_length=100_000) -> str | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise RequestError(f"'{name}' must be a non-empty string", name)
+    if len(value) > max_length or "\x00" in value:
+        raise RequestError(f"'{name}' must be at most {max_length} characters, no NUL", name)
+    return value
+
+
+def _choice(data, name, choices, default) -> str:
+    value = data.get(name, default)
+    if value not in choices:
+        raise RequestError(f"'{name}' must be one of {', '.join(choices)}, got {value!r}", name)
+    return value
+
+
+def _strings(data, name) -> dict[str, str]:
+    value = data.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and "\x00" not in k + v for k, v in value.items()
+    ):
+        raise RequestError(f"'{name}' must be an object of strings", name)
+    return dict(value)
+
+
+def _models(value) -> frozenset[str] | None:
+    if value is None:
+        return None
+    names = value.split("|") if isinstance(value, str) else value
+    if (
+        not isinstance(names, list)
+        or not names
+        or not all(isinstance(n, str) and n.strip() for n in names)
+    ):
+        raise RequestError(JOB_FIELDS["gpu_model"], "gpu_model")
+    return frozenset(n.strip() for n in names)

@@ -51,6 +51,7 @@ class AdminSteps:
             raise KeyError(job_id)
         if job.state != JobState.PENDING or job.held:
             job.priority = priority  # takes effect if it is requeued or released
+            self._keys.pop(job_id, None)
             return job
         self._drop_claim(job)
         self.pending.remove(job, self._walltime(job))

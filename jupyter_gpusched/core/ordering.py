@@ -55,7 +55,9 @@ class PendingQueue:
 
     def remove(self, job: Job, walltime: float) -> None:
         list_key = self.list_of(job)
-        items = self.lists[list_key]
+        items = self.lists.get(list_key)
+        if items is None:
+            return  # not in the queue (e.g. held)
         entry = (job.submit_time, job.id)
         position = bisect_left(items, entry)
         if position == len(items) or items[position] != entry:

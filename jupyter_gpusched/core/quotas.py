@@ -272,8 +272,13 @@ def _parse_user_limits(entries, source: str, container) -> dict[str, UserLimit]:
                 fail(f"unknown field {key!r}; known: {', '.join(_USER_LIMIT_FIELDS)}", key)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                fail(f"'{key}' must be a number >= 0, got {value!r}", key)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                fail(f"'{key}' must be a finite number >= 0, got {value!r}", key)
             if key != "gpus" and value != int(value):
                 fail(f"'{key}' must be a whole number of jobs, got {value!r}", key)
             values[key] = float(value) if key == "gpus" else int(value)

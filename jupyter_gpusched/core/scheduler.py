@@ -131,7 +131,7 @@ class Scheduler(PreemptionSteps, AdminSteps):
         if job.state == JobState.PENDING:
             self._drop_claim(job)
             self._leave_pending(job)
-            job.state, job.end_time = JobState.CANCELLED, now
+            job.state, job.end_time, job.held = JobState.CANCELLED, now, False
             self._freed = True  # it may have held the reservation or claimed GPUs
         elif job.state == JobState.RUNNING and job_id not in self._stopping:
             self._stopping.add(job_id)
@@ -360,7 +360,15 @@ class Scheduler(PreemptionSteps, AdminSteps):
             )
             pass_.failed[shape], pass_.reasons[shape] = job.amount, reason
             return reason
-        if reservation is not None and exclude and any(self.state.free[n] for n in exclude):
+        maintenance = self._maintenance_excluded(job, now)
+        if maintenance and find_placement(self.state, job, exclude=exclude - maintenance):
+            reason = Reason(
+                "policy",
+                "maintenance",
+                f"the GPUs free for it are on nodes going into maintenance before its walltime "
+                f"of {self._walltime(job) / 3600:g} h would end",
+            )
+        elif reservation is not None and exclude and any(self.state.free[n] for n in exclude):
             reason = Reason(
                 "policy",
                 "reservation",
@@ -378,6 +386,10 @@ class Scheduler(PreemptionSteps, AdminSteps):
         if limit is None:
             return None
         gpus, count = self._by_user.get(job.user, (0.0, 0))
+        for owner in self._claims:  # jobs waiting for their pre-emption victims to leave
+            claimant = self.jobs[owner]
+            if claimant.user == job.user and owner != job.id:
+                gpus, count = gpus + claimant.amount, count + 1
         if limit.gpus is not None and gpus + job.amount > limit.gpus + 1e-9:
             return Reason(
                 "policy",

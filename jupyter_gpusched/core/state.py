@@ -100,9 +100,13 @@ class ClusterState:
     def conflict(self, placement: Placement) -> str | None:
         """Why ``placement`` cannot be taken now (unknown node, GPUs taken, a shared GPU too
         full, CPUs or memory short), or None."""
+        seen: dict[int, int] = {}
         for part in placement.parts:
             if not 0 <= part.node < len(self.cluster.nodes):
                 return f"node index {part.node} is not in the cluster"
+            if seen.get(part.node, 0) & part.mask:
+                return f"two parts of the placement use GPU {part.mask:b} on node {part.node}"
+            seen[part.node] = seen.get(part.node, 0) | part.mask
             node = self.cluster.nodes[part.node]
             if part.mask >> node.gpus:
                 return f"node {node.name} has no GPU {part.mask.bit_length() - 1}"

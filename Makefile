@@ -1,13 +1,46 @@
 # The two commands that do all set-up on a fresh machine: `make demo` and `make test`.
-# Everything is installed into .venv; nothing outside the project is touched.
+# Python packages go into .venv, configurable-http-proxy into node_modules; the only things
+# installed outside the project are Debian packages (scripts/install-system.sh: PostgreSQL and
+# npm, when missing; needs root, as in CI) and, for `make demo`, the demo Unix users.
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+STAMPS := .make-stamps
+NODE_STAMP := $(STAMPS)/node_modules
 TRACES ?= ../shared/traces
 
-.PHONY: demo test lint pytest bench install clean
+# The demo hub (hub_config/jupyterhub_config.py reads the same variables).
+export GPUSCHED_HUB_PORT ?= 8000
+export GPUSCHED_DEMO_PASSWORD ?= gpusched-demo
+export GPUSCHED_STATE_DIR ?= $(CURDIR)/hub-state
+HUB_URL := http://127.0.0.1:$(GPUSCHED_HUB_PORT)
+
+define DEMO_HELP
+
+== JupyterHub with the GPU scheduler: $(HUB_URL)
+Log in at $(HUB_URL)/hub/login as alice, bob, carol or admin (a hub admin and the scheduler's
+admin), password '$(GPUSCHED_DEMO_PASSWORD)'. The scheduler's API: $(HUB_URL)/services/gpusched/api/
+(described by api/openapi.json). A token: $(HUB_URL)/hub/token in a browser, or, in a shell:
+
+H=$(HUB_URL); P=$(GPUSCHED_DEMO_PASSWORD)
+TOKEN=$$(curl -s -X POST $$H/hub/api/users/alice/tokens \
+  -d '{"auth": {"username": "alice", "password": "'$$P'"}}' |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["token"])')
+JOB=$$(curl -s -H "Authorization: token $$TOKEN" $$H/services/gpusched/api/jobs \
+  -d '{"command": "echo GPUs: $$CUDA_VISIBLE_DEVICES; id -un", "gpus": 2}' |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["id"])')
+curl -s -H "Authorization: token $$TOKEN" $$H/services/gpusched/api/jobs/$$JOB
+curl -s -H "Authorization: token $$TOKEN" $$H/services/gpusched/api/jobs/$$JOB/log
+curl -s -H "Authorization: token $$TOKEN" $$H/services/gpusched/api/queue
+
+Ctrl-C stops the hub, the proxy and the scheduler. State: $(GPUSCHED_STATE_DIR)
+
+endef
+export DEMO_HELP
+
+.PHONY: demo replay-demo test lint pytest bench install system node_modules clean
 
 install: $(STAMP)
 
@@ -17,25 +50,46 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-## make demo: replay the example trace through each policy and print the comparison table.
-demo: $(STAMP)
+## make system: the Debian packages the tests start for real (PostgreSQL, npm), if missing.
+system:
+	@scripts/install-system.sh
+
+## make node_modules: configurable-http-proxy (JupyterHub's proxy), pinned in package.json.
+node_modules: $(NODE_STAMP)
+
+$(NODE_STAMP): package.json package-lock.json | system
+	npm ci --no-audit --no-fund
+	@mkdir -p $(STAMPS)
+	touch $(NODE_STAMP)
+
+## make demo: JupyterHub on 127.0.0.1:8000 with the scheduler as a managed service (foreground;
+## Ctrl-C stops the hub, the proxy and the service). State is kept in hub-state/.
+demo: $(STAMP) $(NODE_STAMP) | system
+	@scripts/demo-users.sh || echo "make demo: continuing without them: not root, so the" \
+		"service runs every job as $$(id -un)"
+	@printf '%s\n' "$$DEMO_HELP"
+	$(BIN)/jupyterhub -f hub_config/jupyterhub_config.py
+
+## make replay-demo: replay the example trace through each policy and print the comparison table.
+replay-demo: $(STAMP)
 	$(BIN)/jupyter-gpusched replay examples/trace.csv \
 		--cluster examples/cluster.yaml --queues examples/queues.yaml \
 		--config examples/policy.yaml \
 		--policy gpusched --policy fifo --out demo-out
 
 ## make test: lint, then the whole test suite ("no tests collected" fails: pytest exits 5).
+## The hub tests (tests/test_hub.py) need node_modules and, as root, create the demo users.
 test: lint pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check jupyter_gpusched tests benchmarks
 	$(BIN)/ruff format --check jupyter_gpusched tests benchmarks
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(NODE_STAMP) | system
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_engine.py
 
 clean:
-	rm -rf $(VENV) demo-out .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(STAMPS) node_modules demo-out hub-state .pytest_cache .ruff_cache .hypothesis

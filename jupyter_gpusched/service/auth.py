@@ -2,9 +2,11 @@
 
 Run as a hub-managed service, every request is identified by the hub
 (:class:`jupyterhub.services.auth.HubOAuth`): an API token in the ``Authorization`` header, or
-the OAuth cookie of a browser session. The caller must hold the service's access scope
-(``access:services!service=<name>``). They administer the scheduler when they hold the custom
-scope ``custom:gpusched:admin`` (grant it with a role, see ``hub_config/``) or are hub admins.
+the OAuth cookie of a browser session (``<prefix>login`` starts one: it sends the browser to the
+hub's OAuth page and back to ``<prefix>oauth_callback``). The caller must hold the service's
+access scope (``access:services!service=<name>``); a valid token without it gets 403. They
+administer the scheduler when they hold the custom scope ``custom:gpusched:admin`` (grant it
+with a role, see ``hub_config/``) or are hub admins.
 
 Standalone (tests, Binder, a laptop), :class:`TokenFileAuth` reads tokens from a YAML file::
 
@@ -19,18 +21,22 @@ import hmac
 import os
 import stat
 
+from tornado import web
+from tornado.httputil import url_concat
 from traitlets import Unicode
 from traitlets.config import LoggingConfigurable
 
 from ..core.errors import ConfigError
 from ..files import read_yaml
+from .handlers import APIError
 from .live import Identity
 
 ADMIN_SCOPE = "custom:gpusched:admin"
 
 
 class Auth(LoggingConfigurable):
-    """Identifies the caller of a request; None means not authenticated (401)."""
+    """Identifies the caller of a request; None means not authenticated (401). A caller who is
+    identified but may not use the service is refused with an :class:`APIError` (403)."""
 
     async def identify(self, handler) -> Identity | None:
         raise NotImplementedError
@@ -61,16 +67,57 @@ class HubAuthenticated(Auth):
         access = self.hub_auth.access_scopes
         if access and not self.hub_auth.check_scopes(access, model):
             self.log.info("%s lacks the scopes %s", model.get("name"), sorted(access))
-            return None
+            needed = next((s for s in sorted(access) if "!service=" in s), min(access))
+            raise APIError(
+                403,
+                f"{model.get('kind', 'user')} {model.get('name')} may not use this service: "
+                f"that needs the scope {needed}",
+            )
         admin = bool(model.get("admin")) or self.admin_scope in scopes
         return Identity(model["name"], admin, frozenset(model.get("groups") or ()))
 
     def handlers(self, prefix: str) -> list:
         from jupyterhub.services.auth import HubOAuthCallbackHandler
 
+        class CallbackHandler(HubOAuthCallbackHandler):
+            """The hub's callback, with this service's HubOAuth (the one that made the state)
+            rather than the HubOAuth singleton."""
+
+            def initialize(self, hub_auth):
+                self.hub_auth = hub_auth
+
         callback = self.hub_auth.oauth_redirect_uri or prefix + "oauth_callback"
         path = callback if callback.startswith("/") else "/" + callback.split("/", 3)[-1]
-        return [(path, HubOAuthCallbackHandler)]
+        shared = {"hub_auth": self.hub_auth}
+        return [
+            (path, CallbackHandler, shared),
+            (prefix + "login", LoginHandler, {**shared, "prefix": prefix}),
+            (prefix, LoginHandler, {**shared, "prefix": prefix}),  # the hub's Services link
+        ]
+
+
+class LoginHandler(web.RequestHandler):
+    """``GET <prefix>login?next=<path under prefix>``: log a browser in through the hub (OAuth),
+    then go to ``next`` (default: ``<prefix>api/queue``). Also at ``<prefix>`` itself, where the
+    hub's Services menu points. The API itself answers 401 rather than redirecting."""
+
+    def initialize(self, hub_auth, prefix: str):
+        self.hub_auth, self.prefix = hub_auth, prefix
+
+    async def get(self):
+        next_url = self.get_argument("next", "")
+        if not next_url.startswith(self.prefix) or "//" in next_url or "\\" in next_url:
+            next_url = self.prefix + "api/queue"  # never redirect off the service
+        if await self.hub_auth.get_user(self, sync=False):
+            self.redirect(next_url)
+            return
+        params, state = {}, {}
+        if getattr(self.hub_auth, "pkce_enabled", False):  # PKCE, in recent JupyterHub
+            verifier, challenge, method = self.hub_auth.generate_pkce_code_challenge()
+            params.update(code_challenge=challenge, code_challenge_method=method)
+            state["code_verifier"] = verifier
+        params["state"] = self.hub_auth.set_state_cookie(self, next_url=next_url, **state)
+        self.redirect(url_concat(self.hub_auth.login_url, params))
 
 
 class TokenFileAuth(Auth):

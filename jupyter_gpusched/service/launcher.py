@@ -7,12 +7,14 @@ can pick up the jobs its predecessor started.
 
 :class:`LocalLauncher` runs jobs on this host:
 
-* Each job runs under :mod:`jupyter_gpusched.service.runner` (``sys.executable -m ...``), which
-  leads a process group of its own, so ``signal`` and ``stop`` reach every process of the job.
-  The runner writes how the job ended to an *exit record* (``<log_dir>/<job_id>.exit``) through
-  a file descriptor the launcher opened; ``poll`` reads that record, which works even when the
-  job is no longer the service's child (after a restart). If the runner vanished without a
-  record, the outcome is ``"killed"`` when the launcher had sent SIGKILL, ``"lost"`` otherwise.
+* Each job runs under :mod:`jupyter_gpusched.service.runner` (``python -m ...``), which leads a
+  process group of its own, so ``signal`` and ``stop`` reach every process of the job. The
+  runner writes how the job ended to an *exit record* (``<log_dir>/<job_id>.exit``) through a
+  file descriptor the launcher opened; ``poll`` reads that record, which works even when the job
+  is no longer the service's child (after a restart). If the runner vanished without a record,
+  the outcome is ``"killed"`` when the launcher had sent SIGKILL, ``"lost"`` otherwise. A job
+  ends with its main process: the runner then SIGKILLs what is left of its group, and ``stop``
+  returns only once the group is empty (or ``kill_wait`` has passed), so its GPUs are free.
 * stdout and stderr go to ``<log_dir>/<job_id>.log``, appended to (a requeued job's runs follow
   one another), each run starting with a header line. A notebook job's executed copy is saved
   as ``<log_dir>/<job_id>.out.ipynb``.
@@ -26,8 +28,10 @@ can pick up the jobs its predecessor started.
   (looked up with :func:`pwd.getpwnam`; an unknown user is a :class:`LaunchError`, never a job
   run as root), as JupyterHub's LocalProcessSpawner does. When the service is not root, or
   :attr:`LocalLauncher.run_as_submitting_user` is False, jobs run as the service's own user.
-  The interpreter (:attr:`LocalLauncher.python`) and this package must then be readable and
-  executable by those users.
+  Either way the interpreter (:attr:`LocalLauncher.python`) with this package must be usable
+  by that account, and so must the working directory (by default the account's home directory,
+  or / where it has none). The log directory is the launcher's: it gives the user only the files
+  it creates there.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import signal as _signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -69,10 +74,10 @@ class LaunchSpec:
     job_id: str
     user: str  # the hub user who submitted it
     command: str | None  # a shell command (run with /bin/sh -c), or
-    notebook: str | None  # a notebook path, executed with nbclient (exactly one is set)
+    notebook: str | None  # a notebook path (relative: to cwd), run by nbclient; one of the two
     gpus: list[int]  # local GPU indices -> CUDA_VISIBLE_DEVICES="0,3"; [] -> ""
     env: dict[str, str]  # user-supplied environment, plus GPUSCHED_* set by the service
-    cwd: str | None  # working directory (None: the job's log directory)
+    cwd: str | None  # working directory (None: the home directory of the user it runs as)
     log_dir: str  # where the log (and the executed notebook) go; created if missing
 
 
@@ -121,6 +126,13 @@ def _signum(signame: str) -> int:
         raise ValueError(f"unknown signal {signame!r}") from None
 
 
+def _signame(number: int) -> str:
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def _open(path: str, flags: int, owner: pwd.struct_passwd | None) -> int:
     """Open ``path`` (never through a symlink) and give it to ``owner``."""
     fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -129,13 +141,24 @@ def _open(path: str, flags: int, owner: pwd.struct_passwd | None) -> int:
     return fd
 
 
+def _group_alive(pgid: int) -> bool:
+    """Is any process of group ``pgid`` still running? (Zombies do not count.)"""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for process in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
 def _exit_from_record(record: dict) -> Exit:
     if record.get("signal") is not None:
-        try:
-            name = _signal.Signals(record["signal"]).name
-        except ValueError:
-            name = f"signal {record['signal']}"
-        return Exit(None, "killed", f"killed by {name}")
+        return Exit(None, "killed", f"killed by {_signame(record['signal'])}")
     code = int(record["code"])
     return Exit(code, "completed" if code == 0 else "failed", f"exit code {code}")
 
@@ -164,15 +187,16 @@ class LocalLauncher(Launcher):
 
     kill_wait = Float(
         5.0,
-        help="Seconds stop() waits for the processes to vanish after SIGKILL.",
+        help="Seconds stop() waits after SIGKILL for the job wrapper to vanish, and then for "
+        "the rest of the job's process group.",
     ).tag(config=True)
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self._children: dict[int, tuple[subprocess.Popen, float]] = {}  # pid -> (, create_time)
+        self._children: dict[int, tuple[subprocess.Popen, float]] = {}  # not reaped yet
         self._ended: dict[int, tuple[float, int]] = {}  # reaped: pid -> (create_time, status)
         self._forget: set[int] = set()  # exit already reported: reap, keep no status
-        self._killed: set[tuple[int, float]] = set()  # (pid, create_time) we SIGKILLed
+        self._sent: dict[tuple[int, float], set[int]] = {}  # (pid, create_time) -> signals
 
     # -- start --------------------------------------------------------------------------------
 
@@ -207,50 +231,51 @@ class LocalLauncher(Launcher):
             raise LaunchError(f"job id {spec.job_id!r} cannot name a log file")
         account = self._account(spec.user)
         env = self._environment(spec, account)
-        os.makedirs(spec.log_dir, exist_ok=True)
-        base = os.path.join(os.path.abspath(spec.log_dir), spec.job_id)
-        log, record = base + ".log", base + ".exit"
-        output = base + ".out.ipynb" if spec.notebook is not None else None
-        run = uuid.uuid4().hex
-        argv = [self.python, "-m", "jupyter_gpusched.service.runner", f"--run={run}"]
-        if spec.command is not None:
-            argv.append(f"--command={spec.command}")
-        else:
-            argv += [f"--notebook={spec.notebook}", f"--output={output}"]
-            # Created here so that the job's user may write it in a directory they cannot.
-            os.close(_open(output, os.O_WRONLY | os.O_CREAT, account))
+        run_as = account.pw_name if account else env.get("USER", str(os.geteuid()))
         ids = {}
         if account is not None:
             groups = os.getgrouplist(account.pw_name, account.pw_gid)
             ids = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": groups}
-        run_as = account.pw_name if account else env.get("USER", str(os.geteuid()))
-        log_fd = _open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, account)
-        record_fd = _open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, None)
+        base = os.path.join(os.path.abspath(spec.log_dir), spec.job_id)
+        log, record = base + ".log", base + ".exit"
+        output = base + ".out.ipynb" if spec.notebook is not None else None
+        run = uuid.uuid4().hex
+        log_fd = record_fd = -1
         try:
+            os.makedirs(spec.log_dir, exist_ok=True)
+            log_fd = _open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, account)
+            record_fd = _open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, None)
+            argv = [self.python, "-m", "jupyter_gpusched.service.runner"]
+            argv += [f"--exit-fd={record_fd}", f"--run={run}"]
+            if spec.command is not None:
+                argv.append(f"--command={spec.command}")
+            else:
+                argv += [f"--notebook={spec.notebook}", f"--output={output}"]
+                # Created here, so that the user may write it in a directory they cannot.
+                os.close(_open(output, os.O_WRONLY | os.O_CREAT, account))
             stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            os.write(
-                log_fd,
-                f"===== {stamp} job {spec.job_id} starting on {socket.gethostname()} as "
-                f"{run_as}: CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r}\n".encode(),
-            )
-            argv.insert(4, f"--exit-fd={record_fd}")
+            header = f"===== {stamp} job {spec.job_id} on {socket.gethostname()} as {run_as}"
+            cvd = env["CUDA_VISIBLE_DEVICES"]
+            os.write(log_fd, f"{header}: CUDA_VISIBLE_DEVICES={cvd!r}\n".encode())
             process = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=log_fd,
-                cwd=spec.cwd or spec.log_dir,
+                cwd=spec.cwd or (env["HOME"] if os.path.isdir(env["HOME"]) else "/"),
                 env=env,
                 start_new_session=True,
                 pass_fds=(record_fd,),
                 **ids,
             )
         except OSError as exc:
-            os.write(log_fd, f"===== could not start: {exc}\n".encode())
+            if log_fd >= 0:
+                os.write(log_fd, f"===== could not start: {exc}\n".encode())
             raise LaunchError(f"could not start job {spec.job_id}: {exc}") from exc
         finally:
-            os.close(log_fd)
-            os.close(record_fd)
+            for fd in (log_fd, record_fd):
+                if fd >= 0:
+                    os.close(fd)
         create_time = psutil.Process(process.pid).create_time()  # a zombie still has one
         self._children[process.pid] = (process, create_time)
         self._ended.pop(process.pid, None)
@@ -317,23 +342,25 @@ class LocalLauncher(Launcher):
         return exit or self._without_record(handle, ended[1] if ended else None)
 
     def _without_record(self, handle: dict, status: int | None) -> Exit:
+        """The runner is gone and wrote nothing; ``status`` is its wait status if ours."""
         pid = handle["pid"]
-        if handle.get("sigkill_sent") or (pid, handle["create_time"]) in self._killed:
+        sent = self._sent.get((pid, handle["create_time"]), set())
+        if handle.get("sigkill_sent") or _signal.SIGKILL in sent:
             return Exit(None, "killed", "killed by SIGKILL")
+        if status is not None and -status in sent:  # e.g. SIGTERM before the runner was ready
+            return Exit(None, "killed", f"killed by {_signame(-status)}")
         if status is None:
             return Exit(None, "lost", f"process {pid} vanished while the service was down")
         if status < 0:
-            name = _signal.Signals(-status).name
+            name = _signame(-status)
             return Exit(None, "lost", f"process {pid} was killed by {name}, not by the launcher")
         return Exit(None, "failed", f"the job wrapper exited with {status} before the job ended")
 
     def alive(self, handle: dict) -> bool:
         try:
             process = psutil.Process(handle["pid"])
-            return (
-                self._same(process.create_time(), handle)
-                and process.status() != psutil.STATUS_ZOMBIE
-            )
+            same = self._same(process.create_time(), handle)
+            return same and process.status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:  # ZombieProcess included
             return False
 
@@ -346,31 +373,33 @@ class LocalLauncher(Launcher):
         signum = _signum(signame)
         if not self.alive(handle):  # the group's id may belong to someone else by now
             return
+        self._sent.setdefault((handle["pid"], handle["create_time"]), set()).add(signum)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(handle["pgid"], signum)
 
-    def _kill(self, handle: dict) -> None:
-        handle["sigkill_sent"] = True
-        self._killed.add((handle["pid"], handle["create_time"]))
-        self.signal(handle, "SIGKILL")
+    async def _wait(self, handle: dict, seconds: float) -> Exit | None:
+        deadline = time.monotonic() + seconds
+        while (exit := self.poll(handle)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            await asyncio.sleep(min(0.1, left))
+        return exit
 
     async def stop(self, handle: dict, signame: str, grace: float) -> Exit:
-        loop = asyncio.get_running_loop()
         exit = self.poll(handle)
         if exit is not None:
-            return exit
+            return exit  # ended before: its group is not ours to wait for any more
         self.signal(handle, signame)
-        for phase_end in (loop.time() + max(grace, 0.0), None):
-            if phase_end is None:
-                self._kill(handle)
-                phase_end = loop.time() + self.kill_wait
-            while True:
-                exit = self.poll(handle)
-                if exit is not None:
-                    return exit
-                left = phase_end - loop.time()
-                if left <= 0:
-                    break
-                await asyncio.sleep(min(0.1, left))
+        exit = await self._wait(handle, grace)
+        if exit is None:
+            handle["sigkill_sent"] = True  # for whoever polls this handle later, too
+            self.signal(handle, "SIGKILL")
+            exit = await self._wait(handle, self.kill_wait)
+        # The job's other processes die with the runner (it SIGKILLs them, or we did), but
+        # not at once: return when they are gone, and their GPUs free.
+        deadline = time.monotonic() + self.kill_wait
+        while _group_alive(handle["pgid"]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         pid = handle["pid"]
-        return Exit(None, "killed", f"sent SIGKILL, but process {pid} was still there after it")
+        return exit or Exit(None, "killed", f"sent SIGKILL, but process {pid} is still there")

@@ -16,7 +16,8 @@ module then
    that is not this process's parent (after a service restart) and cannot be written by the job's
    user through the file system; ``run`` ties the record to one start of the job;
 4. SIGKILLs whatever is left of its process group (background processes the job left behind),
-   itself included: a job ends when its main process ends.
+   itself included: a job ends when its main process ends. (A process that moved to a session
+   of its own, like a daemon, escapes this and the launcher's signals alike.)
 
 If the group is SIGKILLed, the runner dies with it and no record is written; the launcher then
 knows the job was killed (or, if not by the launcher, that it was lost).
@@ -56,7 +57,10 @@ def _ignore_polite_signals() -> None:
     it."""
 
     def noted(signum: int, _frame: object) -> None:
-        _note(f"received {signal.Signals(signum).name}; waiting for the job to end")
+        # os.write, not print: the signal may have interrupted a print to the same stream.
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        name = signal.Signals(signum).name
+        os.write(2, f"[gpusched-runner {stamp}] got {name}; waiting for the job to end\n".encode())
 
     for name in POLITE_SIGNALS:
         signal.signal(getattr(signal, name), noted)
@@ -170,9 +174,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    _ignore_polite_signals()
     args = parse_args(argv)
     os.set_inheritable(args.exit_fd, False)  # the job must not get (and write) the record's fd
-    _ignore_polite_signals()
     runtime_dir = None
     try:
         if args.command is not None:

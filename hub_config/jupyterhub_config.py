@@ -1,0 +1,179 @@
+"""A ready JupyterHub config for the GPU scheduler: the demo hub of ``make demo`` and the hub
+the tests start (``tests/hub_harness.py`` loads this file and adds to it).
+
+    jupyterhub -f hub_config/jupyterhub_config.py
+
+* The hub listens on http://127.0.0.1:8000 (``GPUSCHED_HUB_PORT``); its own API on 127.0.0.1:8081
+  (``GPUSCHED_HUB_API_PORT``) and the proxy's API on 127.0.0.1:8001
+  (``GPUSCHED_PROXY_API_PORT``). The proxy is configurable-http-proxy from ``./node_modules``
+  (``make node_modules``; pinned in ``package.json``).
+* State (the hub's SQLite database and cookie secret, the scheduler's database and job logs)
+  lives in ``GPUSCHED_STATE_DIR`` (default ``./hub-state``).
+* Users alice, bob, carol and admin log in with any one shared password,
+  ``GPUSCHED_DEMO_PASSWORD`` (default ``gpusched-demo``): DummyAuthenticator, for demos only.
+  admin is a hub admin; alice and bob are in the group ``research``.
+* The scheduler runs as the managed service ``gpusched`` at /services/gpusched/ (it listens on
+  127.0.0.1:8765, ``GPUSCHED_SERVICE_PORT``) with ``hub_config/cluster.yaml`` and
+  ``hub_config/queues.yaml``.
+* Roles: every user may use the service (``access:services!service=gpusched`` added to the
+  default ``user`` role); the custom scope ``custom:gpusched:admin`` (role ``gpusched-admin``,
+  given to admin) makes a user an admin of the scheduler. See hub_config/README.md.
+
+The hub runs the service as its own user. Run as root (``make demo``), the service runs each job
+as the Unix user who submitted it, so alice, bob, carol and admin must exist on this host
+(``scripts/demo-users.sh`` creates them).
+"""
+
+import os
+import pwd
+import subprocess
+import sys
+
+c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+STATE = os.path.abspath(os.environ.get("GPUSCHED_STATE_DIR") or "hub-state")
+HUB_PORT = int(os.environ.get("GPUSCHED_HUB_PORT") or 8000)
+HUB_API_PORT = int(os.environ.get("GPUSCHED_HUB_API_PORT") or 8081)
+PROXY_API_PORT = int(os.environ.get("GPUSCHED_PROXY_API_PORT") or 8001)
+SERVICE_PORT = int(os.environ.get("GPUSCHED_SERVICE_PORT") or 8765)
+PASSWORD = os.environ.get("GPUSCHED_DEMO_PASSWORD") or "gpusched-demo"
+
+SERVICE = "gpusched"
+ADMIN_SCOPE = "custom:gpusched:admin"
+ACCESS_SCOPE = f"access:services!service={SERVICE}"
+DEMO_USERS = ["alice", "bob", "carol", "admin"]
+
+os.makedirs(STATE, exist_ok=True)
+# Jobs run as the demo users with their log directory (under STATE/logs) as working directory.
+os.chmod(STATE, 0o755)
+
+# -- the hub and the proxy ----------------------------------------------------------------------
+c.JupyterHub.bind_url = f"http://127.0.0.1:{HUB_PORT}"
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = HUB_API_PORT
+c.JupyterHub.db_url = f"sqlite:///{STATE}/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = os.path.join(STATE, "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = os.path.join(STATE, "jupyterhub.pid")
+c.ConfigurableHTTPProxy.command = [
+    os.path.join(ROOT, "node_modules", ".bin", "configurable-http-proxy")
+]
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{PROXY_API_PORT}"
+c.ConfigurableHTTPProxy.pid_file = os.path.join(STATE, "jupyterhub-proxy.pid")
+
+# -- who may log in ------------------------------------------------------------------------------
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = PASSWORD
+c.Authenticator.allowed_users = set(DEMO_USERS)
+c.Authenticator.admin_users = {"admin"}
+c.JupyterHub.load_groups = {"research": {"users": ["alice", "bob"]}}
+
+# Notebook servers: the default spawner, unconfigured (not used by the scheduler demo yet). After
+# login users land on the hub's home page (its Services menu links to the scheduler), not on
+# /hub/spawn.
+c.JupyterHub.default_url = "/hub/home"
+
+
+# -- the scheduler service -----------------------------------------------------------------------
+def _usable_by(user, python, env=None):
+    """Can ``user`` run ``python`` and import the job wrapper (jupyter_gpusched's runner)?"""
+    probe = [python, "-c", "import jupyter_gpusched.service.runner"]
+    try:
+        done = subprocess.run(probe, user=user, cwd="/", env=env, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def _job_python():
+    """The interpreter the service starts each job's wrapper with, and the environment it needs.
+
+    Jobs run as the submitting user, who must be able to run it: this hub's interpreter often
+    lives where only root can (``/root/.pyenv``). Then use the system ``python3`` with this
+    checkout on PYTHONPATH (the wrapper needs only the standard library).
+    ``GPUSCHED_JOB_PYTHON`` chooses one explicitly.
+    """
+    explicit = os.environ.get("GPUSCHED_JOB_PYTHON")
+    if explicit:
+        return explicit, {}
+    if os.geteuid() != 0:
+        return sys.executable, {}  # jobs run as the hub's own user
+    users = []
+    for name in DEMO_USERS:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        users.append(name)
+    if not users or _usable_by(users[0], sys.executable):
+        return sys.executable, {}
+    extra = {"PYTHONPATH": ROOT}
+    for python in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.path.exists(python) and _usable_by(users[0], python, {**extra, "PATH": os.defpath}):
+            return python, extra
+    print(
+        f"jupyterhub_config: user {users[0]} cannot run {sys.executable}: jobs will fail to "
+        "start; set GPUSCHED_JOB_PYTHON to an interpreter every user can run",
+        file=sys.stderr,
+    )
+    return sys.executable, {}
+
+
+JOB_PYTHON, JOB_ENV = _job_python()
+launcher_args = [f"--LocalLauncher.python={JOB_PYTHON}"]
+if JOB_ENV:  # pass JOB_ENV on from the service to the jobs' wrapper
+    launcher_args += [f"--LocalLauncher.env_keep={name}" for name in ["PATH", "LANG", *JOB_ENV]]
+service_env = {
+    # The hub passes its own environment on to services only through `environment`.
+    "PATH": os.environ.get("PATH", os.defpath),
+    "LANG": os.environ.get("LANG", "C.UTF-8"),
+    **JOB_ENV,
+}
+c.JupyterHub.services = [
+    {
+        "name": SERVICE,
+        "url": f"http://127.0.0.1:{SERVICE_PORT}",
+        "command": [
+            sys.executable,
+            "-m",
+            "jupyter_gpusched",
+            "serve",
+            f"--cluster={HERE}/cluster.yaml",
+            f"--queues={HERE}/queues.yaml",
+            f"--db=sqlite:///{STATE}/gpusched.sqlite",
+            f"--log-dir={STATE}/logs",
+            *launcher_args,
+        ],
+        "cwd": STATE,
+        "environment": service_env,
+        "display": True,
+        "info": {"description": "GPU scheduler: queue, jobs, quotas"},
+        # Users reaching the service in a browser log in without a confirmation page; their
+        # browser session may carry the admin scope (only users who hold it get it).
+        "oauth_no_confirm": True,
+        "oauth_client_allowed_scopes": [ADMIN_SCOPE],
+    }
+]
+
+# -- scopes and roles ----------------------------------------------------------------------------
+c.JupyterHub.custom_scopes = {
+    ADMIN_SCOPE: {
+        "description": "Administer the GPU scheduler: quotas, node drains and maintenance, "
+        "holds and priorities, everybody's jobs.",
+    },
+}
+c.JupyterHub.load_roles = [
+    {
+        # JupyterHub's default `user` role is ["self"]; keep it, and let users use the service.
+        "name": "user",
+        "description": "Standard user privileges, and the GPU scheduler",
+        "scopes": ["self", ACCESS_SCOPE],
+    },
+    {
+        "name": "gpusched-admin",
+        "description": "Administer the GPU scheduler",
+        "scopes": [ADMIN_SCOPE, ACCESS_SCOPE],
+        "users": ["admin"],
+    },
+]

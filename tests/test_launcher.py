@@ -1,0 +1,300 @@
+"""LocalLauncher with real processes: environment, logs, notebooks, stopping, restarts, accounts."""
+
+import getpass
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import time
+
+import nbformat
+import psutil
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from jupyter_gpusched.service.launcher import LaunchError, LaunchSpec, LocalLauncher
+
+ME = getpass.getuser()
+
+
+def spec(tmp_path, command=None, notebook=None, *, job_id="j1", gpus=(), env=None, **more):
+    fields = dict(job_id=job_id, user=ME, command=command, notebook=notebook, gpus=list(gpus))
+    fields.update(env=env or {}, cwd=None, log_dir=str(tmp_path / "logs"))
+    fields.update(more)
+    return LaunchSpec(**fields)
+
+
+def wait_exit(launcher, handle, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while (exit := launcher.poll(handle)) is None:
+        assert time.monotonic() < deadline, "the job did not end"
+        time.sleep(0.05)
+    return exit
+
+
+def wait_for(predicate, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def group_members(pgid):
+    """Live (non-zombie) processes in process group ``pgid``."""
+    members = []
+    for process in psutil.process_iter():
+        try:
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                members.append(process)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return members
+
+
+def gone(pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def read_log(launcher, handle):
+    with open(launcher.log_path(handle)) as file:
+        return file.read()
+
+
+def test_command_gets_its_gpus_and_env_but_not_the_services(tmp_path, monkeypatch):
+    monkeypatch.setenv("SERVICE_SECRET", "s3cret")
+    launcher = LocalLauncher()
+    command = (
+        'echo "cvd=[$CUDA_VISIBLE_DEVICES] job=$GPUSCHED_JOB_ID '
+        'secret=${SERVICE_SECRET-unset} mine=$MINE home=$HOME"'
+    )
+    env = {"GPUSCHED_JOB_ID": "j1", "MINE": "yes", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    handle = launcher.start(spec(tmp_path, command, gpus=[0, 3], env=env))
+    exit = wait_exit(launcher, json.loads(json.dumps(handle)))
+    assert (exit.code, exit.outcome, exit.message) == (0, "completed", "exit code 0")
+    log = read_log(launcher, handle)
+    home = pwd.getpwuid(os.geteuid()).pw_dir
+    assert f"cvd=[0,3] job=j1 secret=unset mine=yes home={home}" in log
+    assert "CUDA_VISIBLE_DEVICES='0,3'" in log.splitlines()[0]  # the run's header line
+
+
+def test_no_gpus_means_an_empty_cuda_visible_devices(tmp_path):
+    launcher = LocalLauncher()
+    handle = launcher.start(spec(tmp_path, 'echo "cvd=[${CUDA_VISIBLE_DEVICES-unset}]"'))
+    assert wait_exit(launcher, handle).outcome == "completed"
+    assert "cvd=[]" in read_log(launcher, handle)
+
+
+def test_nonzero_exit_is_failed_and_a_requeued_run_appends(tmp_path):
+    launcher = LocalLauncher()
+    first = launcher.start(spec(tmp_path, "echo first-run; exit 3"))
+    exit = wait_exit(launcher, first)
+    assert (exit.code, exit.outcome, exit.message) == (3, "failed", "exit code 3")
+    second = launcher.start(spec(tmp_path, "echo second-run"))
+    assert wait_exit(launcher, second).outcome == "completed"
+    log = read_log(launcher, second)
+    assert log.index("first-run") < log.index("second-run")
+    assert log.count("CUDA_VISIBLE_DEVICES=") == 2  # one header per run
+
+
+def write_notebook(path, *sources):
+    notebook = new_notebook(cells=[new_code_cell(source) for source in sources])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    nbformat.write(notebook, str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def notebook_jobs(tmp_path_factory):
+    """Two notebook jobs, started together (a kernel takes seconds to start)."""
+    tmp_path = tmp_path_factory.mktemp("notebooks")
+    good = write_notebook(
+        tmp_path / "good.ipynb", "import os", "print('cvd=' + os.environ['CUDA_VISIBLE_DEVICES'])"
+    )
+    bad = write_notebook(tmp_path / "bad.ipynb", "raise ValueError('boom')", "print('never')")
+    slow = write_notebook(tmp_path / "slow.ipynb", "import time; time.sleep(60)")
+    launcher = LocalLauncher()
+    handles = {
+        "good": launcher.start(spec(tmp_path, notebook=good, job_id="good", gpus=[2])),
+        "bad": launcher.start(spec(tmp_path, notebook=bad, job_id="bad")),
+        "slow": launcher.start(spec(tmp_path, notebook=slow, job_id="slow")),
+    }
+    yield launcher, handles
+    for handle in handles.values():
+        if launcher.alive(handle):
+            os.killpg(handle["pgid"], signal.SIGKILL)
+
+
+def test_notebook_runs_and_its_output_is_saved(notebook_jobs):
+    launcher, handles = notebook_jobs
+    handle = handles["good"]
+    assert handle["notebook_output"].endswith("good.out.ipynb")
+    exit = wait_exit(launcher, handle)
+    assert (exit.code, exit.outcome) == (0, "completed"), read_log(launcher, handle)
+    executed = nbformat.read(handle["notebook_output"], as_version=4)
+    assert [out["text"] for out in executed.cells[1].outputs] == ["cvd=2\n"]
+
+
+def test_notebook_with_a_failing_cell_fails(notebook_jobs):
+    launcher, handles = notebook_jobs
+    handle = handles["bad"]
+    exit = wait_exit(launcher, handle)
+    assert (exit.code, exit.outcome) == (1, "failed")
+    executed = nbformat.read(handle["notebook_output"], as_version=4)  # saved up to the failure
+    assert executed.cells[0].outputs[0]["ename"] == "ValueError"
+    assert executed.cells[1].outputs == []
+
+
+async def test_stopping_a_notebook_signals_its_kernel(notebook_jobs):
+    launcher, handles = notebook_jobs
+    handle = handles["slow"]
+
+    def kernel_started():
+        members = group_members(handle["pgid"])
+        return any("ipykernel_launcher" in " ".join(p.cmdline()) for p in members)
+
+    wait_for(kernel_started, timeout=30)  # the kernel is in the job's process group
+    exit = await launcher.stop(handle, "SIGTERM", grace=10)
+    assert (exit.code, exit.outcome, exit.message) == (None, "killed", "killed by SIGTERM")
+    assert group_members(handle["pgid"]) == []
+
+
+async def test_stop_lets_a_job_that_traps_the_signal_finish(tmp_path):
+    launcher = LocalLauncher()
+    command = "trap 'echo got-term; exit 0' TERM; echo ready; sleep 60 & wait"
+    handle = launcher.start(spec(tmp_path, command))
+    wait_for(lambda: "ready" in read_log(launcher, handle))
+    began = time.monotonic()
+    exit = await launcher.stop(handle, "SIGTERM", grace=5)
+    assert time.monotonic() - began < 5
+    assert exit.outcome == "completed"
+    assert "got-term" in read_log(launcher, handle)
+    assert group_members(handle["pgid"]) == []
+
+
+async def test_stop_kills_what_ignores_the_signal_grandchildren_included(tmp_path):
+    launcher = LocalLauncher()
+    command = "trap '' TERM; sleep 300 & echo $! > grandchild.pid; sleep 60"
+    handle = launcher.start(spec(tmp_path, command, cwd=str(tmp_path)))
+    pid_file = tmp_path / "grandchild.pid"
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+    grandchild = int(pid_file.read_text())
+    began = time.monotonic()
+    exit = await launcher.stop(handle, "SIGTERM", grace=0.5)
+    assert time.monotonic() - began >= 0.5
+    assert (exit.code, exit.outcome, exit.message) == (None, "killed", "killed by SIGKILL")
+    assert gone(grandchild)
+    assert group_members(handle["pgid"]) == []
+    assert not launcher.alive(handle)
+    assert launcher.poll(handle) == exit  # asked again: the same answer
+
+
+def test_background_processes_do_not_outlive_their_job(tmp_path):
+    launcher = LocalLauncher()
+    handle = launcher.start(spec(tmp_path, "sleep 300 & echo $! > bg.pid", cwd=str(tmp_path)))
+    assert wait_exit(launcher, handle).outcome == "completed"
+    wait_for(lambda: gone(int((tmp_path / "bg.pid").read_text())))
+
+
+async def test_a_job_killed_by_its_signal_is_killed(tmp_path):
+    launcher = LocalLauncher()
+    handle = launcher.start(spec(tmp_path, "echo ready; sleep 60"))
+    wait_for(lambda: "ready" in read_log(launcher, handle))
+    exit = await launcher.stop(handle, "SIGUSR1", grace=5)
+    assert (exit.code, exit.outcome, exit.message) == (None, "killed", "killed by SIGUSR1")
+
+
+def test_a_new_launcher_instance_takes_over_after_a_restart(tmp_path):
+    old = LocalLauncher()
+    handle = old.start(spec(tmp_path, "sleep 0.5; exit 5"))
+    new = LocalLauncher()
+    stored = json.loads(json.dumps(handle))
+    assert new.alive(stored)
+    assert new.poll(stored) is None
+    exit = wait_exit(new, stored)  # only the exit record can tell the new instance
+    assert (exit.code, exit.outcome) == (5, "failed")
+    # The record is what counts, even once the pid belongs to another process.
+    reused = dict(stored, pid=os.getpid(), pgid=os.getpgid(0))
+    reused["create_time"] = psutil.Process().create_time()
+    assert new.alive(reused)
+    assert new.poll(reused) == exit
+    assert wait_exit(old, handle) == exit  # and the old instance reaps its child
+
+
+def test_alive_checks_the_create_time_not_just_the_pid():
+    process = psutil.Process()
+    assert LocalLauncher().alive({"pid": os.getpid(), "create_time": process.create_time()})
+    stale = {"pid": os.getpid(), "create_time": process.create_time() - 3600}
+    assert not LocalLauncher().alive(stale)
+
+
+def test_a_runner_killed_behind_the_launchers_back_is_lost(tmp_path):
+    launcher = LocalLauncher()
+    handle = launcher.start(spec(tmp_path, "echo ready; sleep 60"))
+    wait_for(lambda: "ready" in read_log(launcher, handle))
+    assert launcher.poll(handle) is None
+    os.killpg(handle["pgid"], signal.SIGKILL)
+    after_restart = wait_exit(LocalLauncher(), json.loads(json.dumps(handle)))
+    assert (after_restart.code, after_restart.outcome) == (None, "lost")
+    exit = wait_exit(launcher, handle)
+    assert (exit.code, exit.outcome) == (None, "lost")
+    assert "SIGKILL" in exit.message
+
+
+def test_bad_specs_are_refused(tmp_path):
+    launcher = LocalLauncher()
+    with pytest.raises(LaunchError, match="exactly one"):
+        launcher.start(spec(tmp_path, "true", notebook="x.ipynb"))
+    with pytest.raises(LaunchError, match="cannot name a log file"):
+        launcher.start(spec(tmp_path, "true", job_id="../escape"))
+    with pytest.raises(LaunchError, match="could not start"):
+        launcher.start(spec(tmp_path, "true", cwd=str(tmp_path / "missing")))
+
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def interpreter_for(user):
+    """An interpreter ``user`` can run that imports the runner: this one, or (when it lives in
+    /root, as a pyenv Python does) the system python3 with this checkout on PYTHONPATH, as
+    hub_config/jupyterhub_config.py does. None if neither works."""
+    for python, env in ((sys.executable, {}), ("/usr/bin/python3", {"PYTHONPATH": REPO})):
+        probe = [python, "-c", "import jupyter_gpusched.service.runner"]
+        try:
+            done = subprocess.run(probe, user=user, cwd="/", env=env, capture_output=True)
+        except OSError:
+            continue
+        if done.returncode == 0:
+            return python, env
+    return None
+
+
+@root_only
+def test_as_root_a_job_runs_as_the_submitting_user(tmp_path):
+    found = interpreter_for("nobody")
+    if found is None:
+        pytest.skip("user nobody can run no Python that imports jupyter_gpusched")
+    python, env = found
+    launcher = LocalLauncher(python=python)
+    job = spec(tmp_path, 'echo "uid=$(id -u) user=$USER"', user="nobody", cwd="/")
+    job.env.update(env)
+    handle = launcher.start(job)
+    assert wait_exit(launcher, handle).outcome == "completed", read_log(launcher, handle)
+    assert f"uid={pwd.getpwnam('nobody').pw_uid} user=nobody" in read_log(launcher, handle)
+    assert os.stat(launcher.log_path(handle)).st_uid == pwd.getpwnam("nobody").pw_uid
+
+
+@root_only
+def test_as_root_an_unknown_user_is_refused_not_run_as_root(tmp_path):
+    job = spec(tmp_path, "touch ran", user="no-such-user-x9", cwd=str(tmp_path))
+    with pytest.raises(LaunchError, match="does not exist"):
+        LocalLauncher().start(job)
+    time.sleep(0.2)
+    assert not (tmp_path / "ran").exists()

@@ -31,6 +31,7 @@ from ..files import load_cluster, load_policy, read_yaml
 from . import admin_handlers as admin
 from . import handlers as user
 from .auth import HubAuthenticated, TokenFileAuth
+from .hubclient import HubClient
 from .launcher import Launcher, LocalLauncher
 from .live import LiveScheduler
 from .metrics import Metrics
@@ -127,6 +128,16 @@ class GPUSchedService(Application):
         help="Showback: price of one GPU-hour per GPU model, e.g. {'H100': 2.5}; api/usage "
         "?by=gpu_model then reports a cost.",
     ).tag(config=True)
+    proxy_url = Unicode(
+        help="The hub's public URL (its proxy), through which the service posts pre-emption "
+        "notices to notebook servers. Default: $JUPYTERHUB_PUBLIC_URL, else "
+        "http://127.0.0.1:8000.",
+    ).tag(config=True)
+    notebook_stop_wait = Float(
+        30.0,
+        help="After asking the hub to stop a pre-empted notebook server, how long to wait for "
+        "its spawner to release the GPUs before the service releases them itself.",
+    ).tag(config=True)
     authenticate_metrics = Bool(
         True, help="Require a token for /metrics (turn off for an unauthenticated scraper)."
     ).tag(config=True)
@@ -141,6 +152,10 @@ class GPUSchedService(Application):
         "token-file": "GPUSchedService.token_file",
         "log-dir": "GPUSchedService.log_dir",
     }
+
+    @default("proxy_url")
+    def _proxy_url_default(self):
+        return os.environ.get("JUPYTERHUB_PUBLIC_URL") or "http://127.0.0.1:8000"
 
     @default("bind_url")
     def _bind_url_default(self):
@@ -177,6 +192,8 @@ class GPUSchedService(Application):
             metrics=self.metrics,
         )
         self.metrics.live = live
+        live.hub = HubClient.from_environment(self.proxy_url)
+        live.server_stop_wait = self.notebook_stop_wait
         live.quota_document = _plain(document)
         counts = recover(live)
         stored = self.store.get_setting("quotas")

@@ -70,8 +70,11 @@ class LiveScheduler:
         self._pending_by_user: dict[str, int] = {}
         self._stopping: dict[str, tuple[int, str]] = {}  # job -> (run, why) while signalled
         self._tasks: set[asyncio.Task] = set()
+        self._in_pass = self._again = False  # see run_pass
         self.decisions = 0
         self.quota_document: dict | None = None  # the queue file as loaded, or the last edit
+        self.hub = None  # a HubClient when the hub runs this service (see hubclient.py)
+        self.server_stop_wait = 30.0  # after asking the hub to stop a pre-empted server
 
     # -- what users and admins do ------------------------------------------------------------
     def submit(self, who: Identity, request: JobRequest) -> Job:
@@ -91,6 +94,13 @@ class LiveScheduler:
             raise RequestError(f"no queue {request.queue!r}; yours: {known}", "queue")
         if queue not in allowed and not who.admin:
             raise RequestError(f"{who.name} may not submit to queue {queue.path}", "queue", 403)
+        models = self.cluster.gpu_models
+        if request.gpu_models is not None and not request.gpu_models & set(models):
+            wanted = "|".join(sorted(request.gpu_models))
+            raise RequestError(
+                f"no GPU of model {wanted} in this cluster (it has {', '.join(models)})",
+                "gpu_model",
+            )
         limit = tree.user_limit(who.name)
         waiting = self._pending_by_user.get(who.name, 0)
         if limit is not None and limit.pending_jobs is not None and waiting >= limit.pending_jobs:
@@ -128,6 +138,7 @@ class LiveScheduler:
             command=request.command,
             notebook=request.notebook,
             name=request.name,
+            server_name=request.server_name,
             env=request.env,
             cwd=request.cwd,
         )
@@ -144,12 +155,21 @@ class LiveScheduler:
 
     def cancel(self, job_id: str, actor: str) -> Job:
         job = self.engine.jobs[job_id]
+        if job.kind == "notebook" and job.state == JobState.RUNNING:
+            # a notebook server's allocation: its spawner has stopped the server (or is about
+            # to), so the GPUs are free at once
+            message = f"server stopped by {actor}"
+            self.process_exited(job_id, job.runs, Exit(0, "completed", message))
+            return job
         was_pending = job.state == JobState.PENDING
         self.engine.cancel(job_id, self.clock())
         if was_pending:
             self._count_pending(job, -1)
-            self._finish(job, self._event("cancelled", job, actor, f"cancelled by {actor}"))
+            event = self._event("cancelled", job, actor, f"cancelled by {actor}")
+            self.store.update_job(job.id, self._fields(job), event)
         self.run_pass()
+        if was_pending:  # after the pass: a job that was pre-empting is due to be looked at
+            self._forget(job)  # again (core/claims.py _drop_claim), and must still be there
         return job
 
     def hold(self, job_id: str, actor: str, hold: bool = True) -> Job:
@@ -213,7 +233,24 @@ class LiveScheduler:
 
     # -- the pass ----------------------------------------------------------------------------
     def run_pass(self) -> None:
-        """Run the engine and carry out what it decided (rows first, then processes)."""
+        """Run the engine and carry out what it decided (rows first, then processes).
+
+        Re-entrant calls (a launch that fails ends its job, which asks for a pass) only ask
+        for one more pass after this one, so that a long run of failing launches is a loop,
+        not a recursion."""
+        if self._in_pass:
+            self._again = True
+            return
+        self._in_pass = True
+        try:
+            self._again = True
+            while self._again:
+                self._again = False
+                self._run_pass_once()
+        finally:
+            self._in_pass = False
+
+    def _run_pass_once(self) -> None:
         now = self.clock()
         decisions = self.engine.schedule(now)
         if not decisions:
@@ -243,8 +280,6 @@ class LiveScheduler:
                 stops.append((job, decision.signal, decision.grace, extra.handle))
                 if self.metrics:
                     self.metrics.preempted(job)
-            if self.metrics:
-                self.metrics.decided(type(decision).__name__.lower())
             elif isinstance(decision, Stop):
                 if decision.ended:  # the engine already ended it (its node went down)
                     closed.append((job.id, job.runs, now))
@@ -259,6 +294,8 @@ class LiveScheduler:
                     self._stopping[job.id] = (job.runs, "cancelled")
                     signame = self.engine.settings.preemption_signal
                     stops.append((job, signame, self.cancel_grace, extra.handle))
+            if self.metrics:
+                self.metrics.decided(type(decision).__name__.lower())
             changes.append((job.id, self._fields(job)))
         self.store.apply(changes, opened, closed, events)
         for job in {job.id: job for job, *_ in stops if job.state.finished}.values():
@@ -346,12 +383,44 @@ class LiveScheduler:
         self.store.update_job(job.id, {"handle": extra.handle})
 
     async def _stop(self, job_id: str, run: int, handle, signame: str, grace: float) -> None:
+        job = self.engine.jobs.get(job_id)
+        if handle is None and job is not None and job.kind == "notebook":
+            await self._stop_server(job, run, grace)
+            return
         if handle is None:  # a notebook server (its spawner stops it), or never launched
             await asyncio.sleep(grace)
             result = Exit(None, "killed", f"stopped ({signame}, grace {grace:g} s)")
         else:
             result = await self.launcher.stop(handle, signame, grace)
         self.process_exited(job_id, run, result)
+
+    async def _stop_server(self, job: Job, run: int, grace: float) -> None:
+        """Pre-empt a notebook server: notice to the server, the grace period, then the hub
+        stops it (its spawner then releases the allocation). Without a hub, or if the release
+        does not come, the allocation is ended here."""
+        extra = self.extras.get(job.id)
+        server = extra.server_name if extra and extra.server_name is not None else ""
+        deadline = self.clock() + grace
+        if self.hub is not None:
+            notice = {
+                "kind": "preemption",
+                "job_id": job.id,
+                "deadline": deadline,
+                "message": f"This server's GPUs are needed by a higher-priority job. Save your "
+                f"work: the server stops in {grace:g} s.",
+            }
+            await self.hub.post_notice(job.user, server, notice)
+        await asyncio.sleep(grace)
+        if self.hub is not None and job.state == JobState.RUNNING and job.runs == run:
+            await self.hub.stop_server(job.user, server)
+            waited = 0.0
+            while (
+                job.state == JobState.RUNNING and job.runs == run and waited < self.server_stop_wait
+            ):
+                await asyncio.sleep(0.2)
+                waited += 0.2
+        result = Exit(None, "killed", f"server stopped after a pre-emption notice ({grace:g} s)")
+        self.process_exited(job.id, run, result)
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.ensure_future(coroutine)

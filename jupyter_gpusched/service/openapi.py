@@ -38,6 +38,7 @@ JOB_REQUEST = {
         "env": {"type": "object", "additionalProperties": {"type": "string"}},
         "cwd": {"type": "string"},
         "held": {"type": "boolean"},
+        "server_name": {"type": "string", "maxLength": 255},
     },
 }
 for _name, _text in JOB_FIELDS.items():

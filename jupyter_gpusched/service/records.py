@@ -23,6 +23,7 @@ class Extra:
     command: str | None = None
     notebook: str | None = None
     name: str | None = None
+    server_name: str | None = None  # a notebook server's hub name
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
     handle: dict | None = None  # the launcher's, for the current run
@@ -54,6 +55,7 @@ def row_for(job: Job, extra: Extra) -> dict:
         "command": extra.command,
         "notebook": extra.notebook,
         "name": extra.name,
+        "server_name": extra.server_name,
         "env": dict(extra.env),
         "cwd": extra.cwd,
         "submit_time": job.submit_time,
@@ -125,6 +127,7 @@ def job_from_row(row: dict) -> tuple[Job, Extra]:
         command=row.get("command"),
         notebook=row.get("notebook"),
         name=row.get("name"),
+        server_name=row.get("server_name"),
         env=dict(row.get("env") or {}),
         cwd=row.get("cwd"),
         handle=row.get("handle"),
@@ -216,6 +219,8 @@ def public_job(row: dict, *, mine: bool, full: bool, position: int | None = None
     }
     if full:
         for key in ("user", "name", "command", "notebook", "env", "cwd", "exit_code", "message"):
+            view[key] = row.get(key)
+        for key in ("server_name",):
             view[key] = row.get(key)
         view["cpus"], view["memory_gb"] = row.get("cpus"), row.get("memory_gb")
     return view

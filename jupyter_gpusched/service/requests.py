@@ -32,6 +32,7 @@ JOB_FIELDS = {
     "env": "environment variables for the job (object of strings)",
     "cwd": "working directory (absolute path)",
     "held": "submit on hold (true/false): it waits until released",
+    "server_name": "kind notebook: the hub's name of the server ('' for the default server)",
 }
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -67,14 +68,23 @@ class JobRequest:
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
     held: bool = False
+    server_name: str | None = None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
 
 
 def parse_body(body: bytes) -> dict:
-    """The JSON object in ``body``, or RequestError."""
+    """The JSON object in ``body``, or RequestError. Strict JSON: no NaN or Infinity, no lone
+    surrogates (``"\\ud800"``: not text, and no database could store it)."""
     try:
-        data = json.loads(body or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = json.loads(body or b"null", parse_constant=_no_constant)
+        json.dumps(data, ensure_ascii=False).encode()
+    except (ValueError, UnicodeError) as exc:
         raise RequestError(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError("the body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise RequestError("the body must be a JSON object")
     return data
@@ -123,7 +133,7 @@ def parse_job_request(data: dict) -> JobRequest:
     if data.get("walltime") is not None:
         try:
             request.walltime = parse_duration(data["walltime"])
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             raise RequestError(str(exc), "walltime") from None
         if request.walltime <= 0 or not math.isfinite(request.walltime):
             raise RequestError("'walltime' must be longer than 0", "walltime")
@@ -140,6 +150,17 @@ def parse_job_request(data: dict) -> JobRequest:
     request.cwd = _text(data, "cwd", max_length=4096)
     if request.cwd is not None and not request.cwd.startswith("/"):
         raise RequestError("'cwd' must be an absolute path", "cwd")
+    if data.get("server_name") is not None:
+        server = data["server_name"]
+        if request.kind != "notebook":
+            raise RequestError(
+                "'server_name' is for notebook servers (kind notebook)", "server_name"
+            )
+        if not isinstance(server, str) or len(server) > 255 or "\x00" in server:
+            raise RequestError(
+                "'server_name' must be a string of at most 255 characters", "server_name"
+            )
+        request.server_name = server
     if "held" in data:
         if not isinstance(data["held"], bool):
             raise RequestError("'held' must be true or false", "held")
@@ -147,10 +168,15 @@ def parse_job_request(data: dict) -> JobRequest:
     return request
 
 
+MAX_WHOLE = 2**31 - 1  # what an INTEGER column holds on every database
+
+
 def _whole(data, name, minimum) -> int:
     value = data[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise RequestError(f"'{name}' must be a whole number >= {minimum}, got {value!r}", name)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_WHOLE:
+        raise RequestError(
+            f"'{name}' must be a whole number from {minimum} to {MAX_WHOLE}, got {value!r}", name
+        )
     return value
 
 
@@ -158,9 +184,13 @@ def _number(data, name) -> float:
     value = data[name]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(f"'{name}' must be a number, got {value!r}", name)
-    if not math.isfinite(value) or value < 0:
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float, e.g. 10**400
+        number = math.inf
+    if not 0 <= number < math.inf:
         raise RequestError(f"'{name}' must be a finite number >= 0, got {value!r}", name)
-    return float(value)
+    return number
 
 
 def _text(data, name, max_length=100_000) -> str | None:

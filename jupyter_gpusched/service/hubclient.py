@@ -1,0 +1,71 @@
+"""What the service asks of JupyterHub: stop a user's notebook server, and post a notice to it.
+
+A hub-managed service gets its API token and the hub's API URL in its environment
+(``JUPYTERHUB_API_TOKEN``, ``JUPYTERHUB_API_URL``). Its role needs ``admin:servers`` (or
+``servers``) to stop servers and ``access:servers`` to reach them; see ``hub_config/README.md``.
+Notices go through the proxy (``proxy_url``) to the server extension's ``gpusched/api/notices``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+log = logging.getLogger("jupyter_gpusched.service")
+
+
+class HubClient:
+    def __init__(self, api_url: str, token: str, proxy_url: str):
+        self.api_url = api_url.rstrip("/")
+        self.token = token
+        self.proxy_url = proxy_url.rstrip("/")
+
+    @classmethod
+    def from_environment(cls, proxy_url: str) -> HubClient | None:
+        """The client for the hub that runs this service, or None when run standalone."""
+        api_url, token = (
+            os.environ.get("JUPYTERHUB_API_URL"),
+            os.environ.get("JUPYTERHUB_API_TOKEN"),
+        )
+        if not api_url or not token:
+            return None
+        return cls(api_url, token, proxy_url)
+
+    def server_path(self, user: str, server_name: str) -> str:
+        path = f"/user/{quote(user, safe='')}/"
+        return path + (f"{quote(server_name, safe='')}/" if server_name else "")
+
+    async def stop_server(self, user: str, server_name: str) -> bool:
+        """Ask the hub to stop the server (the hub then calls its spawner's stop)."""
+        route = f"/users/{quote(user, safe='')}/"
+        route += f"servers/{quote(server_name, safe='')}" if server_name else "server"
+        return await self._call("DELETE", self.api_url + route, None)
+
+    async def post_notice(self, user: str, server_name: str, notice: dict) -> bool:
+        url = self.proxy_url + self.server_path(user, server_name) + "gpusched/api/notices"
+        return await self._call("POST", url, notice)
+
+    async def _call(self, method: str, url: str, body: dict | None) -> bool:
+        request = HTTPRequest(
+            url,
+            method=method,
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            body=json.dumps(body) if body is not None else None,
+            allow_nonstandard_methods=True,
+            request_timeout=10,
+        )
+        try:
+            await AsyncHTTPClient().fetch(request)
+        except HTTPClientError as exc:
+            if method == "DELETE" and exc.code in (400, 404):
+                return True  # not running (any more)
+            log.warning("%s %s failed: %s", method, url, exc)
+            return False
+        except OSError as exc:
+            log.warning("%s %s failed: %s", method, url, exc)
+            return False
+        return True

@@ -75,6 +75,7 @@ class Hub:
     process: subprocess.Popen
     log_path: Path
     tokens: dict = field(default_factory=dict)
+    service_port: int = 0  # the service's own port (the proxy forwards /services/gpusched/ there)
 
     @property
     def api_url(self) -> str:
@@ -222,7 +223,7 @@ def running_hub():
         GPUSCHED_HUB_PORT=str(port),
         GPUSCHED_HUB_API_PORT=str(free_port()),
         GPUSCHED_PROXY_API_PORT=str(free_port()),
-        GPUSCHED_SERVICE_PORT=str(free_port()),
+        GPUSCHED_SERVICE_PORT=str(service_port := free_port()),
         GPUSCHED_DEMO_PASSWORD=password,
     )
     log_path = state_dir / "jupyterhub.log"
@@ -237,6 +238,7 @@ def running_hub():
             start_new_session=True,
         )
     hub = Hub(f"http://127.0.0.1:{port}", state_dir, password, token, process, log_path)
+    hub.service_port = service_port
     failed = True
     try:
         _wait_until_up(hub, time.monotonic() + START_TIMEOUT)

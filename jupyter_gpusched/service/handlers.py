@@ -8,6 +8,7 @@ their own jobs in full (others' are anonymised). Admin routes are in :mod:`.admi
 from __future__ import annotations
 
 import json
+import math
 import os
 from functools import wraps
 
@@ -16,7 +17,7 @@ from tornado import web
 from ..core.errors import ConfigError
 from ..core.jobs import JobState
 from .records import placement_view, public_job, reason_dict
-from .requests import RequestError, parse_body, parse_job_request
+from .requests import MAX_WHOLE, RequestError, parse_body, parse_job_request
 
 MAX_LOG_BYTES = 1 << 20
 
@@ -95,9 +96,23 @@ class APIHandler(web.RequestHandler):
         if value is None:
             return default
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
-            raise APIError(400, f"'{name}' must be a number", name) from None
+            number = math.nan
+        if not math.isfinite(number):
+            raise APIError(400, f"'{name}' must be a number", name)
+        return number
+
+    def whole(self, name: str, default: int, minimum: int = 0) -> int:
+        """A whole-number query argument from ``minimum`` to what a database integer holds."""
+        value = self.number(name)
+        if value is None:
+            return default
+        if value != int(value) or not minimum <= value <= MAX_WHOLE:
+            raise APIError(
+                400, f"'{name}' must be a whole number from {minimum} to {MAX_WHOLE}", name
+            )
+        return int(value)
 
     def job_row(self, job_id: str) -> dict:
         """The job, if the caller may see it in full (404 otherwise: other users' job ids are
@@ -193,9 +208,13 @@ class QueueHandler(APIHandler):
 
 class JobsHandler(APIHandler):
     @api
-    def post(self):
+    async def post(self):
         request = parse_job_request(self.body())
         job = self.live.submit(self.identity, request)
+        try:
+            await self.live.saved()
+        except Exception as exc:
+            raise APIError(503, f"the job could not be stored, please retry: {exc}") from None
         self.send(self.view(self.live.row(job.id)), status=201)
 
     @api
@@ -208,10 +227,12 @@ class JobsHandler(APIHandler):
             raise APIError(
                 400, "unknown state; use " + ", ".join(s.value for s in JobState), "state"
             )
-        limit = int(self.number("limit", 500))
-        offset = int(self.number("offset", 0))
+        limit = self.whole("limit", 500)
+        offset = self.whole("offset", 0)
         rows = self.live.store.jobs(states=states, user=user, limit=limit, offset=offset)
-        self.send({"jobs": [self.view(self.live.row(r["id"]) or r) for r in rows]})
+        live = self.live  # unfinished jobs from memory; the rest as read (no query per row)
+        rows = [live.row(r["id"]) if r["id"] in live.extras else r for r in rows]
+        self.send({"jobs": [self.view(r) for r in rows]})
 
 
 class JobHandler(APIHandler):

@@ -74,6 +74,8 @@ class LiveScheduler:
         self.decisions = 0
         self.quota_document: dict | None = None  # the queue file as loaded, or the last edit
         self.hub = None  # a HubClient when the hub runs this service (see hubclient.py)
+        self._unsaved: list[tuple[Job, dict]] = []  # submissions not yet committed
+        self._saved: asyncio.Future | None = None  # resolved when they are
         self.server_stop_wait = 30.0  # after asking the hub to stop a pre-empted server
 
     # -- what users and admins do ------------------------------------------------------------
@@ -144,16 +146,62 @@ class LiveScheduler:
         )
         kind = "rejected" if job.state == JobState.REJECTED else "submitted"
         message = job.reject_reason if kind == "rejected" else f"{job.gpus:g} GPUs, tier {job.tier}"
-        self.store.add_job(row_for(job, extra), self._event(kind, job, who.name, message))
+        event = self._event(kind, job, who.name, message)
         if job.state == JobState.REJECTED:
+            self._save_submissions()
+            self.store.add_job(row_for(job, extra), event)
             self.engine.forget(job.id)
             return job
         self.extras[job.id] = extra
         self._count_pending(job, +1)
+        self._unsaved.append((job, event))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside the service's loop (tests, tools): save now
+            self._save_submissions()
+        else:
+            if self._saved is None:
+                self._saved = loop.create_future()
+                loop.call_soon(self._save_submissions)
         self.run_pass()
         return job
 
+    async def saved(self) -> None:
+        """Wait until the submissions made so far are committed. Submissions that arrive in
+        the same turn of the event loop are written in one transaction (a group commit): the
+        201 goes out only after it, so a job acknowledged is never lost, and the commit cost
+        is shared under load."""
+        if self._saved is not None:
+            await asyncio.shield(self._saved)
+
+    def _save_submissions(self) -> None:
+        """Commit the pending submissions (before anything else is written about them)."""
+        batch, self._unsaved = self._unsaved, []
+        future, self._saved = self._saved, None
+        if not batch:
+            if future is not None and not future.done():
+                future.set_result(None)
+            return
+        try:
+            self.store.add_jobs(
+                [row_for(job, self.extras[job.id]) for job, _ in batch],
+                [event for _, event in batch],
+            )
+        except Exception as exc:
+            log.exception("the database did not take %d submissions", len(batch))
+            for job, _ in batch:  # undo: the callers get an error, not a 201
+                if job.state == JobState.PENDING:
+                    self.engine.cancel(job.id, self.clock())
+                    self._count_pending(job, -1)
+                    self._forget(job)
+            if future is not None and not future.done():
+                future.set_exception(exc)
+            return
+        if future is not None and not future.done():
+            future.set_result(None)
+
     def cancel(self, job_id: str, actor: str) -> Job:
+        self._save_submissions()
         job = self.engine.jobs[job_id]
         if job.kind == "notebook" and job.state == JobState.RUNNING:
             # a notebook server's allocation: its spawner has stopped the server (or is about
@@ -173,6 +221,7 @@ class LiveScheduler:
         return job
 
     def hold(self, job_id: str, actor: str, hold: bool = True) -> Job:
+        self._save_submissions()
         now = self.clock()
         job = (self.engine.hold if hold else self.engine.release)(job_id, now)
         kind = "held" if hold else "released"
@@ -183,6 +232,7 @@ class LiveScheduler:
         return job
 
     def set_priority(self, job_id: str, priority: int, actor: str) -> Job:
+        self._save_submissions()
         job = self.engine.set_priority(job_id, priority, self.clock())
         message = f"priority set to {priority} by {actor}"
         self.store.update_job(
@@ -255,6 +305,7 @@ class LiveScheduler:
         decisions = self.engine.schedule(now)
         if not decisions:
             return
+        self._save_submissions()  # rows about these jobs follow
         self.decisions += len(decisions)
         changes, opened, closed, events, launches, stops = [], [], [], [], [], []
         for decision in decisions:
@@ -325,6 +376,7 @@ class LiveScheduler:
         job = self.engine.jobs.get(job_id)
         if job is None or job.state != JobState.RUNNING or job.runs != run:
             return  # already accounted for
+        self._save_submissions()
         extra = self.extras[job_id]
         stopping = self._stopping.pop(job_id, (None, None))
         why = stopping[1] if stopping[0] == run else None

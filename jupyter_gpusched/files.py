@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from .core import Cluster, ConfigError, PolicySettings, QueueTree
+from .gpu.discover import expand_discover
 
 
 class LineDict(dict):
@@ -52,7 +53,10 @@ def read_yaml(path) -> object:
 
 
 def load_cluster(path) -> Cluster:
-    return Cluster.from_dict(read_yaml(path), source=str(path))
+    """The cluster file; ``nodes: discover`` entries are filled in from this machine's GPUs
+    (see docs/gpu.md)."""
+    data = expand_discover(read_yaml(path), source=str(path))
+    return Cluster.from_dict(data, source=str(path))
 
 
 def load_queues(path, cluster: Cluster) -> QueueTree:

@@ -44,6 +44,7 @@ import os
 import pwd
 import re
 import signal as _signal
+import site
 import socket
 import subprocess
 import sys
@@ -79,6 +80,9 @@ class LaunchSpec:
     env: dict[str, str]  # user-supplied environment, plus GPUSCHED_* set by the service
     cwd: str | None  # working directory (None: the home directory of the user it runs as)
     log_dir: str  # where the log (and the executed notebook) go; created if missing
+    # The whole placement, node by node: [(node name, its GPU indices), ...] in the engine's
+    # order. Multi-node backends (Slurm) need it; LocalLauncher uses ``gpus`` (the first node).
+    nodes: list[tuple[str, list[int]]] | None = None
 
 
 @dataclass
@@ -92,6 +96,30 @@ class Exit:
 
 class Launcher(LoggingConfigurable):
     """The interface the service drives. Handles are plain dicts; see :class:`LocalLauncher`."""
+
+    def _interpreter(self, account: pwd.struct_passwd | None) -> tuple[str, dict]:
+        """The interpreter for jobs of ``account`` and the environment it needs (cached)."""
+        if self.python:
+            return self.python, {}
+        key = account.pw_uid if account is not None else None
+        if key not in self._interpreters:
+            choice = (sys.executable, {})
+            if account is not None and not _can_import_runner(account, sys.executable, {}):
+                package_root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+                paths = os.pathsep.join([package_root, *site.getsitepackages()])
+                for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+                    extra = {"PYTHONPATH": paths}
+                    if os.path.exists(candidate) and _can_import_runner(account, candidate, extra):
+                        choice = (candidate, extra)
+                        break
+                else:
+                    self.log.warning(
+                        "user %s can run no Python that imports jupyter_gpusched; set "
+                        "c.LocalLauncher.python",
+                        account.pw_name,
+                    )
+            self._interpreters[key] = choice
+        return self._interpreters[key]
 
     def start(self, spec: LaunchSpec) -> dict:
         """Start the job; return its handle (JSON-serialisable). Raises :class:`LaunchError`."""
@@ -156,6 +184,18 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+def _can_import_runner(account: pwd.struct_passwd, python: str, env: dict) -> bool:
+    probe = [python, "-c", "import jupyter_gpusched.service.runner"]
+    ids = {"user": account.pw_uid, "group": account.pw_gid}
+    try:
+        done = subprocess.run(
+            probe, cwd="/", env={"PATH": os.defpath, **env}, capture_output=True, timeout=60, **ids
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
 def _exit_from_record(record: dict) -> Exit:
     if record.get("signal") is not None:
         return Exit(None, "killed", f"killed by {_signame(record['signal'])}")
@@ -180,9 +220,11 @@ class LocalLauncher(Launcher):
     ).tag(config=True)
 
     python = Unicode(
-        sys.executable,
+        "",
         help="Python interpreter that runs the job wrapper (jupyter_gpusched.service.runner) "
-        "and, for notebooks, nbclient. It must be usable by the users jobs run as.",
+        "and, for notebooks, nbclient; it must be usable by the users jobs run as. Empty: this "
+        "interpreter if the job's user can run it, else the system python3 with this "
+        "installation on PYTHONPATH (a pyenv or /root install is not readable by others).",
     ).tag(config=True)
 
     kill_wait = Float(
@@ -193,6 +235,7 @@ class LocalLauncher(Launcher):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        self._interpreters: dict[int | None, tuple[str, dict]] = {}  # uid -> (python, env)
         self._children: dict[int, tuple[subprocess.Popen, float]] = {}  # not reaped yet
         self._ended: dict[int, tuple[float, int]] = {}  # reaped: pid -> (create_time, status)
         self._forget: set[int] = set()  # exit already reported: reap, keep no status
@@ -245,7 +288,9 @@ class LocalLauncher(Launcher):
             os.makedirs(spec.log_dir, exist_ok=True)
             log_fd = _open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, account)
             record_fd = _open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, None)
-            argv = [self.python, "-m", "jupyter_gpusched.service.runner"]
+            python, extra_env = self._interpreter(account)
+            env.update(extra_env)
+            argv = [python, "-m", "jupyter_gpusched.service.runner"]
             argv += [f"--exit-fd={record_fd}", f"--run={run}"]
             if spec.command is not None:
                 argv.append(f"--command={spec.command}")

@@ -113,16 +113,19 @@ def test_policy_file_defaults_and_overrides(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("text", "field"),
+    ("text", "field", "line"),
     [
-        ("tiers:\n  1: {grace_period: 5m}\n", "tiers.1"),
-        ("fair_share: {half_life: soon}\n", "fair_share.half_life"),
-        ("preemption_signal: SIGNOPE\n", "preemption_signal"),
-        ("agee: {weight: 1}\n", "agee"),
+        ("tiers:\n  1: {grace_period: 5m}\n", "tiers.1", 2),
+        ("fair_share: {half_life: soon}\n", "fair_share.half_life", 1),
+        ("fair_share:\n  weight: 1\n  half_life: soon\n", "fair_share.half_life", 3),
+        ("preemption_signal: SIGNOPE\n", "preemption_signal", 1),
+        ("agee: {weight: 1}\n", "agee", 1),
+        ("tiers: 7\n", "tiers", 1),
     ],
 )
-def test_bad_policy_files_name_the_field(tmp_path, text, field):
+def test_bad_policy_files_name_the_field(tmp_path, text, field, line):
+    """The error names the field and the line of the field itself, not of its section."""
     with pytest.raises(ConfigError) as error:
         load_policy(write(tmp_path, "policy.yaml", text))
     assert error.value.field == field
-    assert "policy.yaml:1" in str(error.value)
+    assert f"policy.yaml:{line}," in str(error.value)

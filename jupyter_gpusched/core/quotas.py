@@ -292,7 +292,10 @@ def _number(spec, key, default, fail) -> float:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         fail(f"'{key}' must be a number of GPUs >= 0, got {value!r}", key)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        fail(f"'{key}' is too large: {str(value)[:20]}...", key)
 
 
 def _names(spec, key, fail) -> tuple[str, ...]:

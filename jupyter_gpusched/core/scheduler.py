@@ -228,7 +228,7 @@ class Scheduler(PreemptionSteps, AdminSteps):
                     self._wake = min(self._wake, self._last_deep + interval)
             # new jobs: all of them after submissions only; after a full pass, the ones it
             # stopped before reaching (so that every pending job has a reason)
-            fresh = [j for j in new if self.jobs[j].state == JobState.PENDING]
+            fresh = [j for j in new if j in self.jobs and self.jobs[j].state == JobState.PENDING]
             if full:
                 fresh = [j for j in fresh if self.jobs[j].reason is None]
             if fresh:

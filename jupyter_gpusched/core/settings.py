@@ -30,6 +30,7 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
 
 from __future__ import annotations
 
+import math
 import signal as _signal
 from dataclasses import dataclass, field, fields
 
@@ -85,6 +86,8 @@ class PolicySettings:
         reader = _Reader(data, source)
         defaults = cls()
         tiers = dict(defaults.tiers)
+        if not isinstance(data.get("tiers") or {}, dict):
+            reader.fail("must map tiers (2, 3) to grace_period and minimum_run_time", "tiers")
         for key, spec in (data.get("tiers") or {}).items():
             where = f"tiers.{key}"
             if key not in (2, 3, "2", "3"):
@@ -164,8 +167,17 @@ class _Reader:
         self.data, self.source = data, source
 
     def fail(self, message: str, where: str):
-        top = where.split(".")[0]
-        raise ConfigError(message, source=self.source, field=where, line=line_of(self.data, top))
+        """Raise for ``where`` (``section.field``), with the line of the deepest part found."""
+        line, node = None, self.data
+        for part in where.split("."):
+            key = part if part in node else int(part) if part.isdigit() else None
+            if key not in node:
+                break
+            line = line_of(node, key) or line
+            node = node[key]
+            if not isinstance(node, dict):
+                break
+        raise ConfigError(message, source=self.source, field=where, line=line)
 
     def section(self, name: str, allowed: set[str]) -> dict:
         value = self.data.get(name) or {}
@@ -184,11 +196,17 @@ class _Reader:
             return default
         try:
             return parse_duration(section[key])
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:
             self.fail(str(exc), f"{where}.{key}")
 
     def number(self, section: dict, key: str, default: float, where: str) -> float:
         value = section.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             self.fail(f"must be a number >= 0, got {value!r}", f"{where}.{key}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            self.fail(f"must be a finite number, got {value!r}", f"{where}.{key}")
+        return number

@@ -8,6 +8,7 @@ import datetime
 from ..core.quotas import QueueTree
 from .handlers import APIError, APIHandler, api
 from .openapi import openapi_document
+from .requests import MAX_WHOLE
 
 USAGE_KEYS = ("queue", "user", "gpu_model")
 
@@ -33,13 +34,16 @@ class QuotasHandler(APIHandler):
         self.send({"document": live.quota_document, "queues": queues})
 
     @api
-    def put(self):
+    async def put(self):
         """Replace the quotas with a queue-file document (same schema; same queues)."""
         self.require_admin()
         document = self.body()
-        tree = QueueTree.from_dict(document, self.live.cluster.total_gpus, "request body")
+        try:
+            tree = QueueTree.from_dict(document, self.live.cluster.total_gpus, "request body")
+        except OverflowError:  # core/quotas.py: float() of an integer like 10**400
+            raise APIError(400, "a number in the document is too large") from None
         self.live.update_quotas(tree, document, self.identity.name)
-        self.get()
+        await self.get()  # a coroutine: @api made it one
 
 
 class HoldHandler(APIHandler):
@@ -61,8 +65,17 @@ class PriorityHandler(APIHandler):
         if self.live.engine.jobs.get(job_id) is None:
             raise APIError(409, f"job {job_id} has ended", "id")
         priority = self.body().get("priority")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise APIError(400, "'priority' must be a whole number (higher goes first)", "priority")
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not -MAX_WHOLE <= priority <= MAX_WHOLE
+        ):
+            raise APIError(
+                400,
+                f"'priority' must be a whole number from {-MAX_WHOLE} to {MAX_WHOLE} (higher "
+                "goes first)",
+                "priority",
+            )
         self.live.set_priority(job_id, priority, self.identity.name)
         self.send(self.view(self.live.row(job_id)))
 
@@ -143,16 +156,23 @@ class OpenAPIHandler(APIHandler):
         self.send(openapi_document(self.settings.get("gpusched_prefix", "/")))
 
 
+LATEST = 253402300799.0  # 9999-12-31 23:59:59 UTC: later times cannot be written as dates
+
+
 def parse_time(value, field: str) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-        return float(value)
-    if isinstance(value, str):
+    """Epoch seconds from a number or an ISO 8601 string, between 1970 and the year 9999."""
+    moment = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        moment = value  # compared before float(): 10**400 has no float
+    elif isinstance(value, str):
         try:
-            moment = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
             pass
         else:
-            if moment.tzinfo is None:
-                moment = moment.replace(tzinfo=datetime.timezone.utc)
-            return moment.timestamp()
-    raise APIError(400, f"'{field}' must be epoch seconds or an ISO 8601 time", field)
+            if parsed.tzinfo is None:
+                parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+            moment = parsed.timestamp()
+    if moment is not None and 0 <= moment <= LATEST:
+        return float(moment)
+    raise APIError(400, f"'{field}' must be epoch seconds or an ISO 8601 time, 1970 to 9999", field)

@@ -171,6 +171,13 @@ class GPUSchedService(Application):
     def build(self) -> LiveScheduler:
         """Read the files (ConfigError names file, line and field), open the database,
         rebuild the queue from it, and return the live scheduler."""
+        # everything that reads a file comes first, so that a bad one stops the start (exit
+        # code 2) before the database is opened or a port is taken
+        self.auth = (
+            TokenFileAuth(parent=self, token_file=self.token_file)
+            if self.token_file
+            else HubAuthenticated(parent=self)
+        )
         cluster = load_cluster(self.cluster_file)
         document = read_yaml(self.queue_file) if self.queue_file else None
         tree = (
@@ -207,11 +214,7 @@ class GPUSchedService(Application):
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", prefix)
         if not prefix.endswith("/"):
             prefix += "/"
-        auth = (
-            TokenFileAuth(parent=self, token_file=self.token_file)
-            if self.token_file
-            else HubAuthenticated(parent=self)
-        )
+        auth = self.auth
         routes = [(prefix + pattern, handler) for pattern, handler in ROUTES]
         routes += auth.handlers(prefix)
         return web.Application(

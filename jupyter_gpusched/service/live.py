@@ -424,6 +424,13 @@ class LiveScheduler:
             env=env,
             cwd=extra.cwd,
             log_dir=os.path.join(self.log_dir, job.user or "_"),
+            nodes=[
+                (
+                    self.cluster.nodes[p.node].name,
+                    [i for i in range(p.mask.bit_length()) if p.mask >> i & 1],
+                )
+                for p in placement.parts
+            ],
         )
         try:
             extra.handle = self.launcher.start(spec)

@@ -15,9 +15,19 @@ the tests start (``tests/hub_harness.py`` loads this file and adds to it).
 * The scheduler runs as the managed service ``gpusched`` at /services/gpusched/ (it listens on
   127.0.0.1:8765, ``GPUSCHED_SERVICE_PORT``) with ``hub_config/cluster.yaml`` and
   ``hub_config/queues.yaml``.
+* The cluster, queue and policy files are ``hub_config/cluster.yaml``, ``hub_config/queues.yaml``
+  and the documented policy defaults; ``GPUSCHED_CLUSTER_FILE``, ``GPUSCHED_QUEUE_FILE`` and
+  ``GPUSCHED_POLICY_FILE`` choose others (the tests use a small cluster and short grace periods).
+* Notebook servers: ``GPUSchedSpawner`` (``c.JupyterHub.spawner_class = "gpusched"``) with three
+  profiles; every start asks the scheduler for GPUs and waits in its queue. For the demo the
+  servers run as the hub's own OS user (``run_as_hub_user``), each user with HOME in
+  ``STATE/home/<user>``. Named servers are on; the hub leaves servers running when it stops
+  (``cleanup_servers = False``) and finds them, with their allocations, when it starts again.
 * Roles: every user may use the service (``access:services!service=gpusched`` added to the
   default ``user`` role); the custom scope ``custom:gpusched:admin`` (role ``gpusched-admin``,
-  given to admin) makes a user an admin of the scheduler. See hub_config/README.md.
+  given to admin) makes a user an admin of the scheduler; the service itself may stop servers
+  and post pre-emption notices to them (role ``gpusched-service``). See hub_config/README.md.
+  ``hub_config/jupyterhub_config_production.py`` shows the settings of a production hub.
 
 The hub runs the service as its own user. Run as root (``make demo``), the service runs each job
 as the Unix user who submitted it, so alice, bob, carol and admin must exist on this host
@@ -39,6 +49,9 @@ HUB_API_PORT = int(os.environ.get("GPUSCHED_HUB_API_PORT") or 8081)
 PROXY_API_PORT = int(os.environ.get("GPUSCHED_PROXY_API_PORT") or 8001)
 SERVICE_PORT = int(os.environ.get("GPUSCHED_SERVICE_PORT") or 8765)
 PASSWORD = os.environ.get("GPUSCHED_DEMO_PASSWORD") or "gpusched-demo"
+CLUSTER_FILE = os.environ.get("GPUSCHED_CLUSTER_FILE") or os.path.join(HERE, "cluster.yaml")
+QUEUE_FILE = os.environ.get("GPUSCHED_QUEUE_FILE") or os.path.join(HERE, "queues.yaml")
+POLICY_FILE = os.environ.get("GPUSCHED_POLICY_FILE") or ""  # empty: the documented defaults
 
 SERVICE = "gpusched"
 ADMIN_SCOPE = "custom:gpusched:admin"
@@ -69,9 +82,8 @@ c.Authenticator.allowed_users = set(DEMO_USERS)
 c.Authenticator.admin_users = {"admin"}
 c.JupyterHub.load_groups = {"research": {"users": ["alice", "bob"]}}
 
-# Notebook servers: the default spawner, unconfigured (not used by the scheduler demo yet). After
-# login users land on the hub's home page (its Services menu links to the scheduler), not on
-# /hub/spawn.
+# After login users land on the hub's home page (its Services menu links to the scheduler; its
+# "Start My Server" button leads to the profile form), not straight into a spawn.
 c.JupyterHub.default_url = "/hub/home"
 
 
@@ -139,8 +151,11 @@ c.JupyterHub.services = [
             "-m",
             "jupyter_gpusched",
             "serve",
-            f"--cluster={HERE}/cluster.yaml",
-            f"--queues={HERE}/queues.yaml",
+            f"--cluster={CLUSTER_FILE}",
+            f"--queues={QUEUE_FILE}",
+            *([f"--policy-file={POLICY_FILE}"] if POLICY_FILE else []),
+            # pre-emption notices reach notebook servers through the proxy
+            f"--GPUSchedService.proxy_url=http://127.0.0.1:{HUB_PORT}",
             f"--db=sqlite:///{STATE}/gpusched.sqlite",
             f"--log-dir={STATE}/logs",
             *launcher_args,
@@ -155,6 +170,59 @@ c.JupyterHub.services = [
         "oauth_client_allowed_scopes": [ADMIN_SCOPE],
     }
 ]
+
+# -- notebook servers: GPUSchedSpawner -----------------------------------------------------------
+# Every start asks the scheduler service for GPUs (as the user), waits in its queue while the spawn
+# page shows the position, the reason and the ETA, then starts jupyterhub-singleuser with
+# CUDA_VISIBLE_DEVICES set to the allocated GPUs. See jupyter_gpusched/spawner.py.
+c.JupyterHub.spawner_class = "gpusched"
+c.GPUSchedSpawner.profiles = [
+    {
+        "display_name": "1 GPU (tier 2)",
+        "slug": "gpu-1",
+        "description": "One GPU for interactive work",
+        "tier": 2,
+        "gpus": 1,
+        "gpu_models": ["H100", "L40S"],  # the user picks one, or takes any of them
+        "idle_timeout": "1h",  # idle kernels are culled, then the idle server stops
+        "max_lifetime": "8h",  # the job's walltime: the server is stopped after it
+        "default": True,
+    },
+    {
+        "display_name": "4 GPUs (tier 2)",
+        "slug": "gpu-4",
+        "description": "Four NVLink-connected H100 for the research group",
+        "tier": 2,
+        "gpus": 4,
+        "gpu_models": ["H100"],
+        "groups": ["research"],  # only members of these hub groups see and may use it
+        "idle_timeout": "30m",
+        "max_lifetime": "4h",
+    },
+    {
+        "display_name": "2 GPUs opportunistic (tier 3)",
+        "slug": "gpu-2-opportunistic",
+        "description": "Idle GPUs at no cost to your quota's guarantee; may be pre-empted "
+        "(with a notice in the server, then stopped after the grace period)",
+        "tier": 3,
+        "gpus": 2,
+        "idle_timeout": "30m",
+        "max_lifetime": "12h",
+    },
+]
+# Queued starts wait at most this long; then the request leaves the queue with a message.
+# JupyterHub's own start timeout is raised to this plus Spawner.start_timeout for each start.
+c.GPUSchedSpawner.max_queue_wait = 30 * 60
+# The demo runs every server as the hub's own OS user, HOME in STATE/home/<user> (a production
+# hub runs them as the users' own OS accounts: see jupyterhub_config_production.py).
+c.GPUSchedSpawner.run_as_hub_user = True
+c.GPUSchedSpawner.home_dir_template = os.path.join(STATE, "home", "{username}")
+# The single-user server of this virtual environment, whatever PATH the hub was started with.
+c.Spawner.cmd = [os.path.join(os.path.dirname(sys.executable), "jupyterhub-singleuser")]
+c.JupyterHub.allow_named_servers = True  # several GPU servers per user, within their quota
+c.JupyterHub.named_server_limit_per_user = 4
+# A hub restart keeps running servers and their allocations (the default stops them all).
+c.JupyterHub.cleanup_servers = False
 
 # -- scopes and roles ----------------------------------------------------------------------------
 c.JupyterHub.custom_scopes = {
@@ -175,5 +243,14 @@ c.JupyterHub.load_roles = [
         "description": "Administer the GPU scheduler",
         "scopes": [ADMIN_SCOPE, ACCESS_SCOPE],
         "users": ["admin"],
+    },
+    {
+        # The service stops pre-empted notebook servers through the hub API (servers), posts the
+        # pre-emption notice to the server first (access:servers: single-user servers accept its
+        # token) and finds the server's URL (read:users).
+        "name": "gpusched-service",
+        "description": "The GPU scheduler service: pre-empts notebook servers",
+        "scopes": ["servers", "access:servers", "read:users"],
+        "services": [SERVICE],
     },
 ]

@@ -1,0 +1,37 @@
+"""The jupyter-server extension of jupyter_gpusched: what runs inside each notebook server that
+:class:`jupyter_gpusched.spawner.GPUSchedSpawner` starts.
+
+Routes (under the server's base URL, authenticated like every jupyter-server API):
+
+* ``POST /gpusched/api/notices``: the scheduler service tells the server something its user must
+  know, e.g. ``{"kind": "preemption", "message": "...", "deadline": <epoch>}`` before it stops a
+  pre-emptible (tier-3) server. The notice is logged in the server log and kept (the newest
+  :data:`~.notices.MAX_NOTICES`).
+* ``GET /gpusched/api/notices``: ``{"notices": [...]}``, oldest first.
+
+The spawner enables the extension on the command line of the servers it starts
+(``--ServerApp.jpserver_extensions=jupyter_gpusched.serverext=True``); enable it elsewhere with
+``jupyter server extension enable jupyter_gpusched.serverext``. Later issues add GPU monitoring
+routes under the same ``/gpusched/api/`` prefix.
+"""
+
+from __future__ import annotations
+
+EXTENSION = "jupyter_gpusched.serverext"
+ROUTE_PREFIX = "gpusched/api"  # under the server's base_url
+
+
+def _jupyter_server_extension_points():
+    return [{"module": EXTENSION}]
+
+
+def _load_jupyter_server_extension(serverapp):
+    """Add the routes to the running server."""
+    from .notices import setup_handlers
+
+    setup_handlers(serverapp.web_app, serverapp.log)
+    serverapp.log.info("jupyter_gpusched server extension loaded: /%s/", ROUTE_PREFIX)
+
+
+# The name older jupyter-server and notebook versions look for.
+load_jupyter_server_extension = _load_jupyter_server_extension

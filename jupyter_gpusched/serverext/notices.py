@@ -1,0 +1,98 @@
+"""Notices from the scheduler service to a notebook server's user (pre-emption warnings).
+
+``POST <base_url>gpusched/api/notices`` with ``{"kind": "preemption", "message": str,
+"deadline": epoch seconds or null}`` (other keys are kept as they are) logs the notice in the
+server log and keeps it; ``GET`` returns ``{"notices": [...]}``, oldest first, each with the
+``id`` and ``received`` time the server gave it. Callers authenticate as for any jupyter-server
+API: under JupyterHub, a token that may access this server (the service's role needs
+``access:servers``, see ``hub_config/``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+
+from . import ROUTE_PREFIX
+
+MAX_NOTICES = 100  # kept per server; older ones are dropped
+MAX_BODY = 64 * 1024
+SETTINGS_KEY = "gpusched_notices"
+
+
+class NoticeBoard:
+    """The notices a server received, newest last, at most :data:`MAX_NOTICES`."""
+
+    def __init__(self, log, clock=time.time):
+        self.log = log
+        self.clock = clock
+        self.notices: deque[dict] = deque(maxlen=MAX_NOTICES)
+        self._next_id = 1
+
+    def add(self, data: dict) -> dict:
+        notice = {**parse_notice(data), "id": self._next_id, "received": self.clock()}
+        self._next_id += 1
+        self.notices.append(notice)
+        deadline = notice.get("deadline")
+        when = (
+            time.strftime(" (deadline %Y-%m-%d %H:%M:%S UTC)", time.gmtime(deadline))
+            if deadline is not None
+            else ""
+        )
+        self.log.warning("gpusched %s notice%s: %s", notice["kind"], when, notice["message"])
+        return notice
+
+
+def parse_notice(data) -> dict:
+    """The notice in a request body; ValueError says what is wrong."""
+    if not isinstance(data, dict):
+        raise ValueError("the body must be a JSON object")
+    kind, message = data.get("kind"), data.get("message")
+    if not isinstance(kind, str) or not kind.strip() or len(kind) > 100:
+        raise ValueError("'kind' must be a non-empty string (e.g. 'preemption')")
+    if not isinstance(message, str) or not message.strip():
+        raise ValueError("'message' must be a non-empty string")
+    deadline = data.get("deadline")
+    if deadline is not None and (
+        isinstance(deadline, bool)
+        or not isinstance(deadline, (int, float))
+        or not math.isfinite(deadline)
+        or deadline < 0
+    ):
+        raise ValueError("'deadline' must be epoch seconds (a number) or null")
+    return {**data, "kind": kind, "message": message, "deadline": deadline}
+
+
+class NoticesHandler(APIHandler):
+    @property
+    def board(self) -> NoticeBoard:
+        return self.settings[SETTINGS_KEY]
+
+    @web.authenticated
+    def get(self):
+        self.finish(json.dumps({"notices": list(self.board.notices)}))
+
+    @web.authenticated
+    def post(self):
+        if len(self.request.body) > MAX_BODY:
+            raise web.HTTPError(413, f"a notice is at most {MAX_BODY} bytes")
+        try:
+            data = json.loads(self.request.body or b"null")
+            notice = self.board.add(data)
+        except ValueError as exc:  # includes JSONDecodeError
+            raise web.HTTPError(400, str(exc)) from None
+        self.set_status(201)
+        self.finish(json.dumps(notice))
+
+
+def setup_handlers(web_app, log) -> None:
+    web_app.settings.setdefault(SETTINGS_KEY, NoticeBoard(log))
+    base_url = web_app.settings.get("base_url", "/")
+    route = url_path_join(base_url, ROUTE_PREFIX, "notices")
+    web_app.add_handlers(".*$", [(route, NoticesHandler)])

@@ -1,0 +1,102 @@
+"""The jupyter-server extension (``jupyter_gpusched.serverext``) in a real jupyter-server, with
+pytest-jupyter's fixtures (``jp_fetch``: requests with the server's token).
+
+pytest-jupyter's plugin also takes over how every coroutine test runs, which would clash with
+pytest-asyncio in the rest of the suite; so it is not registered as a plugin: its fixtures are
+imported here only, and these tests are plain functions that drive the server's event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from pytest_jupyter.jupyter_server import *  # noqa: F403 (the fixtures, for this module only)
+from tornado.httpclient import HTTPClientError
+
+from jupyter_gpusched.serverext.notices import MAX_NOTICES, parse_notice
+
+
+@pytest.fixture
+def jp_server_config():  # pytest-jupyter's fixture, with the extension enabled
+    return {"ServerApp": {"jpserver_extensions": {"jupyter_gpusched.serverext": True}}}
+
+
+@pytest.fixture
+def fetch(jp_fetch, jp_asyncio_loop):
+    def run(*path, **kwargs):
+        return jp_asyncio_loop.run_until_complete(jp_fetch(*path, **kwargs))
+
+    return run
+
+
+def post(fetch, body, **kwargs):
+    return fetch("gpusched", "api", "notices", method="POST", body=json.dumps(body), **kwargs)
+
+
+def test_a_notice_is_kept_logged_and_listed(fetch, caplog):
+    assert json.loads(fetch("gpusched", "api", "notices").body) == {"notices": []}
+    deadline = time.time() + 60
+    body = {"kind": "preemption", "message": "GPUs needed by a tier-1 job", "deadline": deadline}
+    response = post(fetch, body)
+    assert response.code == 201
+    notice = json.loads(response.body)
+    assert notice["id"] == 1 and notice["kind"] == "preemption"
+    assert notice["deadline"] == deadline and abs(notice["received"] - time.time()) < 30
+    post(fetch, {"kind": "info", "message": "second", "job_id": "j-000001"})
+
+    listed = json.loads(fetch("gpusched", "api", "notices").body)["notices"]
+    assert [n["message"] for n in listed] == ["GPUs needed by a tier-1 job", "second"]
+    assert listed[1]["job_id"] == "j-000001" and listed[1]["deadline"] is None
+    assert "gpusched preemption notice" in caplog.text
+    assert "GPUs needed by a tier-1 job" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ({"message": "no kind"}, "'kind'"),
+        ({"kind": "preemption"}, "'message'"),
+        ({"kind": "preemption", "message": "x", "deadline": "soon"}, "'deadline'"),
+        ({"kind": "preemption", "message": "x", "deadline": True}, "'deadline'"),
+        (["not", "an", "object"], "JSON object"),
+    ],
+)
+def test_a_bad_notice_is_400_with_the_field(fetch, body, error):
+    with pytest.raises(HTTPClientError) as raised:
+        post(fetch, body)
+    assert raised.value.code == 400
+    assert error in json.loads(raised.value.response.body)["message"]
+
+
+def test_not_json_is_400(fetch):
+    with pytest.raises(HTTPClientError) as raised:
+        fetch("gpusched", "api", "notices", method="POST", body="{nope")
+    assert raised.value.code == 400
+
+
+def test_requests_without_the_token_are_refused(fetch):
+    wrong = {"Authorization": "token not-the-servers-token"}
+    for method, body in (("GET", None), ("POST", json.dumps({"kind": "a", "message": "b"}))):
+        with pytest.raises(HTTPClientError) as raised:
+            fetch("gpusched", "api", "notices", method=method, body=body, headers=wrong)
+        assert raised.value.code in (401, 403)
+    assert json.loads(fetch("gpusched", "api", "notices").body) == {"notices": []}
+
+
+def test_only_the_newest_notices_are_kept():
+    import logging
+
+    from jupyter_gpusched.serverext.notices import NoticeBoard
+
+    board = NoticeBoard(logging.getLogger("test"), clock=lambda: 1.0)
+    for i in range(MAX_NOTICES + 5):
+        board.add({"kind": "info", "message": f"n{i}"})
+    assert len(board.notices) == MAX_NOTICES
+    assert board.notices[0]["message"] == "n5" and board.notices[-1]["id"] == MAX_NOTICES + 5
+
+
+def test_parse_notice_keeps_extra_keys():
+    notice = parse_notice({"kind": "preemption", "message": "m", "deadline": 5, "grace": 60})
+    assert notice == {"kind": "preemption", "message": "m", "deadline": 5, "grace": 60}

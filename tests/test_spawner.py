@@ -1,0 +1,711 @@
+"""GPUSchedSpawner: profiles and the options form (no hub), then notebook servers under a real
+JupyterHub (``hub_harness``: hub, configurable-http-proxy and the scheduler service) on a small
+test cluster of 4 GPUs, started and stopped through the hub REST API.
+
+The hub here is started by this module (with the harness's pieces) rather than by the harness's
+fixture: the restart test stops the hub while servers keep running and starts it again on the
+same state. Its config is ``hub_config/jupyterhub_config.py`` (profiles of the demo) plus a few
+test profiles, a short queue poll and the test files below (``GPUSCHED_CLUSTER_FILE`` etc.).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import hub_harness
+import psutil
+import pytest
+import requests
+from traitlets import TraitError
+
+from jupyter_gpusched.spawner import (
+    GPUSchedSpawnError,
+    allowed_profiles,
+    normalize_profiles,
+    profile_options_from_form,
+    render_options_form,
+    select_profile,
+)
+
+# -- profiles and the options form, without a hub -----------------------------------------------
+PROFILES = normalize_profiles(
+    [
+        {"display_name": "1 GPU (tier 2)", "gpus": 1, "gpu_models": ["H100", "L40S"]},
+        {
+            "display_name": "4 GPUs (tier 2)",
+            "slug": "gpu-4",
+            "gpus": 4,
+            "groups": ["research"],
+            "default": True,
+        },
+        {
+            "display_name": "2 GPUs opportunistic (tier 3)",
+            "slug": "opportunistic",
+            "tier": 3,
+            "gpus": 2,
+            "idle_timeout": "30m",
+            "max_lifetime": "12h",
+            "description": "May be <pre-empted>",
+        },
+    ]
+)
+
+
+def test_profiles_are_filled_in_and_filtered_by_group():
+    first = PROFILES[0]
+    assert first["slug"] == "1-gpu-tier-2" and first["tier"] == 2 and first["groups"] == []
+    assert PROFILES[2]["idle_timeout"] == 1800 and PROFILES[2]["max_lifetime"] == 12 * 3600
+    assert [p["slug"] for p in allowed_profiles(PROFILES, ["research"])] == [
+        "1-gpu-tier-2",
+        "gpu-4",
+        "opportunistic",
+    ]
+    assert [p["slug"] for p in allowed_profiles(PROFILES, [])] == ["1-gpu-tier-2", "opportunistic"]
+
+
+@pytest.mark.parametrize(
+    ("profiles", "error"),
+    [
+        ([], "non-empty list"),
+        ([{"gpus": 1}], "display_name is required"),
+        ([{"display_name": "a", "gpus": 0}], "gpus must be a whole number"),
+        ([{"display_name": "a", "tier": 4}], "tier must be 1, 2 or 3"),
+        ([{"display_name": "a"}, {"display_name": "A"}], "used twice"),
+        ([{"display_name": "a", "gpu": 2}], "unknown key(s) gpu"),
+        ([{"display_name": "a", "max_lifetime": "soon"}], "max_lifetime"),
+        ([{"display_name": "a", "slug": "Not A Slug"}], "slug"),
+        ([{"display_name": "a", "groups": [1]}], "groups must be a list of names"),
+    ],
+)
+def test_bad_profiles_are_refused_with_the_key(profiles, error):
+    with pytest.raises(TraitError) as raised:
+        normalize_profiles(profiles)
+    assert error in str(raised.value)
+
+
+def test_the_spawner_checks_its_profiles_when_configured():
+    from jupyter_gpusched.spawner import GPUSchedSpawner
+
+    with pytest.raises(TraitError, match="tier must be"):
+        GPUSchedSpawner(profiles=[{"display_name": "x", "tier": 0}])
+
+
+def test_select_profile_default_choice_and_refusals():
+    profile, models = select_profile(PROFILES, "alice", ["research"], {})
+    assert profile["slug"] == "gpu-4" and models is None  # the default, for a member
+    profile, models = select_profile(PROFILES, "carol", [], {})
+    assert profile["slug"] == "1-gpu-tier-2" and models == ["H100", "L40S"]  # any of them
+    profile, models = select_profile(
+        PROFILES, "carol", [], {"profile": "1-gpu-tier-2", "gpu_model": "L40S"}
+    )
+    assert models == ["L40S"]
+    # the options form's passthrough shape (lists of strings) works too
+    profile, _ = select_profile(PROFILES, "carol", [], {"profile": ["opportunistic"]})
+    assert profile["tier"] == 3
+
+    with pytest.raises(GPUSchedSpawnError) as refused:
+        select_profile(PROFILES, "carol", ["teaching"], {"profile": "gpu-4"})
+    assert refused.value.status_code == 403
+    assert "carol may not use the profile '4 GPUs (tier 2)'" in refused.value.message
+    assert "members of research" in refused.value.message
+    with pytest.raises(GPUSchedSpawnError, match="no profile 'huge'; yours: 1-gpu-tier-2"):
+        select_profile(PROFILES, "carol", [], {"profile": "huge"})
+    with pytest.raises(GPUSchedSpawnError, match="offers the GPU models H100, L40S, not 'A100'"):
+        select_profile(PROFILES, "carol", [], {"profile": "1-gpu-tier-2", "gpu_model": "A100"})
+    only_research = normalize_profiles([{"display_name": "x", "groups": ["research"]}])
+    with pytest.raises(GPUSchedSpawnError, match="No GPU profile is available to carol"):
+        select_profile(only_research, "carol", [], {})
+
+
+def test_the_options_form_lists_only_the_users_profiles():
+    form = render_options_form(allowed_profiles(PROFILES, []))
+    assert 'value="1-gpu-tier-2" checked' in form  # no default among hers: the first
+    assert "gpu-4" not in form and "4 GPUs" not in form
+    assert 'name="gpu_model:1-gpu-tier-2"' in form and '<option value="L40S">' in form
+    assert "May be &lt;pre-empted&gt;" in form  # escaped
+    assert "tier 3 (pre-emptible)" in form and "stops after 30 min idle" in form
+    assert "runs at most 12 h" in form
+    member = render_options_form(allowed_profiles(PROFILES, ["research"]))
+    assert 'value="gpu-4" checked' in member
+    again = render_options_form(allowed_profiles(PROFILES, ["research"]), "opportunistic")
+    assert 'value="opportunistic" checked' in again and 'value="gpu-4" checked' not in again
+    assert "No GPU profile is available" in render_options_form([])
+
+
+def test_options_from_form():
+    form = {"profile": ["1-gpu-tier-2"], "gpu_model:1-gpu-tier-2": ["H100"], "gpu_model:x": ["A"]}
+    assert profile_options_from_form(form) == {"profile": "1-gpu-tier-2", "gpu_model": "H100"}
+    form["gpu_model:1-gpu-tier-2"] = ["any"]
+    assert profile_options_from_form(form) == {"profile": "1-gpu-tier-2"}
+    assert profile_options_from_form({}) == {}
+
+
+def test_start_timeout_covers_the_queue_wait():
+    from jupyter_gpusched.spawner import GPUSchedSpawner
+
+    spawner = GPUSchedSpawner(
+        user=FakeUser(),
+        start_timeout=60,
+        max_queue_wait=600,
+        profiles=[{"display_name": "a"}, {"display_name": "b", "max_queue_wait": "2h"}],
+    )
+    spawner.user_options = {"profile": "a"}
+    spawner.run_pre_spawn_hook()
+    assert spawner.start_timeout == 660
+    spawner.user_options = {"profile": "b"}
+    spawner.run_pre_spawn_hook()
+    assert spawner.start_timeout == 7260  # the configured 60 s stays the launch's share
+
+
+class FakeUser:
+    name = "carol"
+    groups = ()
+
+
+def test_server_args_enable_the_extension_and_the_idle_timeout():
+    from jupyter_gpusched.spawner import GPUSchedSpawner
+
+    spawner = GPUSchedSpawner(
+        user=FakeUser(),
+        profiles=[{"display_name": "a", "idle_timeout": "1h"}, {"display_name": "b"}],
+    )
+    spawner.user_options = {"profile": "a"}
+    spawner.run_pre_spawn_hook()
+    args = spawner.get_args()
+    assert "--ServerApp.jpserver_extensions=jupyter_gpusched.serverext=True" in args
+    assert "--MappingKernelManager.cull_idle_timeout=3600" in args
+    assert "--ServerApp.shutdown_no_activity_timeout=3600" in args
+    spawner.user_options = {"profile": "b"}
+    spawner.run_pre_spawn_hook()
+    assert not [a for a in spawner.get_args() if "timeout" in a]
+
+
+def test_the_state_keeps_the_job_beside_the_pid():
+    from jupyter_gpusched.spawner import GPUSchedSpawner
+
+    spawner = GPUSchedSpawner(user=FakeUser())
+    spawner.pid, spawner.job_id = 4242, "j-000007"
+    spawner.allocation = [{"node": "gpu1", "gpus": [2, 3], "gpu_fraction": 1.0}]
+    spawner.job_tier, spawner.job_gpus, spawner.lifetime = 3.0, 2.0, 3600.0
+    state = json.loads(json.dumps(spawner.get_state()))  # as the hub's database keeps it
+    restored = GPUSchedSpawner(user=FakeUser())
+    restored.load_state(state)
+    assert (restored.pid, restored.job_id) == (4242, "j-000007")
+    assert restored.allocation == spawner.allocation and restored.lifetime == 3600.0
+    restored.clear_state()
+    assert restored.get_state() == {} and restored.job_id == ""
+
+
+def test_the_pending_message_says_position_reason_and_eta():
+    from jupyter_gpusched.spawner import GPUSchedSpawner
+
+    spawner = GPUSchedSpawner(user=FakeUser(), profiles=[{"display_name": "2 GPUs", "gpus": 2}])
+    spawner.choose_profile({})
+    eta = time.time() + 600
+    reason = {"family": "capacity", "detail": "free", "message": "0 of 4 free", "eta": eta}
+    job = {"id": "j-000009", "state": "pending", "position": 2, "reason": reason}
+    message, details = spawner._pending_message(job)
+    assert message.startswith("2 GPUs: position 3 in the GPU queue (2 ahead of you); ")
+    assert "capacity: 0 of 4 free" in message and "(in ~10 min)" in message
+    assert details == {
+        "job_id": "j-000009",
+        "state": "pending",
+        "position": 2,
+        "reason": reason,
+        "eta": eta,
+    }
+
+
+# -- under a real hub ----------------------------------------------------------------------------
+TEST_CLUSTER = """\
+nodes:
+  - name: gpu1
+    gpus: 4
+    gpu_model: H100
+    nvlink: [[0, 1], [2, 3]]
+"""
+# alice and bob have 2 guaranteed GPUs each; carol only borrows (sandbox).
+TEST_QUEUES = """\
+queues:
+  a: {guaranteed: 2, limit: 4, users: [alice]}
+  b: {guaranteed: 2, limit: 4, users: [bob]}
+  sandbox: {guaranteed: 0, limit: 4, users: [carol, admin]}
+"""
+# Short grace for tier 3 and frequent deep passes (which is where pre-emption is decided).
+TEST_POLICY = """\
+tiers:
+  3: {grace_period: 3s, minimum_run_time: 0}
+backfill: {interval: 1s}
+"""
+EXTRA_CONFIG = """
+# -- added by tests/test_spawner.py
+c.GPUSchedSpawner.profiles = [
+    *c.GPUSchedSpawner.profiles,
+    {"display_name": "2 GPUs (tier 2)", "slug": "gpu-2", "gpus": 2},
+    {"display_name": "1 GPU (tier 1)", "slug": "gpu-1-t1", "gpus": 1, "tier": 1},
+    {"display_name": "1 GPU, impatient", "slug": "gpu-1-impatient", "max_queue_wait": 3},
+]
+c.GPUSchedSpawner.queue_poll_interval = 0.3
+c.Spawner.http_timeout = 60
+"""
+SERVER_TIMEOUT = 60.0
+RELEASE_TIMEOUT = 5.0  # a stopped server's GPUs are released at once
+RELEASED = {"completed", "cancelled"}  # how the service ends a stopped server's job
+
+
+def _user_env(state_dir: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "JPY_"))}
+    env.pop("CONFIGPROXY_AUTH_TOKEN", None)
+    files = {}
+    for name, text in (("cluster", TEST_CLUSTER), ("queues", TEST_QUEUES), ("policy", TEST_POLICY)):
+        path = state_dir / f"test-{name}.yaml"
+        path.write_text(text)
+        files[name] = str(path)
+    env.update(
+        GPUSCHED_STATE_DIR=str(state_dir),
+        GPUSCHED_HUB_PORT=str(hub_harness.free_port()),
+        GPUSCHED_HUB_API_PORT=str(hub_harness.free_port()),
+        GPUSCHED_PROXY_API_PORT=str(hub_harness.free_port()),
+        GPUSCHED_SERVICE_PORT=str(hub_harness.free_port()),
+        GPUSCHED_DEMO_PASSWORD=secrets.token_urlsafe(12),
+        GPUSCHED_CLUSTER_FILE=files["cluster"],
+        GPUSCHED_QUEUE_FILE=files["queues"],
+        GPUSCHED_POLICY_FILE=files["policy"],
+    )
+    return env
+
+
+class HubRunner:
+    """A hub that can be stopped (leaving notebook servers running) and started again."""
+
+    def __init__(self):
+        self.state_dir = Path(tempfile.mkdtemp(prefix="gpusched-spawner-"))
+        self.state_dir.chmod(0o755)
+        self.env = _user_env(self.state_dir)
+        self.harness_token = secrets.token_hex(32)
+        self.config = self.state_dir / "jupyterhub_config.py"
+        generated = hub_harness.GENERATED_CONFIG.format(
+            config=str(hub_harness.HUB_CONFIG),
+            harness=hub_harness.HARNESS,
+            token=self.harness_token,
+        )
+        self.config.write_text(generated + EXTRA_CONFIG)
+        self.hub: hub_harness.Hub | None = None
+        self.starts = 0
+
+    def start(self) -> hub_harness.Hub:
+        self.starts += 1
+        log_path = self.state_dir / f"jupyterhub-{self.starts}.log"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [*hub_harness._jupyterhub_command(), "-f", str(self.config)],
+                cwd=self.state_dir,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        url = f"http://127.0.0.1:{self.env['GPUSCHED_HUB_PORT']}"
+        tokens = self.hub.tokens if self.hub else {}
+        self.hub = hub_harness.Hub(
+            url,
+            self.state_dir,
+            self.env["GPUSCHED_DEMO_PASSWORD"],
+            self.harness_token,
+            process,
+            log_path,
+            tokens,
+        )
+        hub_harness._wait_until_up(self.hub, time.monotonic() + hub_harness.START_TIMEOUT)
+        return self.hub
+
+    def stop_keeping_servers(self) -> None:
+        """SIGTERM the hub (cleanup_servers is False: notebook servers stay); wait for the hub,
+        the proxy and the service to end."""
+        hub = self.hub
+        watched = [
+            p for p in hub_harness._descendants(hub.process.pid) if not _is_notebook_server(p)
+        ]
+        proxy = hub_harness._proxy_pid(self.state_dir)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if proxy:
+                watched.append(psutil.Process(proxy))
+        hub.process.send_signal(signal.SIGTERM)
+        hub.process.wait(hub_harness.STOP_TIMEOUT)
+        _, alive = psutil.wait_procs(watched, timeout=hub_harness.STOP_TIMEOUT)
+        assert not alive, f"left after the hub stopped: {alive}"
+
+
+def _is_notebook_server(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return any("jupyterhub-singleuser" in part for part in process.cmdline())
+    return False
+
+
+@pytest.fixture(scope="module")
+def test_hub():
+    if not hub_harness.CHP.exists():
+        pytest.skip("node_modules/.bin/configurable-http-proxy is missing: run `make node_modules`")
+    hub_harness._create_demo_users()
+    th = HubRunner()
+    failed = True
+    try:
+        th.start()
+        yield th
+        failed = False
+    finally:
+        servers = []
+        if th.hub and th.hub.process.poll() is None:
+            with contextlib.suppress(Exception):
+                servers = stop_every_server(th.hub)
+        left = hub_harness._stop(th.hub) if th.hub else []
+        for process in psutil.process_iter(["cmdline", "environ"]):  # a server the hub forgot
+            with contextlib.suppress(psutil.Error):
+                if _is_notebook_server(process) and str(th.state_dir) in json.dumps(
+                    process.info["environ"] or {}
+                ):
+                    left.append(f"notebook server pid {process.pid}")
+                    process.kill()
+        if left or failed or servers:
+            print(f"--- {th.hub.log_path} (tail) ---\n{th.hub.log_tail(300)}")
+        elif not os.environ.get("GPUSCHED_KEEP_HUB_STATE"):
+            shutil.rmtree(th.state_dir, ignore_errors=True)
+    assert not servers, f"servers still running after the tests: {servers}"
+    assert not left, "processes left after the hub stopped:\n" + "\n".join(left)
+
+
+@pytest.fixture
+def hub(test_hub):
+    yield test_hub.hub
+    stop_every_server(test_hub.hub)  # the next test starts on an empty cluster
+    admin = test_hub.hub.token("admin")
+    jobs = test_hub.hub.service("GET", "api/jobs?state=running&state=pending", admin).json()
+    for job in jobs["jobs"]:  # batch jobs a test left
+        test_hub.hub.service("DELETE", f"api/jobs/{job['id']}", admin)
+    wait_free(test_hub.hub, 4, timeout=15)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def hub_api(hub, method, path, token, **kwargs):
+    kwargs.setdefault("timeout", 30)
+    headers = {"Authorization": f"token {token}"}
+    return requests.request(method, hub.api_url + path, headers=headers, **kwargs)
+
+
+def server_path(user, name=""):
+    return f"users/{user}/servers/{name}" if name else f"users/{user}/server"
+
+
+def user_model(hub, user):
+    response = hub_api(hub, "GET", f"users/{user}", hub.token("admin"))
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def servers_of(hub, user) -> dict:
+    return user_model(hub, user).get("servers") or {}
+
+
+def start_server(hub, user, profile, name="", wait=True):
+    """POST the start; with ``wait``, until the server is ready. Returns the response."""
+    body = {"profile": profile} if profile else {}
+    response = hub_api(hub, "POST", server_path(user, name), hub.token(user), json=body)
+    if wait:
+        assert response.status_code in (201, 202), response.text
+        wait_ready(hub, user, name)
+    return response
+
+
+def start_in_background(hub, user, profile, name="") -> threading.Thread:
+    """The POST in a thread (the hub answers it when the start ends, or after 10 s); its
+    response lands in ``thread.answers``."""
+    thread = threading.Thread(daemon=True)
+    thread.answers = []
+    thread.run = lambda: thread.answers.append(
+        start_server(hub, user, profile, name=name, wait=False)
+    )
+    thread.start()
+    return thread
+
+
+def wait_ready(hub, user, name="", timeout=SERVER_TIMEOUT) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        server = servers_of(hub, user).get(name)
+        if server and server["ready"]:
+            return server
+        assert server is not None, f"{user}'s server {name!r} failed:\n{hub.log_tail(80)}"
+        assert time.monotonic() < deadline, f"{user}'s server {name!r} not ready: {server}"
+        time.sleep(0.2)
+
+
+def wait_pending(hub, user, name="", timeout=10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (servers_of(hub, user).get(name) or {}).get("pending") != "spawn":
+        assert time.monotonic() < deadline, f"{user}'s server {name!r} is not starting"
+        time.sleep(0.05)
+
+
+def wait_gone(hub, user, name="", timeout=SERVER_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while name in servers_of(hub, user):
+        assert time.monotonic() < deadline, f"{user}'s server {name!r} is still there"
+        time.sleep(0.2)
+
+
+def stop_server(hub, user, name=""):
+    response = hub_api(hub, "DELETE", server_path(user, name), hub.token(user))
+    assert response.status_code in (202, 204), response.text
+    wait_gone(hub, user, name)
+
+
+def stop_every_server(hub) -> list[str]:
+    """Stop every user's servers; return those that were running."""
+    running = []
+    for user in hub_harness.DEMO_USERS:
+        for name in list(servers_of(hub, user)):
+            running.append(f"{user}/{name}")
+            hub_api(hub, "DELETE", server_path(user, name), hub.token("admin"))
+    for entry in running:
+        user, name = entry.split("/", 1)
+        wait_gone(hub, user, name)
+    return running
+
+
+def spawner_state(hub, user, name="") -> dict:
+    return servers_of(hub, user)[name]["state"]  # admin:server_state (the admin's token)
+
+
+def server_env(hub, user, name="") -> dict:
+    pid = spawner_state(hub, user, name)["pid"]
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+def service_job(hub, user, job_id) -> dict:
+    response = hub.service("GET", f"api/jobs/{job_id}", hub.token(user))
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def wait_job(hub, user, job_id, states, timeout=30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = service_job(hub, user, job_id)
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} still {job['state']}"
+        time.sleep(0.2)
+
+
+def hold_gpus(hub, user, gpus) -> str:
+    """A batch job of ``user`` that holds ``gpus`` GPUs (cheaper than a notebook server)."""
+    body = {"command": "sleep 300", "gpus": gpus, "name": "filler", "walltime": "10m"}
+    response = hub.service("POST", "api/jobs", hub.token(user), json=body)
+    assert response.status_code == 201, response.text
+    return wait_job(hub, user, response.json()["id"], {"running"})["id"]
+
+
+def free_gpus(hub) -> int:
+    response = hub.service("GET", "api/cluster", hub.token("admin"))
+    assert response.status_code == 200, response.text
+    return sum(node["free"] for node in response.json()["nodes"])
+
+
+def wait_free(hub, gpus, timeout=RELEASE_TIMEOUT) -> None:
+    """Until ``gpus`` GPUs are free (a stopped server's GPUs are released at once)."""
+    deadline = time.monotonic() + timeout
+    while (free := free_gpus(hub)) != gpus:
+        assert time.monotonic() < deadline, f"{free} GPUs free, not {gpus}"
+        time.sleep(0.1)
+
+
+class Progress(threading.Thread):
+    """Reads a spawn's progress event stream into ``events`` until it ends."""
+
+    def __init__(self, hub, user, name=""):
+        super().__init__(daemon=True)
+        self.url = hub.api_url + server_path(user, name) + "/progress"
+        self.headers = {"Authorization": f"token {hub.token(user)}"}
+        self.events: list[dict] = []
+        self.start()
+
+    def run(self):
+        with requests.get(self.url, headers=self.headers, stream=True, timeout=90) as response:
+            for line in response.iter_lines(decode_unicode=True):
+                if line and line.startswith("data:"):
+                    self.events.append(json.loads(line[5:]))
+
+    def wait_for(self, check, timeout=30.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            for event in list(self.events):
+                if check(event):
+                    return event
+            assert time.monotonic() < deadline, f"no such event in {self.events}"
+            time.sleep(0.1)
+
+
+def visible(env) -> set[int]:
+    return {int(i) for i in env["CUDA_VISIBLE_DEVICES"].split(",")}
+
+
+# -- the tests -----------------------------------------------------------------------------------
+def test_more_gpus_asked_than_exist_the_last_waits_then_starts(hub):
+    start_server(hub, "alice", "gpu-2")
+    start_server(hub, "bob", "gpu-2")
+    response = start_server(hub, "carol", "gpu-1", wait=False)
+    assert response.status_code == 202, response.text  # pending: queued
+    progress = Progress(hub, "carol")
+    waiting = progress.wait_for(lambda e: (e.get("gpusched") or {}).get("state") == "pending")
+    details = waiting["gpusched"]
+    assert details["position"] == 0 and details["reason"]["family"] == "capacity", waiting
+    assert "position 1 in the GPU queue" in waiting["message"]
+    assert details["reason"]["message"] in waiting["message"]
+
+    env_a, env_b = server_env(hub, "alice"), server_env(hub, "bob")
+    assert len(visible(env_a)) == 2 and len(visible(env_b)) == 2
+    assert not visible(env_a) & visible(env_b)
+    for user, env in (("alice", env_a), ("bob", env_b)):
+        job = service_job(hub, user, env["GPUSCHED_JOB_ID"])
+        assert job["state"] == "running" and job["kind"] == "notebook"
+        assert set(job["allocation"][0]["gpus"]) == visible(env)
+        assert env["GPUSCHED_TIER"] == "2" and env["GPUSCHED_GPUS"] == "2"
+
+    stop_server(hub, "alice")  # her GPUs go to carol at once
+    wait_job(hub, "alice", env_a["GPUSCHED_JOB_ID"], RELEASED, timeout=RELEASE_TIMEOUT)
+    wait_ready(hub, "carol")
+    progress.join(30)
+    assert progress.events[-1].get("ready"), progress.events
+    env_c = server_env(hub, "carol")
+    assert len(visible(env_c)) == 1 and visible(env_c) <= visible(env_a)
+    assert not visible(env_c) & visible(env_b)
+    assert env_c["GPUSCHED_JOB_ID"] != env_a["GPUSCHED_JOB_ID"]
+
+
+def test_a_tier1_start_preempts_a_tier3_notebook(hub):
+    start_server(hub, "carol", "gpu-2-opportunistic")
+    hold_gpus(hub, "bob", 2)  # tier 2: not a victim
+    carol_job = spawner_state(hub, "carol")["gpusched"]["job_id"]
+    carol_server = servers_of(hub, "carol")[""]["url"]
+    assert free_gpus(hub) == 0
+
+    began = time.monotonic()
+    post = start_in_background(hub, "alice", "gpu-1-t1")  # the POST waits up to 10 s
+    # The service warns carol's server, waits the grace period (3 s), then stops it.
+    notices_url = hub.url + carol_server + "gpusched/api/notices"
+    carol = {"Authorization": f"token {hub.token('carol')}"}
+    notices = []
+    while not notices and "" in servers_of(hub, "carol"):
+        with contextlib.suppress(requests.RequestException):
+            response = requests.get(notices_url, headers=carol, timeout=10)
+            if response.status_code == 200:
+                notices = response.json()["notices"]
+        assert time.monotonic() - began < 40, "carol's server was neither warned nor stopped"
+        time.sleep(0.2)
+    wait_gone(hub, "carol", timeout=40)
+    assert time.monotonic() - began >= 2.5  # not before the grace period
+    wait_ready(hub, "alice")
+    post.join(30)
+    assert service_job(hub, "carol", carol_job)["state"] == "preempted"
+    alice = server_env(hub, "alice")
+    assert alice["GPUSCHED_TIER"] == "1" and len(visible(alice)) == 1
+    assert notices, "no pre-emption notice reached carol's server before it stopped"
+    (notice,) = notices
+    assert notice["kind"] == "preemption" and notice["message"], notice
+    assert notice["deadline"] is None or notice["deadline"] >= notice["received"] - 1
+
+
+def test_a_hub_restart_keeps_servers_and_allocations(test_hub, hub):
+    start_server(hub, "alice", "gpu-1")
+    start_server(hub, "bob", "gpu-1", name="second")  # a named server
+    before = {
+        ("alice", ""): spawner_state(hub, "alice"),
+        ("bob", "second"): spawner_state(hub, "bob", "second"),
+    }
+    jobs = {key: state["gpusched"]["job_id"] for key, state in before.items()}
+    allocations = {key: service_job(hub, key[0], j)["allocation"] for key, j in jobs.items()}
+
+    test_hub.stop_keeping_servers()
+    for state in before.values():
+        assert psutil.pid_exists(state["pid"])
+    hub = test_hub.start()
+
+    for (user, name), state in before.items():
+        server = wait_ready(hub, user, name)
+        assert server["state"]["pid"] == state["pid"]
+        assert server["state"]["gpusched"]["job_id"] == jobs[(user, name)]
+        job = service_job(hub, user, jobs[(user, name)])
+        assert job["state"] == "running" and job["allocation"] == allocations[(user, name)]
+        response = requests.get(
+            hub.url + server["url"] + "api/status",
+            headers={"Authorization": f"token {hub.token(user)}"},
+            timeout=10,
+        )
+        assert response.status_code == 200, response.text  # routed again through the proxy
+    assert free_gpus(hub) == 2
+
+    stop_server(hub, "bob", "second")
+    wait_job(hub, "bob", jobs[("bob", "second")], RELEASED, timeout=RELEASE_TIMEOUT)
+    assert (
+        not psutil.pid_exists(before[("bob", "second")]["pid"])
+        or psutil.Process(before[("bob", "second")]["pid"]).status() == psutil.STATUS_ZOMBIE
+    )
+    assert free_gpus(hub) == 3
+
+
+def test_a_profile_not_allowed_for_the_users_groups_is_refused(hub):
+    response = start_server(hub, "carol", "gpu-4", wait=False)
+    assert response.status_code == 403, response.text
+    message = response.json()["message"]
+    assert "carol may not use the profile '4 GPUs (tier 2)'" in message
+    assert "members of research" in message
+    response = start_server(hub, "carol", "no-such-profile", wait=False)
+    assert response.status_code == 400 and "no profile 'no-such-profile'" in response.text
+    assert servers_of(hub, "carol") == {}
+    assert hub.service("GET", "api/jobs", hub.token("carol")).json()["jobs"] == [] or all(
+        job["state"] != "pending"
+        for job in hub.service("GET", "api/jobs", hub.token("carol")).json()["jobs"]
+    )
+
+
+def test_max_queue_wait_and_cancel_remove_the_request_from_the_queue(hub):
+    hold_gpus(hub, "alice", 4)  # the whole cluster
+    # The hub answers the POST when the start ends or after 10 s (slow_spawn_timeout): here the
+    # start fails after 3 s (the profile's max_queue_wait), so the POST answers with the error.
+    post = start_in_background(hub, "carol", "gpu-1-impatient")
+    wait_pending(hub, "carol")
+    progress = Progress(hub, "carol")
+    queued = progress.wait_for(lambda e: (e.get("gpusched") or {}).get("state") == "pending")
+    job_id = queued["gpusched"]["job_id"]
+    post.join(30)
+    progress.join(30)
+    (answer,) = post.answers
+    assert answer.status_code == 503, answer.text
+    for message in (answer.json()["message"], progress.events[-1]["message"]):
+        assert "No GPUs for '1 GPU, impatient' within 3 s (the maximum queue wait)" in message
+        assert "position 1 in the GPU queue" in message and "removed from the queue" in message
+    assert progress.events[-1].get("failed"), progress.events
+    assert service_job(hub, "carol", job_id)["state"] == "cancelled"
+    wait_gone(hub, "carol")
+
+    # Cancelling a queued start (the spawn page's cancel: DELETE on the pending server).
+    response = start_server(hub, "bob", "gpu-1", wait=False)
+    assert response.status_code == 202, response.text
+    progress = Progress(hub, "bob")
+    queued = progress.wait_for(lambda e: (e.get("gpusched") or {}).get("state") == "pending")
+    stop_server(hub, "bob")
+    assert service_job(hub, "bob", queued["gpusched"]["job_id"])["state"] == "cancelled"
+    queue = hub.service("GET", "api/queue", hub.token("admin")).json()
+    assert queue["pending"] == 0, queue

@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     pack.add_argument("--skip-bad-rows", action="store_true", help="skip malformed node-list rows")
     pack.add_argument("--out", required=True, help="output folder (created)")
     pack.set_defaults(run=run_pack)
+    from .service.reaper_cli import add_parser as add_reaper
+
+    add_reaper(commands)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -735,6 +735,11 @@ class GPUSchedSpawner(LocalProcessSpawner):
         env["GPUSCHED_TIER"] = f"{self.job_tier:g}"
         env["GPUSCHED_GPUS"] = f"{self.job_gpus:g}"
         env["GPUSCHED_PROFILE"] = self.profile_slug
+        try:  # where the server extension's GPU monitor reports (serverext/monitor.py)
+            env["GPUSCHED_SERVICE_URL"] = self._base_url()
+            env["GPUSCHED_SERVICE_TOKEN"] = self._token()
+        except GPUSchedSpawnError:
+            pass
         return env
 
     def get_args(self):

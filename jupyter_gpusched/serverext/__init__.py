@@ -8,6 +8,8 @@ Routes (under the server's base URL, authenticated like every jupyter-server API
   pre-emptible (tier-3) server. The notice is logged in the server log and kept (the newest
   :data:`~.notices.MAX_NOTICES`).
 * ``GET /gpusched/api/notices``: ``{"notices": [...]}``, oldest first.
+* ``GET /gpusched/api/kernels``: the GPU monitor's per-kernel and per-server utilization, memory
+  and last GPU use (:mod:`.monitor`, configured as ``GPUMonitor.interval`` etc.).
 
 The spawner enables the extension on the command line of the servers it starts
 (``--ServerApp.jpserver_extensions=jupyter_gpusched.serverext=True``); enable it elsewhere with
@@ -30,6 +32,9 @@ def _load_jupyter_server_extension(serverapp):
     from .notices import setup_handlers
 
     setup_handlers(serverapp.web_app, serverapp.log)
+    from .monitor import setup_monitor
+
+    setup_monitor(serverapp)
     serverapp.log.info("jupyter_gpusched server extension loaded: /%s/", ROUTE_PREFIX)
 
 

@@ -35,6 +35,7 @@ from .hubclient import HubClient
 from .launcher import Launcher, LocalLauncher
 from .live import LiveScheduler
 from .metrics import Metrics
+from .reaper import Reaper, ReaperHandler, UsageSamplesHandler
 from .recovery import recover
 from .store import Store
 
@@ -65,6 +66,8 @@ ROUTES = [
     (rf"api/nodes/{_NODE}/maintenance", admin.MaintenanceHandler),
     (r"api/events", admin.EventsHandler),
     (r"api/usage", admin.UsageHandler),
+    (r"api/reaper", ReaperHandler),
+    (r"api/usage-samples", UsageSamplesHandler),
     (r"api/openapi.json", admin.OpenAPIHandler),
     (r"metrics", MetricsHandler),
 ]
@@ -202,6 +205,7 @@ class GPUSchedService(Application):
         live.hub = HubClient.from_environment(self.proxy_url)
         live.server_stop_wait = self.notebook_stop_wait
         live.quota_document = _plain(document)
+        live.reaper = Reaper(live, _plain(settings.reaper), self.metrics)
         counts = recover(live)
         stored = self.store.get_setting("quotas")
         if stored:

@@ -77,6 +77,7 @@ class LiveScheduler:
         self._unsaved: list[tuple[Job, dict]] = []  # submissions not yet committed
         self._saved: asyncio.Future | None = None  # resolved when they are
         self.server_stop_wait = 30.0  # after asking the hub to stop a pre-empted server
+        self.reaper = None  # the idle reaper (service/reaper.py), ticked by poll()
 
     # -- what users and admins do ------------------------------------------------------------
     def submit(self, who: Identity, request: JobRequest) -> Job:
@@ -369,6 +370,11 @@ class LiveScheduler:
                 continue
             if result is not None:
                 self.process_exited(job_id, self.engine.jobs[job_id].runs, result)
+        if self.reaper is not None:
+            try:
+                self.reaper.tick()
+            except Exception:
+                log.exception("the reaper failed")
         self.run_pass()
 
     def process_exited(self, job_id: str, run: int, result: Exit) -> None:

@@ -155,6 +155,47 @@ PATHS = {
             ],
         )
     },
+    "/api/reaper": {
+        "get": _op("The idle reaper's settings (in force, defaults, overrides) and sessions"),
+        "put": _op(
+            "Change reaper settings (partial; null turns a timeout off)",
+            body={
+                "type": "object",
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "idle_threshold": {"type": "number", "minimum": 0, "maximum": 100},
+                    "warning_lead": {"oneOf": [{"type": "number"}, {"type": "string"}]},
+                    "timeout_tier_1": {"oneOf": [{"type": "number"}, {"type": "string"}]},
+                    "timeout_tier_2": {"oneOf": [{"type": "number"}, {"type": "string"}]},
+                    "timeout_tier_3": {"oneOf": [{"type": "number"}, {"type": "string"}]},
+                    "profile_timeouts": {"type": "object"},
+                    "exempt_users": {"type": "array", "items": {"type": "string"}},
+                    "exempt_groups": {"type": "array", "items": {"type": "string"}},
+                    "exempt_profiles": {"type": "array", "items": {"type": "string"}},
+                    "max_lifetime": {"oneOf": [{"type": "number"}, {"type": "string"}]},
+                    "stale_after": {"oneOf": [{"type": "number"}, {"type": "string"}]},
+                },
+            },
+            admin=True,
+        ),
+    },
+    "/api/usage-samples": {
+        "post": _op(
+            "A notebook server's GPU monitor reports its sample (the server's user)",
+            body={
+                "type": "object",
+                "required": ["job_id"],
+                "properties": {
+                    "job_id": {"type": "string"},
+                    "profile": {"type": ["string", "null"]},
+                    "time": {"type": ["number", "null"]},
+                    "server": {"type": "object"},
+                    "kernels": {"type": "object"},
+                    "devices": {"type": "array", "items": {"type": "object"}},
+                },
+            },
+        )
+    },
     "/api/openapi.json": {"get": _op("This document")},
     "/metrics": {"get": _op("Prometheus metrics")},
 }

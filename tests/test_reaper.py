@@ -1,0 +1,226 @@
+"""The idle reaper: the decision (``decide``) as a plain function, its settings over REST (admins
+change them at run time, persisted and audited), and a notebook allocation warned then culled from
+monitor reports, in an in-process service without a hub."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from service_helpers import start_service, wait_until
+
+from jupyter_gpusched.service.reaper import (
+    DEFAULTS,
+    Cull,
+    Session,
+    Warn,
+    decide,
+    validate,
+)
+from jupyter_gpusched.service.requests import RequestError
+
+NOW = 100_000.0
+
+
+def session(**kw) -> Session:
+    values = {
+        "job_id": "j-000001",
+        "user": "alice",
+        "gpus": 2,
+        "tier": 2,
+        "started": NOW - 7200,
+        "last_report": NOW - 1,
+        "last_busy": None,
+    }
+    values.update(kw)
+    return Session(**values)
+
+
+def settings(**kw) -> dict:
+    return validate(kw)
+
+
+# -- decide ------------------------------------------------------------------------------------
+def test_defaults_per_tier():
+    idle_40m = NOW - 40 * 60
+    s1 = session(job_id="t1", tier=1, last_busy=idle_40m - 10 * 3600)
+    s2 = session(job_id="t2", tier=2, last_busy=idle_40m)
+    s3 = session(job_id="t3", tier=3, last_busy=idle_40m)
+    actions = decide([s1, s2, s3], settings(), NOW)
+    assert actions == [
+        Warn("t2", idle_40m + 2700, 2700.0, idle_40m),  # 45 min, warned 10 min before
+        Cull("t3", "idle", 1800.0, idle_40m),  # 30 min
+    ]
+
+
+def test_warned_once_per_idle_stretch_and_busy_resets():
+    s = session(last_busy=NOW - 40 * 60, warned=NOW - 5 * 60)
+    assert decide([s], settings(), NOW) == []
+    busy = session(last_busy=NOW - 2)
+    assert decide([busy], settings(), NOW) == []
+
+
+def test_never_reported_busy_counts_from_the_start():
+    s = session(started=NOW - 46 * 60, last_busy=None)
+    assert decide([s], settings(), NOW) == [Cull("j-000001", "idle", 2700.0, NOW - 46 * 60)]
+
+
+def test_profile_timeout_wins_and_exemptions():
+    s = session(profile="big", last_busy=NOW - 20 * 60)
+    assert decide([s], settings(profile_timeouts={"big": "15m"}), NOW)[0].timeout == 900
+    assert decide([s], settings(profile_timeouts={"big": None}, timeout_tier_2=60), NOW) == []
+    old = session(last_busy=NOW - 3 * 3600, groups=frozenset({"research"}), profile="p")
+    assert decide([old], settings(exempt_users=["alice"]), NOW) == []
+    assert decide([old], settings(exempt_groups=["research"]), NOW) == []
+    assert decide([old], settings(exempt_profiles=["p"]), NOW) == []
+    assert decide([old], settings(enabled=False), NOW) == []
+
+
+def test_max_lifetime_and_stale_reports():
+    busy = session(started=NOW - 9 * 3600, last_busy=NOW)
+    assert decide([busy], settings(max_lifetime="8h"), NOW) == [
+        Cull("j-000001", "max-lifetime", 8 * 3600.0, NOW)
+    ]
+    silent = session(last_busy=NOW - 3 * 3600, last_report=NOW - 600)
+    assert decide([silent], settings(), NOW) == []  # unknown is not idle
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"idle_threshold": 150}, "idle_threshold"),
+        ({"idle_threshold": "5"}, "idle_threshold"),
+        ({"timeout_tier_2": "soon"}, "timeout_tier_2"),
+        ({"timeout_tier_3": -5}, "timeout_tier_3"),
+        ({"warning_lead": None}, "warning_lead"),
+        ({"exempt_users": "alice"}, "exempt_users"),
+        ({"enabled": "yes"}, "enabled"),
+        ({"profile_timeouts": {"x": "never"}}, "profile_timeouts.x"),
+        ({"nope": 1}, "nope"),
+    ],
+)
+def test_bad_settings_name_the_field(changes, field):
+    with pytest.raises(RequestError) as raised:
+        validate(changes)
+    assert raised.value.field == field and raised.value.status == 400
+
+
+def test_durations_and_off():
+    s = validate({"timeout_tier_2": "1h30m", "timeout_tier_3": 0, "max_lifetime": "off"})
+    assert s["timeout_tier_2"] == 5400 and s["timeout_tier_3"] is None
+    assert s["max_lifetime"] is None and DEFAULTS["timeout_tier_2"] == 2700
+
+
+# -- the service ---------------------------------------------------------------------------------
+async def test_settings_over_rest_admin_only_persisted_and_audited(tmp_path):
+    policy = {"reaper": {"timeout_tier_2": "20m", "exempt_users": ["carol"]}}
+    service = await start_service(tmp_path, policy=policy)
+    try:
+        admin, alice = service.client("admin"), service.client("alice")
+        status, data = await alice.get("api/reaper")
+        assert status == 200 and data["settings"]["timeout_tier_2"] == 1200
+        assert data["defaults"]["exempt_users"] == ["carol"] and data["overrides"] == {}
+        status, data = await alice.put("api/reaper", {"timeout_tier_2": 60})
+        assert status == 403
+        status, data = await admin.put("api/reaper", {"idle_threshold": 101})
+        assert status == 400 and data["field"] == "idle_threshold"
+        status, data = await admin.put("api/reaper", {"timeout_tier_2": "5m", "warning_lead": 30})
+        assert status == 200 and data["settings"]["timeout_tier_2"] == 300
+        assert service.live.reaper.settings()["warning_lead"] == 30
+        status, events = await admin.get("api/events", params={"kind": "reaper-settings"})
+        assert events["events"][0]["actor"] == "admin"
+        changes = events["events"][0]["data"]["changes"]
+        assert changes == {"timeout_tier_2": "5m", "warning_lead": 30}
+    finally:
+        await service.stop()
+    again = await start_service(tmp_path, policy=policy)
+    try:
+        status, data = await again.client("alice").get("api/reaper")
+        assert data["settings"]["timeout_tier_2"] == 300
+        assert data["settings"]["exempt_users"] == ["carol"]  # the policy file's, still
+    finally:
+        await again.stop()
+
+
+def report(job_id: str, util: float) -> dict:
+    return {
+        "job_id": job_id,
+        "profile": "small",
+        "server": {"utilization": util, "memory_gb": 4.0, "gpus": [0]},
+        "devices": [{"index": 0, "utilization": util, "memory_gb": 4.0}],
+        "kernels": {"k1": {"utilization": util, "memory_gb": 4.0}},
+    }
+
+
+async def test_busy_is_kept_idle_is_warned_then_culled(tmp_path):
+    service = await start_service(tmp_path, poll_interval=0.05)
+    try:
+        admin, alice, bob = (service.client(u) for u in ("admin", "alice", "bob"))
+        status, job = await alice.post("api/jobs", {"gpus": 1, "kind": "notebook"})
+        assert status == 201, job
+        job_id = job["id"]
+        await wait_until(lambda: job_id in service.live.engine.running, what="running")
+        status, _ = await bob.post("api/usage-samples", report(job_id, 0))
+        assert status == 403  # not bob's server
+        status, _ = await alice.post("api/usage-samples", report("j-999999", 0))
+        assert status == 404
+        status, data = await alice.post("api/usage-samples", report(job_id, 90))
+        assert status == 200 and data["timeout"] == 2700
+        status, _ = await admin.put("api/reaper", {"timeout_tier_2": 1.0, "warning_lead": 0.6})
+        assert status == 200
+        # busy: reports keep coming, never culled past the timeout
+        for _ in range(15):
+            await alice.post("api/usage-samples", report(job_id, 90))
+            await asyncio.sleep(0.1)
+        assert job_id in service.live.engine.running
+        # idle: warned, then culled
+        for _ in range(40):
+            status, _ = await alice.post("api/usage-samples", report(job_id, 1))
+            if job_id not in service.live.engine.running:
+                break
+            await asyncio.sleep(0.05)
+        await wait_until(lambda: job_id not in service.live.engine.running, what="culled")
+        status, events = await admin.get("api/events", params={"job_id": job_id})
+        kinds = [e["kind"] for e in events["events"]]
+        assert "reaper-warning" in kinds and "reaper-cull" in kinds
+        cull = next(e for e in events["events"] if e["kind"] == "reaper-cull")
+        assert cull["data"]["timeout"] == 1.0 and cull["data"]["samples"]
+        assert cull["data"]["settings"]["warning_lead"] == 0.6
+        assert kinds.index("reaper-cull") < kinds.index("reaper-warning")  # newest first
+        assert service.app.metrics.culls._value.get() == 1
+        assert service.live.reaper.reclaimed._value.get() > 0
+        status, view = await alice.get(f"api/jobs/{job_id}")
+        assert view["state"] == "completed", view
+    finally:
+        await service.stop()
+
+
+async def test_cli_show_and_set(tmp_path, capsys):
+    from service_helpers import TOKENS
+
+    from jupyter_gpusched.cli import main
+
+    service = await start_service(tmp_path)
+    try:
+        base = ["--url", service.url]
+        pairs = ["timeout_tier_3=10m", "exempt_users=alice,bob", "profile_timeouts.big=off"]
+        code = await asyncio.to_thread(
+            main, ["reaper", "set", *pairs, *base, "--token", TOKENS["admin"]]
+        )
+        assert code == 0
+        settings = service.live.reaper.settings()
+        assert settings["timeout_tier_3"] == 600 and settings["exempt_users"] == ["alice", "bob"]
+        assert settings["profile_timeouts"] == {"big": None}
+        capsys.readouterr()
+        code = await asyncio.to_thread(main, ["reaper", "show", *base, "--token", TOKENS["bob"]])
+        assert code == 0 and '"timeout_tier_3": 600.0' in capsys.readouterr().out
+        code = await asyncio.to_thread(
+            main, ["reaper", "set", "idle_threshold=500", *base, "--token", TOKENS["admin"]]
+        )
+        assert code == 2 and "idle_threshold" in capsys.readouterr().err
+        code = await asyncio.to_thread(
+            main, ["reaper", "set", "idle_threshold=1", *base, "--token", TOKENS["bob"]]
+        )
+        assert code == 1 and "403" in capsys.readouterr().err
+    finally:
+        await service.stop()

@@ -56,6 +56,10 @@ def load_cluster(path) -> Cluster:
     """The cluster file; ``nodes: discover`` entries are filled in from this machine's GPUs
     (see docs/gpu.md)."""
     data = expand_discover(read_yaml(path), source=str(path))
+    if isinstance(data, dict) and data.get("nodes") == "slurm":  # read from scontrol
+        from .slurm_inventory import cluster_document
+
+        data = cluster_document(data, source=str(path))
     return Cluster.from_dict(data, source=str(path))
 
 

@@ -5,6 +5,7 @@ import os
 
 from db_fixtures import db_url, postgres_server, sqlite_url  # noqa: F401
 from hypothesis import HealthCheck, settings
+from slurm_fixtures import slurm, slurm_cluster  # noqa: F401
 
 settings.register_profile("dev", max_examples=200, deadline=None)
 settings.register_profile(

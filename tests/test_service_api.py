@@ -191,21 +191,24 @@ async def test_bad_requests_get_400_naming_the_field_and_change_nothing(service_
 PAGES = ("api/queue", "api/jobs", "api/cluster", "api/quotas")
 
 
-async def test_more_gpus_than_the_cluster_has_is_recorded_as_rejected(service_factory):
-    """The request is well-formed, so it is created (201), but as ``rejected`` with the reason;
-    it is never queued."""
+async def test_a_job_that_can_never_run_is_a_400_naming_the_field(service_factory):
+    """More GPUs than the cluster (or a gang shape no set of nodes has) is bad input: 400 with
+    the field and the reason; nothing is queued or created, and the refusal is audited."""
     service = await service_factory()
-    alice = service.client("alice")
+    alice, admin = service.client("alice"), service.client("admin")
     _, queue_before = await alice.get("api/queue")
-    job = await submit(alice, {"gpus": 25, "command": "true"})
-    assert job["state"] == "rejected"
-    assert job["reason"]["family"] == "rejected"
-    assert "25 GPUs" in job["reason"]["message"] and "24" in job["reason"]["message"]
+    _, jobs_before = await alice.get("api/jobs")
+    status, error = await alice.post("api/jobs", {"gpus": 25, "command": "true"})
+    assert status == 400 and error["field"] == "gpus", error
+    assert "25 GPUs" in error["error"] and "24" in error["error"]
+    status, error = await alice.post(
+        "api/jobs", {"gpus": 18, "gpus_per_node": 6, "command": "true"}
+    )
+    assert status == 400 and error["field"] == "gpus_per_node", error
     assert (await alice.get("api/queue"))[1] == queue_before
-    _, listed = await alice.get("api/jobs", params={"state": "rejected"})
-    assert [j["id"] for j in listed["jobs"]] == [job["id"]]
-    status, error = await alice.delete(f"api/jobs/{job['id']}")
-    assert status == 409 and error["field"] == "id"
+    assert (await alice.get("api/jobs"))[1] == jobs_before
+    _, events = await admin.get("api/events", params={"kind": "rejected"})
+    assert len(events["events"]) == 2 and events["events"][0]["actor"] == "alice"
 
 
 async def test_a_queue_the_user_is_not_a_member_of_is_forbidden(service_factory):

@@ -8,7 +8,8 @@ his own, made up), random query arguments, and bodies built from ``openapi.JOB_R
 that are not JSON. Then:
 
 * the service never answers 5xx;
-* a job request with one bad field gets 400 naming that field; a valid one is created (201);
+* a job request with one bad field gets 400 naming that field; a valid one is created (201),
+  or refused with 400 when it could never run on this cluster under these quotas;
 * nothing bob does changes alice's jobs (id, state, user, GPUs, command, ...: compared through
   the admin's view before and after each example);
 * an admin sending random admin requests (quota documents, maintenance times, priorities,
@@ -75,7 +76,8 @@ class Harness:
         ids = [await submit({**h100, "tier": 1}, "running") for _ in range(2)]
         ids.append(await submit({**h100, "tier": 2, "name": "waits"}, "pending"))
         ids.append(await submit({"gpus": 1, "command": "true", "held": True}, "pending"))
-        ids.append(await submit({"gpus": 99, "command": "true"}, "rejected"))
+        status, _ = await self.alice.post("api/jobs", {"gpus": 99, "command": "true"})
+        assert status == 400
         done = await submit({"gpus": 1, "queue": "qa", "command": "true"}, "running")
         ids.append(done)
         cancelled = await submit({**h100, "name": "cancelled"}, "pending")
@@ -286,7 +288,10 @@ def test_job_requests_from_the_schema(harness, request):
 
     async def example():
         status, view = await h.call(h.bob, "POST", "api/jobs", body)
-        if wrong is None:  # valid
+        if wrong is None and status == 400:  # well-formed, but it could never run here
+            assert view["error"].startswith("this job can never run here"), (body, view)
+            assert view["field"] in ("gpus", "gpus_per_node", "cpus", "memory_gb", "labels"), view
+        elif wrong is None:  # valid
             assert status == 201, (body, view)
             assert view["user"] == "bob" and view["gpus"] == body["gpus"]
             assert view["command"] == body.get("command")

@@ -141,6 +141,11 @@ class GPUSchedService(Application):
         help="After asking the hub to stop a pre-empted notebook server, how long to wait for "
         "its spawner to release the GPUs before the service releases them itself.",
     ).tag(config=True)
+    slurm_node_interval = Float(
+        10.0,
+        help="With the Slurm launcher: seconds between reads of Slurm's node states (DRAIN "
+        "and DOWN in Slurm drain or down the node here).",
+    ).tag(config=True)
     authenticate_metrics = Bool(
         True, help="Require a token for /metrics (turn off for an unauthenticated scraper)."
     ).tag(config=True)
@@ -203,6 +208,10 @@ class GPUSchedService(Application):
         )
         self.metrics.live = live
         live.hub = HubClient.from_environment(self.proxy_url)
+        if hasattr(live.launcher, "node_states"):  # a Slurm launcher: follow Slurm's nodes
+            from ..slurm_inventory import SlurmNodeSync
+
+            live.node_sync = SlurmNodeSync(live, interval=self.slurm_node_interval)
         live.server_stop_wait = self.notebook_stop_wait
         live.quota_document = _plain(document)
         live.reaper = Reaper(live, _plain(settings.reaper), self.metrics)

@@ -78,6 +78,7 @@ class LiveScheduler:
         self._saved: asyncio.Future | None = None  # resolved when they are
         self.server_stop_wait = 30.0  # after asking the hub to stop a pre-empted server
         self.reaper = None  # the idle reaper (service/reaper.py), ticked by poll()
+        self.node_sync = None  # Slurm's node states into the engine (slurm_inventory.py)
 
     # -- what users and admins do ------------------------------------------------------------
     def submit(self, who: Identity, request: JobRequest) -> Job:
@@ -135,6 +136,16 @@ class LiveScheduler:
             self.engine.submit(job, now)
         except ConfigError as exc:
             raise RequestError(exc.message, exc.field) from None
+        if job.state == JobState.REJECTED:  # it could never run here: a 400, nothing queued
+            self.engine.forget(job.id)
+            event = self._event("rejected", job, who.name, job.reject_reason)
+            event["job_id"] = None  # no job was created
+            event["data"] = {"request": {"gpus": job.gpus, "queue": job.queue, "tier": job.tier}}
+            self.store.add_event(event)
+            raise RequestError(
+                f"this job can never run here: {job.reject_reason}",
+                rejection_field(job.reject_reason),
+            )
         self._number += 1
         extra = Extra(
             self._number - 1,
@@ -145,14 +156,8 @@ class LiveScheduler:
             env=request.env,
             cwd=request.cwd,
         )
-        kind = "rejected" if job.state == JobState.REJECTED else "submitted"
-        message = job.reject_reason if kind == "rejected" else f"{job.gpus:g} GPUs, tier {job.tier}"
-        event = self._event(kind, job, who.name, message)
-        if job.state == JobState.REJECTED:
-            self._save_submissions()
-            self.store.add_job(row_for(job, extra), event)
-            self.engine.forget(job.id)
-            return job
+        message = f"{job.gpus:g} GPUs, tier {job.tier}"
+        event = self._event("submitted", job, who.name, message)
         self.extras[job.id] = extra
         self._count_pending(job, +1)
         self._unsaved.append((job, event))
@@ -329,23 +334,26 @@ class LiveScheduler:
                 )
                 events.append(self._event("preempted", job, None, message))
                 self._stopping[job.id] = (job.runs, "preempted")
-                stops.append((job, decision.signal, decision.grace, extra.handle))
+                stops.append((job, job.runs, decision.signal, decision.grace, extra.handle))
                 if self.metrics:
                     self.metrics.preempted(job)
             elif isinstance(decision, Stop):
                 if decision.ended:  # the engine already ended it (its node went down)
-                    closed.append((job.id, job.runs, now))
+                    # a batch job is requeued, and may have started again in this same pass
+                    requeued = job.state in (JobState.PENDING, JobState.RUNNING)
+                    run = job.runs - 1 if job.state == JobState.RUNNING else job.runs
+                    closed.append((job.id, run, now))
                     extra.message = decision.reason
-                    kind = "requeued" if job.state == JobState.PENDING else job.state.value
+                    kind = "requeued" if requeued else job.state.value
                     events.append(self._event(kind, job, None, decision.reason))
-                    if job.state == JobState.PENDING:
+                    if requeued:
                         self._count_pending(job, +1)
-                    stops.append((job, "SIGKILL", 0.0, extra.handle))
+                    stops.append((job, run, "SIGKILL", 0.0, extra.handle))
                     extra.handle = None
                 else:
                     self._stopping[job.id] = (job.runs, "cancelled")
                     signame = self.engine.settings.preemption_signal
-                    stops.append((job, signame, self.cancel_grace, extra.handle))
+                    stops.append((job, job.runs, signame, self.cancel_grace, extra.handle))
             if self.metrics:
                 self.metrics.decided(type(decision).__name__.lower())
             changes.append((job.id, self._fields(job)))
@@ -354,11 +362,16 @@ class LiveScheduler:
             self._forget(job)
         for job, placement in launches:
             self._launch(job, placement, now)
-        for job, signame, grace, handle in stops:
-            self._spawn(self._stop(job.id, job.runs, handle, signame, grace))
+        for job, run, signame, grace, handle in stops:
+            self._spawn(self._stop(job.id, run, handle, signame, grace))
 
     def poll(self) -> None:
         """Notice processes that exited; then run a pass (for timers inside the engine)."""
+        if self.node_sync is not None:  # first: a node's failure requeues, not fails, its jobs
+            try:
+                self.node_sync.sync()
+            except Exception:
+                log.exception("reading Slurm's node states failed")
         for job_id in list(self.engine.running):
             extra = self.extras.get(job_id)
             if extra is None or extra.handle is None:
@@ -536,6 +549,20 @@ class LiveScheduler:
         if job is None or extra is None:
             return self.store.get_job(job_id)
         return row_for(job, extra)
+
+
+def rejection_field(reason: str) -> str:
+    """The request field a rejection (core/admission.py ``rejection``) is about."""
+    for words, field in (
+        ("CPUs", "cpus"),
+        ("memory", "memory_gb"),
+        ("labels", "labels"),
+        ("GPU of model", "gpu_model"),
+        ("nodes with", "gpus_per_node"),
+    ):
+        if words in reason:
+            return field
+    return "gpus"
 
 
 def describe(placement, cluster) -> str:

@@ -1,0 +1,350 @@
+"""The idle reaper under a real hub: JupyterHub, configurable-http-proxy, the scheduler service,
+GPUSchedSpawner and real single-user servers with real kernels, on the simulated GPU backend
+(``GPUSCHED_GPU_BACKEND=simulated``, the test cluster file, a private load directory), with the
+servers' GPU monitor sampling every second and reaper timeouts of a few seconds.
+
+* a kernel that keeps its GPU busy (``simulate_load`` run in the kernel over its websocket, then
+  the websocket closed: no browser) is never culled, past the timeout;
+* an idle server is warned (the notice reaches the server), then stopped; its GPUs go back and a
+  queued user's server starts;
+* an admin lowers the timeout at run time (``PUT api/reaper``): it applies within one interval;
+  an exempt user is never culled; a non-admin cannot change the settings.
+
+The hub is started like ``tests/test_spawner.py``'s (its ``HubRunner`` and helpers), with this
+module's profiles, policy file and environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import time
+import uuid
+
+import hub_harness
+import psutil
+import pytest
+import requests
+import test_spawner as ts
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
+
+MONITOR_INTERVAL = 1.0  # the servers' GPUMonitor.interval
+SERVICE_POLL = 1.0  # the service's poll_interval (its default): the reaper ticks at each poll
+POLICY = """\
+backfill: {interval: 1s}
+reaper:
+  timeout_tier_2: null  # each test sets its own at run time
+  warning_lead: 2s
+  stale_after: 10s
+"""
+EXTRA_CONFIG = """
+# -- added by tests/test_reaper_hub.py
+c.GPUSchedSpawner.profiles = [
+    {"display_name": "1 GPU (tier 2)", "slug": "t2-1", "gpus": 1},
+    {"display_name": "2 GPUs (tier 2)", "slug": "t2-2", "gpus": 2},
+]
+c.GPUSchedSpawner.queue_poll_interval = 0.3
+c.Spawner.http_timeout = 60
+c.Spawner.args = ["--GPUMonitor.interval=MONITOR_INTERVAL"]
+""".replace("MONITOR_INTERVAL", f"{MONITOR_INTERVAL:g}")
+
+
+class ReaperHub(ts.HubRunner):
+    def __init__(self):
+        super().__init__()
+        (self.state_dir / "test-policy.yaml").write_text(POLICY)
+        sim_dir = self.state_dir / "sim-gpus"
+        sim_dir.mkdir(mode=0o1777)
+        self.env.update(
+            GPUSCHED_GPU_BACKEND="simulated",
+            GPUSCHED_SIM_CLUSTER=self.env["GPUSCHED_CLUSTER_FILE"],
+            GPUSCHED_SIM_GPU_DIR=str(sim_dir),
+        )
+        config = self.config.read_text()
+        assert ts.EXTRA_CONFIG in config
+        self.config.write_text(config.replace(ts.EXTRA_CONFIG, EXTRA_CONFIG))
+
+
+@pytest.fixture(scope="module")
+def reaper_hub():
+    if not hub_harness.CHP.exists():
+        pytest.skip("node_modules/.bin/configurable-http-proxy is missing: run `make node_modules`")
+    hub_harness._create_demo_users()
+    runner = ReaperHub()
+    failed = True
+    try:
+        runner.start()
+        yield runner.hub
+        failed = False
+    finally:
+        if runner.hub and runner.hub.process.poll() is None:
+            with contextlib.suppress(Exception):
+                ts.stop_every_server(runner.hub)
+        left = hub_harness._stop(runner.hub) if runner.hub else []
+        for process in psutil.process_iter(["cmdline", "environ"]):  # a server the hub forgot
+            with contextlib.suppress(psutil.Error):
+                if ts._is_notebook_server(process) and str(runner.state_dir) in json.dumps(
+                    process.info["environ"] or {}
+                ):
+                    left.append(f"notebook server pid {process.pid}")
+                    process.kill()
+        if left or failed:
+            print(f"--- {runner.hub.log_path} (tail) ---\n{runner.hub.log_tail(300)}")
+        elif not os.environ.get("GPUSCHED_KEEP_HUB_STATE"):
+            shutil.rmtree(runner.state_dir, ignore_errors=True)
+    assert not left, "processes left after the hub stopped:\n" + "\n".join(left)
+
+
+@pytest.fixture
+def hub(reaper_hub):
+    yield reaper_hub
+    ts.stop_every_server(reaper_hub)
+    admin = reaper_hub.token("admin")
+    jobs = reaper_hub.service("GET", "api/jobs?state=running&state=pending", admin).json()
+    for job in jobs["jobs"]:
+        reaper_hub.service("DELETE", f"api/jobs/{job['id']}", admin)
+    ts.wait_free(reaper_hub, 4, timeout=15)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def set_reaper(hub, token, **changes) -> requests.Response:
+    return hub.service("PUT", "api/reaper", token, json=changes)
+
+
+def configure(hub, **changes) -> dict:
+    response = set_reaper(hub, hub.token("admin"), **changes)
+    assert response.status_code == 200, response.text
+    return response.json()["settings"]
+
+
+def sessions(hub) -> dict:
+    """The reaper's sessions by user (admin view)."""
+    response = hub.service("GET", "api/reaper", hub.token("admin"))
+    assert response.status_code == 200, response.text
+    return {s["user"]: s for s in response.json()["sessions"]}
+
+
+def server_get(hub, user, path):
+    url = hub.url + f"/user/{user}/" + path
+    response = requests.get(url, headers={"Authorization": f"token {hub.token(user)}"}, timeout=10)
+    assert response.status_code == 200, f"{url}: {response.status_code} {response.text[:300]}"
+    return response.json()
+
+
+def notices(hub, user) -> list[dict] | None:
+    """The notices of ``user``'s server; None when it no longer answers."""
+    url = hub.url + f"/user/{user}/gpusched/api/notices"
+    headers = {"Authorization": f"token {hub.token(user)}"}
+    with contextlib.suppress(requests.RequestException, ValueError):
+        response = requests.get(url, headers=headers, timeout=5, allow_redirects=False)
+        if response.status_code == 200:
+            return response.json()["notices"]
+    return None
+
+
+def wait_reported(hub, *users, timeout=15.0) -> dict:
+    """Until the reaper has a monitor report from each of ``users``' servers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = sessions(hub)
+        if all((found.get(u) or {}).get("last_report") for u in users):
+            return found
+        assert time.monotonic() < deadline, f"no monitor report from {users}: {found}"
+        time.sleep(0.2)
+
+
+def job_id_of(hub, user) -> str:
+    return ts.server_env(hub, user)["GPUSCHED_JOB_ID"]
+
+
+def cull_events(hub, job_id) -> list[dict]:
+    response = hub.service(
+        "GET", f"api/events?kind=reaper-cull&job_id={job_id}", hub.token("admin")
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["events"]
+
+
+def start_kernel(hub, user) -> str:
+    url = hub.url + f"/user/{user}/api/kernels"
+    headers = {"Authorization": f"token {hub.token(user)}"}
+    response = requests.post(url, json={"name": "python3"}, headers=headers, timeout=30)
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+async def _execute(ws_url: str, token: str, code: str, timeout: float) -> dict:
+    """Run ``code`` in the kernel over its websocket (the Jupyter protocol's JSON form); return
+    the execute_reply's content."""
+    request = HTTPRequest(ws_url, headers={"Authorization": f"token {token}"})
+    connection = await asyncio.wait_for(websocket_connect(request), timeout)
+    try:
+        msg_id = uuid.uuid4().hex
+        message = {
+            "header": {
+                "msg_id": msg_id,
+                "msg_type": "execute_request",
+                "username": "test",
+                "session": uuid.uuid4().hex,
+                "version": "5.3",
+                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+            "parent_header": {},
+            "metadata": {},
+            "content": {
+                "code": code,
+                "silent": False,
+                "store_history": False,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": True,
+            },
+            "channel": "shell",
+            "buffers": [],
+        }
+        await connection.write_message(json.dumps(message))
+        while True:
+            raw = await asyncio.wait_for(connection.read_message(), timeout)
+            assert raw is not None, "the kernel websocket closed before the reply"
+            reply = json.loads(raw)
+            if (
+                reply.get("channel") == "shell"
+                and reply["header"]["msg_type"] == "execute_reply"
+                and reply["parent_header"].get("msg_id") == msg_id
+            ):
+                return reply["content"]
+    finally:
+        connection.close()
+
+
+def execute(hub, user, kernel_id, code, timeout=30.0) -> dict:
+    ws_url = hub.url.replace("http", "ws", 1) + f"/user/{user}/api/kernels/{kernel_id}/channels"
+    return asyncio.run(_execute(ws_url, hub.token(user), code, timeout))
+
+
+# -- the scenarios -------------------------------------------------------------------------------
+def test_a_busy_kernel_is_never_culled_past_the_timeout(hub):
+    configure(hub, timeout_tier_2=60, warning_lead=2, exempt_users=[])  # long: while it starts
+    ts.start_server(hub, "alice", "t2-1")
+    env = ts.server_env(hub, "alice")
+    assert env["GPUSCHED_GPU_BACKEND"] == "simulated"
+    assert env["GPUSCHED_SIM_GPU_DIR"].startswith(str(hub.state_dir))
+    kernel = start_kernel(hub, "alice")
+    reply = execute(
+        hub,
+        "alice",
+        kernel,
+        "from jupyter_gpusched.gpu import simulate_load\nsimulate_load(util=90, seconds=600)",
+    )
+    assert reply["status"] == "ok", reply
+    # the websocket is closed: no browser, no client; only the GPU is busy
+    deadline = time.monotonic() + 10
+    while True:
+        monitor = server_get(hub, "alice", "gpusched/api/kernels")
+        if (monitor["kernels"].get(kernel) or {}).get("utilization", 0) >= 90:
+            break
+        assert time.monotonic() < deadline, f"the load is not attributed to {kernel}: {monitor}"
+        time.sleep(0.3)
+    assert monitor["interval"] == MONITOR_INTERVAL
+    assert monitor["server"]["utilization"] >= 90
+    assert [d["utilization"] for d in monitor["devices"]] == [90.0]  # its one GPU
+
+    timeout = 3.0
+    configure(hub, timeout_tier_2=timeout)
+    job_id = env["GPUSCHED_JOB_ID"]
+    end = time.monotonic() + 3 * timeout + 2 * MONITOR_INTERVAL
+    while time.monotonic() < end:
+        server = ts.servers_of(hub, "alice").get("")
+        assert server and server["ready"] and not server.get("stopped"), f"culled: {server}"
+        session = sessions(hub)["alice"]
+        assert session["timeout"] == timeout
+        assert time.time() - session["idle_since"] < timeout, session  # busy: never idle long
+        assert session["warned"] is None, session
+        time.sleep(0.5)
+    assert not cull_events(hub, job_id)
+    assert not [n for n in notices(hub, "alice") or [] if n["kind"] == "idle"]
+    assert ts.service_job(hub, "alice", job_id)["state"] == "running"
+
+
+def test_an_idle_server_is_warned_then_stopped_and_a_queued_user_starts(hub):
+    timeout, lead = 12.0, 8.0
+    configure(hub, timeout_tier_2=timeout, warning_lead=lead, exempt_users=[])
+    filler = ts.hold_gpus(hub, "admin", 2)  # a batch job: never reaped
+    ts.start_server(hub, "bob", "t2-2")
+    bob_job = job_id_of(hub, "bob")
+    bob_gpus = ts.visible(ts.server_env(hub, "bob"))
+    assert ts.free_gpus(hub) == 0
+    carol_start = ts.start_in_background(hub, "carol", "t2-2")
+    ts.wait_pending(hub, "carol")
+
+    seen = []
+    deadline = time.monotonic() + timeout + 10
+    while "" in ts.servers_of(hub, "bob"):
+        found = notices(hub, "bob")
+        if found:
+            seen = found
+        assert time.monotonic() < deadline, f"bob's idle server is still running: {sessions(hub)}"
+        time.sleep(0.25)
+    idle = [n for n in seen if n["kind"] == "idle"]
+    assert len(idle) == 1, f"not one idle warning at bob's server before it stopped: {seen}"
+    assert idle[0]["job_id"] == bob_job and idle[0]["deadline"] > 0
+    assert "will be stopped" in idle[0]["message"]
+
+    job = ts.wait_job(hub, "bob", bob_job, ts.RELEASED, timeout=ts.RELEASE_TIMEOUT)
+    (cull,) = cull_events(hub, bob_job)
+    assert cull["data"]["reason"] == "idle" and cull["data"]["timeout"] == timeout
+    assert cull["data"]["idle_seconds"] >= timeout and cull["data"]["samples"]
+    assert job["state"] in ts.RELEASED
+
+    ts.wait_ready(hub, "carol")  # the queued user's server got bob's GPUs
+    carol_start.join(10)
+    carol_env = ts.server_env(hub, "carol")
+    assert ts.visible(carol_env) == bob_gpus
+    assert ts.service_job(hub, "carol", carol_env["GPUSCHED_JOB_ID"])["state"] == "running"
+    assert ts.service_job(hub, "admin", filler)["state"] == "running"
+
+
+def test_admin_lowers_the_timeout_at_run_time_exempt_users_stay(hub):
+    alice = hub.token("alice")
+    refused = set_reaper(hub, alice, timeout_tier_2=1)
+    assert refused.status_code == 403, refused.text
+    read = hub.service("GET", "api/reaper", alice)  # reading is fine
+    assert read.status_code == 200, read.text
+    assert read.json()["defaults"]["stale_after"] == 10  # the policy file's reaper: section
+
+    configure(hub, timeout_tier_2=None, warning_lead=1, exempt_users=["carol"])
+    ts.start_server(hub, "bob", "t2-1")
+    ts.start_server(hub, "carol", "t2-1")
+    bob_job = job_id_of(hub, "bob")
+    wait_reported(hub, "bob", "carol")
+    time.sleep(2 * MONITOR_INTERVAL)  # idle, but no timeout: nobody is culled
+    assert set(ts.servers_of(hub, "bob")) == {""} and set(ts.servers_of(hub, "carol")) == {""}
+    assert not cull_events(hub, bob_job)
+
+    timeout = 2.0
+    changed = time.time()
+    settings = configure(hub, timeout_tier_2=timeout)
+    assert settings["timeout_tier_2"] == timeout and settings["exempt_users"] == ["carol"]
+    deadline = time.monotonic() + 10
+    while not (events := cull_events(hub, bob_job)):
+        assert time.monotonic() < deadline, f"bob was not culled: {sessions(hub)}"
+        time.sleep(0.1)
+    # bob had been idle longer than the new timeout: the next tick culls him (1 s of slack for
+    # a loaded machine)
+    assert events[0]["time"] - changed <= SERVICE_POLL + 1.0, events[0]
+    assert events[0]["data"]["settings"]["timeout_tier_2"] == timeout
+    ts.wait_gone(hub, "bob", timeout=10)
+
+    end = time.monotonic() + 2 * timeout + 2 * MONITOR_INTERVAL
+    while time.monotonic() < end:
+        server = ts.servers_of(hub, "carol").get("")
+        assert server and server["ready"], f"exempt carol was culled: {server}"
+        time.sleep(0.5)
+    carol = sessions(hub)["carol"]
+    assert carol["exempt"] and time.time() - carol["idle_since"] > timeout
+    assert not cull_events(hub, carol["job_id"])
+    assert not [n for n in notices(hub, "carol") or [] if n["kind"] == "idle"]

@@ -68,6 +68,8 @@ demo: $(STAMP) $(NODE_STAMP) | system
 	@scripts/demo-users.sh || echo "make demo: continuing without them: not root, so the" \
 		"service runs every job as $$(id -un)"
 	@printf '%s\n' "$$DEMO_HELP"
+	GPUSCHED_CLUSTER_FILE=$${GPUSCHED_CLUSTER_FILE:-$(CURDIR)/hub_config/demo-cluster.yaml} \
+	GPUSCHED_QUEUE_FILE=$${GPUSCHED_QUEUE_FILE:-$(CURDIR)/hub_config/demo-queues.yaml} \
 	$(BIN)/jupyterhub -f hub_config/jupyterhub_config.py
 
 ## make replay-demo: replay the example trace through each policy and print the comparison table.

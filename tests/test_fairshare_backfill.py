@@ -4,6 +4,7 @@ from helpers import cluster, job, queues, run_replay, started, trace_job
 
 from jupyter_gpusched.core import PolicySettings, Scheduler
 from jupyter_gpusched.core.fairshare import fair_share_factors
+from jupyter_gpusched.core.quotas import decayed_usage
 
 
 def test_team_with_less_decayed_usage_goes_first_even_when_it_submitted_later():
@@ -87,3 +88,34 @@ def test_higher_tier_goes_first():
     scheduler.schedule(2)
     scheduler.job_ended("busy", 10)
     assert list(started(scheduler.schedule(10))) == ["t2"]
+
+
+def test_usage_rebuilt_from_past_runs_equals_the_usage_the_engine_accounted():
+    """A restarted service rebuilds fair share from its allocations (QueueTree.seed_usage):
+    the decayed usage must be what the engine had accounted for the same runs."""
+    c = cluster(("n1", 8, "leaf"))
+    spec = {"team": {"guaranteed": 8, "children": {"a": {"guaranteed": 4}, "b": {}}}}
+    live = Scheduler(c, queues(spec, c))
+    runs = {"r0": ("team/a", 4, 0.0, 7200.0), "r1": ("team/b", 2, 3600.0, 90_000.0)}
+    runs["r2"] = ("team/a", 2, 50_000.0, None)  # still running
+    events = sorted(
+        [(start, "start", name) for name, (_, _, start, _) in runs.items()]
+        + [(end, "end", name) for name, (*_, end) in runs.items() if end is not None]
+    )
+    for t, what, name in events:
+        if what == "start":
+            queue, gpus, *_ = runs[name]
+            live.submit(job(name, gpus, t=t, queue=queue), t)
+            live.schedule(t)
+        else:
+            live.job_ended(name, t)
+    assert all(live.jobs[n].first_start == runs[n][2] for n in runs)
+    now = 100_000.0
+    rebuilt = queues(spec, c)
+    rebuilt.seed_usage(
+        [(q, g, s, now if e is None else e) for q, g, s, e in runs.values()], now, live.half_life
+    )
+    for path in ("team/a", "team/b", "team", ""):
+        expected = decayed_usage(live.tree.get(path), now, live.half_life)
+        assert abs(rebuilt.get(path).usage - expected) < 1e-6 * expected, path
+    assert rebuilt.get("team/a").usage > 0 and rebuilt.get("team/b").usage > 0

@@ -133,6 +133,26 @@ class QueueTree:
             settle_usage(node, now, half_life)
             node.running += gpus
 
+    def seed_usage(self, runs, now: float, half_life: float) -> None:
+        """Set every queue's decayed usage at ``now`` from past runs ``(queue path, GPUs,
+        start, end)`` (a restarted service rebuilds fair share from its allocations). A run
+        of ``g`` GPUs over ``[s, e]`` adds ``g * h / ln 2 * (2^-(now-e)/h - 2^-(now-s)/h)``."""
+        for queue in self.by_path.values():
+            queue.usage, queue.usage_time = 0.0, now
+        scale = half_life / math.log(2)
+        for path, gpus, start, end in runs:
+            queue = self.get(path)
+            if queue is None or end <= start:
+                continue
+            end = min(end, now)
+            used = (
+                gpus
+                * scale
+                * (2.0 ** (-(now - end) / half_life) - 2.0 ** (-(now - start) / half_life))
+            )
+            for node in queue.chain():
+                node.usage += max(0.0, used)
+
     def claim(self, queue: Queue, gpus: float) -> None:
         for node in queue.chain():
             node.claimed += gpus

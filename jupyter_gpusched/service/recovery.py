@@ -41,6 +41,12 @@ def recover(live) -> dict:
         except ConfigError:
             log.warning("maintenance window of node %s ignored: no such node any more", name)
 
+    # fair share: each queue's decayed usage, from the allocations of the last ten half-lives
+    half_life = engine.half_life
+    runs = store.runs_since(now - 10 * half_life)
+    engine.tree.seed_usage(
+        ((q, g, s, now if e is None else e) for q, g, s, e in runs), now, half_life
+    )
     rows = store.unfinished_jobs()
     running = sorted((r for r in rows if r["state"] == "running"), key=lambda r: r["start_time"])
     for row in running:

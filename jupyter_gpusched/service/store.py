@@ -267,6 +267,16 @@ class Store:
         with self.engine.connect() as conn:
             return [dict(row) for row in conn.execute(query).mappings()]
 
+    def runs_since(self, since: float) -> list[tuple[str, float, float, float | None]]:
+        """``(queue, gpus, start, end)`` of every allocation that ran after ``since`` (end is
+        None while it runs): what fair share is rebuilt from after a restart."""
+        a = allocations_table
+        query = sa.select(a.c.queue, a.c.gpus, a.c.start, a.c.end).where(
+            sa.or_(a.c.end.is_(None), a.c.end > since)
+        )
+        with self.engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(query).all()]
+
     # -- usage ---------------------------------------------------------------------------------
 
     def usage(self, start: float, end: float, by: str = "queue") -> list[dict[str, Any]]:

@@ -6,3 +6,10 @@ The scheduling engine lives in :mod:`jupyter_gpusched.core` (pure, deterministic
 """
 
 __version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext jupyter_gpusched``: the ``%%gpujob`` and ``%gpusched`` magics."""
+    from .magics import GPUSchedMagics
+
+    ipython.register_magics(GPUSchedMagics)

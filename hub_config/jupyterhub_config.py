@@ -219,6 +219,14 @@ c.GPUSchedSpawner.run_as_hub_user = True
 c.GPUSchedSpawner.home_dir_template = os.path.join(STATE, "home", "{username}")
 # The single-user server of this virtual environment, whatever PATH the hub was started with.
 c.Spawner.cmd = [os.path.join(os.path.dirname(sys.executable), "jupyterhub-singleuser")]
+c.Spawner.default_url = "/lab"  # JupyterLab, with the GPU panel (labextension/)
+# The servers' GPU monitor chooses its telemetry from these (docs/gpu.md); the hub passes its own
+# environment on to servers only through `environment`, so pass them on where they are set.
+c.Spawner.environment = {
+    name: os.environ[name]
+    for name in ("GPUSCHED_GPU_BACKEND", "GPUSCHED_SIM_CLUSTER", "GPUSCHED_SIM_GPU_DIR")
+    if os.environ.get(name)
+}
 c.JupyterHub.allow_named_servers = True  # several GPU servers per user, within their quota
 c.JupyterHub.named_server_limit_per_user = 4
 # A hub restart keeps running servers and their allocations (the default stops them all).

@@ -216,9 +216,6 @@ class GPUSchedService(Application):
         live.quota_document = _plain(document)
         live.reaper = Reaper(live, _plain(settings.reaper), self.metrics)
         counts = recover(live)
-        stored = self.store.get_setting("quotas")
-        if stored:
-            live.quota_document = stored
         self.log.info("recovered from the database: %s", counts)
         return live
 

@@ -133,12 +133,15 @@ class TokenFileAuth(Auth):
     async def identify(self, handler) -> Identity | None:
         header = handler.request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() not in ("token", "bearer") or not token:
+        from_header = scheme.lower() in ("token", "bearer") and bool(token)
+        if not from_header:
             token = handler.get_argument("token", "")
         if not token:
             return None
         for known, identity in self.tokens.items():
             if hmac.compare_digest(known.encode(), token.strip().encode()):
+                # as JupyterHub's HubAuth marks it: writes need a header token
+                handler._token_authenticated = from_header
                 return identity
         return None
 

@@ -56,15 +56,17 @@ class APIHandler(web.RequestHandler):
         return self.settings["gpusched_live"]
 
     def check_xsrf_cookie(self):
-        """Token-authenticated API: writes need an Authorization header (checked in prepare),
-        so a cross-site form cannot act with a user's cookie."""
+        """Writes must be token-authenticated (checked in prepare): a cross-site form can send
+        a user's cookie but cannot set an Authorization header, so no XSRF cookie is needed."""
 
     async def prepare(self):
         self.identity = await self.settings["gpusched_auth"].identify(self)
         if self.identity is None:
             raise APIError(401, "not authenticated: send 'Authorization: token <hub API token>'")
         if self.request.method not in ("GET", "HEAD") and (
-            "Authorization" not in self.request.headers and not self.get_argument("token", "")
+            "Authorization" not in self.request.headers
+            # the hub may have identified the caller by cookie after a bad header token
+            or not getattr(self, "_token_authenticated", False)
         ):
             raise APIError(403, "changes need a token in the Authorization header")
 
@@ -142,10 +144,15 @@ class ClusterHandler(APIHandler):
         nodes = []
         for node in live.cluster.nodes:
             gpus = [{"index": i, "jobs": []} for i in range(node.gpus)]
-            for job_id in sorted(state.holders[node.index]):
-                job = engine.jobs[job_id]
+            for holder_id in sorted(state.holders[node.index]):
+                # GPUs freed for a pre-empting job are held as "<its id>\0claim" until its
+                # victims have left: shown as reserved for it
+                job_id, _, claim = holder_id.partition("\0")
+                job = engine.jobs.get(job_id)
+                if job is None:
+                    continue
                 visible = self.admin or job.user == me
-                for part in state.allocations[job_id].parts:
+                for part in state.allocations[holder_id].parts:
                     if part.node != node.index:
                         continue
                     for i in range(node.gpus):
@@ -153,6 +160,7 @@ class ClusterHandler(APIHandler):
                             holder = {"job": job_id if visible else None, "fraction": part.fraction}
                             holder["user"] = job.user if visible else None
                             holder["tier"] = job.tier
+                            holder["reserved"] = bool(claim)
                             gpus[i]["jobs"].append(holder)
             nodes.append(
                 {
@@ -191,6 +199,9 @@ class QueueHandler(APIHandler):
     def _entry(self, job, position, me) -> dict:
         visible = self.admin or job.user == me
         extra = self.live.extras.get(job.id)
+        reason = reason_dict(job.reason)
+        if reason and not visible and job.user:  # e.g. "alice already runs 8 GPUs"
+            reason["message"] = reason["message"].replace(job.user, "its owner")
         return {
             "position": position,
             "id": job.id,
@@ -202,7 +213,7 @@ class QueueHandler(APIHandler):
             "gpus": job.gpus,
             "gpu_fraction": job.gpu_fraction,
             "submit_time": job.submit_time,
-            "reason": reason_dict(job.reason),
+            "reason": reason,
         }
 
 

@@ -255,6 +255,10 @@ class LiveScheduler:
         nodes = dict(self.store.get_setting("nodes", {}))
         if engine_state == "up":
             nodes.pop(name, None)
+            windows = dict(self.store.get_setting("maintenance", {}))
+            if windows.pop(name, None) is not None:  # a window that began (or is due) ends
+                self.engine.set_maintenance(name, None, self.clock())
+                self.store.set_setting("maintenance", windows, by=actor)
         else:
             nodes[name] = engine_state
         event = self._event(f"node-{node_state}", None, actor, f"{name}: {node_state} by {actor}")

@@ -218,6 +218,7 @@ class Reaper:
         self.live = live
         self.defaults = validate(defaults or {})
         self.sessions: dict[str, Session] = {}
+        self.since = live.clock()  # servers running before this (a restart): no history
         self.reclaimed = None
         if metrics is not None:
             self.reclaimed = Counter(
@@ -303,6 +304,8 @@ class Reaper:
                 started=job.start_time or self.live.clock(),
                 server_name=(extra.server_name or "") if extra else "",
             )
+            if session.started < self.since:  # its idle time before a restart is unknown:
+                session.last_busy = self.live.clock()  # count from now, warning first
         return session
 
     def view(self, session: Session, settings: dict) -> dict:

@@ -28,6 +28,7 @@ def recover(live) -> dict:
         try:
             tree = QueueTree.from_dict(quotas, engine.cluster.total_gpus, "stored quotas")
             engine.update_quotas(tree, now)
+            live.quota_document = quotas
         except ConfigError as exc:  # the queue file changed shape since the edit
             log.warning("stored quota edits no longer apply (%s); using the queue file", exc)
     for name, node_state in (store.get_setting("nodes") or {}).items():
@@ -72,6 +73,15 @@ def recover(live) -> dict:
             placement = placement_from_rows(store.open_allocations(job.id), engine.cluster)
             engine.restore(job, placement, now)
         except (ConfigError, ValueError) as exc:
+            if job.kind == "batch":  # its GPUs are no longer held: it must not keep running
+                try:
+                    live.launcher.signal(extra.handle, "SIGKILL")
+                except Exception:
+                    log.exception("could not stop job %s", job.id)
+            else:
+                log.warning(
+                    "notebook server of %s (%s) runs outside the scheduler", job.user, job.id
+                )
             _fail(live, job, extra, f"could not be put back after a restart: {exc}", now)
             counts["failed"] += 1
             continue

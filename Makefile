@@ -9,6 +9,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 STAMPS := .make-stamps
 NODE_STAMP := $(STAMPS)/node_modules
+LAB_STAMP  := $(STAMPS)/labextension
+LAB_SOURCES := $(wildcard labextension/src/*.ts labextension/style/*) \
+	labextension/package.json labextension/package-lock.json labextension/tsconfig.json
 TRACES ?= ../shared/traces
 
 # The demo hub (hub_config/jupyterhub_config.py reads the same variables).
@@ -40,7 +43,7 @@ Ctrl-C stops the hub, the proxy and the scheduler. State: $(GPUSCHED_STATE_DIR)
 endef
 export DEMO_HELP
 
-.PHONY: demo replay-demo test lint pytest bench install system node_modules clean
+.PHONY: demo replay-demo test lint pytest bench install system node_modules labextension clean
 
 install: $(STAMP)
 
@@ -62,9 +65,23 @@ $(NODE_STAMP): package.json package-lock.json | system
 	@mkdir -p $(STAMPS)
 	touch $(NODE_STAMP)
 
+## make labextension: the JupyterLab extension (labextension/, TypeScript) built with
+## @jupyter/builder into jupyter_gpusched/labextension, which the wheel ships as
+## share/jupyter/labextensions/jupyter-gpusched; linked there in .venv for this checkout.
+labextension: $(LAB_STAMP)
+
+$(LAB_STAMP): $(LAB_SOURCES) | $(STAMP) system
+	cd labextension && npm ci --no-audit --no-fund && npm run clean && npm run build
+	@mkdir -p $(VENV)/share/jupyter/labextensions
+	rm -rf $(VENV)/share/jupyter/labextensions/jupyter-gpusched  # a copy pip install -e made
+	ln -s $(CURDIR)/jupyter_gpusched/labextension \
+		$(VENV)/share/jupyter/labextensions/jupyter-gpusched
+	@mkdir -p $(STAMPS)
+	touch $(LAB_STAMP)
+
 ## make demo: JupyterHub on 127.0.0.1:8000 with the scheduler as a managed service (foreground;
 ## Ctrl-C stops the hub, the proxy and the service). State is kept in hub-state/.
-demo: $(STAMP) $(NODE_STAMP) | system
+demo: $(STAMP) $(NODE_STAMP) $(LAB_STAMP) | system
 	@scripts/demo-users.sh || echo "make demo: continuing without them: not root, so the" \
 		"service runs every job as $$(id -un)"
 	@printf '%s\n' "$$DEMO_HELP"
@@ -87,11 +104,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check jupyter_gpusched tests benchmarks
 	$(BIN)/ruff format --check jupyter_gpusched tests benchmarks
 
-pytest: $(STAMP) $(NODE_STAMP) | system
+pytest: $(STAMP) $(NODE_STAMP) $(LAB_STAMP) | system
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_engine.py
 
 clean:
-	rm -rf $(VENV) $(STAMPS) node_modules demo-out hub-state .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(STAMPS) node_modules labextension/node_modules labextension/lib \
+		jupyter_gpusched/labextension test-output demo-out hub-state .pytest_cache .ruff_cache .hypothesis

@@ -6,6 +6,7 @@ set -euo pipefail
 missing=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v npm >/dev/null || missing+=(npm)
+[[ -x /usr/bin/chromium ]] || missing+=(chromium)  # the JupyterLab browser tests (Playwright)
 if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0
 fi

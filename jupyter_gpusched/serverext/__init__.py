@@ -35,6 +35,9 @@ def _load_jupyter_server_extension(serverapp):
     from .monitor import setup_monitor
 
     setup_monitor(serverapp)
+    from .proxy import setup_proxy  # the JupyterLab extension's view of the service
+
+    setup_proxy(serverapp.web_app)
     serverapp.log.info("jupyter_gpusched server extension loaded: /%s/", ROUTE_PREFIX)
 
 

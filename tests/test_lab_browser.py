@@ -1,0 +1,179 @@
+"""The JupyterLab extension (labextension/) in a real browser, under a real hub.
+
+Debian's Chromium (``/usr/bin/chromium``, from ``scripts/install-system.sh``) driven by
+Playwright (never ``playwright install``): alice logs in to the hub of ``tests/test_spawner.py``
+(4 H100, her queue's limit is 4 GPUs), her server starts with 2 GPUs and serves JupyterLab; the
+status bar shows her GPUs; a 4-GPU batch job she submits waits in the queue; the side panel shows
+it, cancels it, and it goes; a reaper warning and a pre-emption notice posted to her server
+appear as notifications. Screenshots go to ``test-output/lab-browser/`` for a person to look at.
+
+Skips when /usr/bin/chromium or Playwright is missing, or the extension was not built
+(``make labextension``; ``make test`` does all three).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import hub_harness
+import pytest
+import requests
+
+CHROMIUM = Path("/usr/bin/chromium")
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "test-output" / "lab-browser"
+BUILT = ROOT / "jupyter_gpusched" / "labextension" / "package.json"
+USER = "alice"
+TIMEOUT_MS = 60_000
+
+if not CHROMIUM.exists():
+    pytest.skip(
+        "/usr/bin/chromium is missing: run scripts/install-system.sh (apt-get install chromium)",
+        allow_module_level=True,
+    )
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (test extra)")
+if not BUILT.exists():
+    pytest.skip("the lab extension is not built: run `make labextension`", allow_module_level=True)
+
+from test_spawner import (  # noqa: E402 (after the skips)
+    HubRunner,
+    start_server,
+    stop_every_server,
+    wait_free,
+)
+
+
+def _no_news(state_dir: Path, user: str) -> None:
+    """Turn off JupyterLab's "receive official Jupyter news?" popup for ``user`` (their HOME
+    is STATE/home/<user>: hub_config's home_dir_template)."""
+    settings = (
+        state_dir
+        / "home"
+        / user
+        / ".jupyter/lab/user-settings/@jupyterlab/apputils-extension"
+        / "notification.jupyterlab-settings"
+    )
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps({"fetchNews": "false"}))
+
+
+@pytest.fixture(scope="module")
+def lab_hub():
+    if not hub_harness.CHP.exists():
+        pytest.skip("node_modules/.bin/configurable-http-proxy is missing: run `make node_modules`")
+    hub_harness._create_demo_users()
+    runner = HubRunner()
+    failed = True
+    try:
+        hub = runner.start()
+        yield runner
+        failed = False
+    finally:
+        with contextlib.suppress(Exception):
+            stop_every_server(runner.hub)
+        left = hub_harness._stop(runner.hub) if runner.hub else []
+        if left or failed:
+            print(f"--- {runner.hub.log_path} (tail) ---\n{runner.hub.log_tail(200)}")
+        elif not os.environ.get("GPUSCHED_KEEP_HUB_STATE"):
+            shutil.rmtree(runner.state_dir, ignore_errors=True)
+    assert not left, "processes left after the hub stopped:\n" + "\n".join(left)
+    del hub
+
+
+@pytest.fixture
+def browser():
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"]
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def _shot(page, name: str) -> None:
+    page.screenshot(path=str(SHOTS / f"{name}.png"))
+
+
+def _post_notice(hub, body: dict) -> dict:
+    response = requests.post(
+        f"{hub.url}/user/{USER}/gpusched/api/notices",
+        json=body,
+        headers={"Authorization": f"token {hub.token(USER)}"},
+        timeout=10,
+    )
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
+    hub = lab_hub.hub
+    _no_news(lab_hub.state_dir, USER)
+    start_server(hub, USER, "gpu-2")
+    token = hub.token(USER)
+
+    # the proxy endpoints the panel reads, through the hub's proxy as alice
+    status = requests.get(
+        f"{hub.url}/user/{USER}/gpusched/api/status",
+        headers={"Authorization": f"token {token}"},
+        timeout=20,
+    ).json()
+    assert status["configured"] and status["gpus"] == 2 and status["gpu_model"] == "H100", status
+    assert status["job"]["state"] == "running", status
+
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("input[name=username]", USER)
+    page.fill("input[name=password]", hub.password)
+    page.click("input[type=submit], button[type=submit]")
+    page.wait_for_url("**/hub/**")
+    page.goto(f"{hub.url}/user/{USER}/lab")
+    item = page.locator(".jp-gpusched-status")
+    sync_api.expect(item).to_contain_text("2x H100", timeout=TIMEOUT_MS)
+    _shot(page, "1-status-bar")
+
+    # a batch job alice cannot start now (her 2 GPUs + 4 > her queue's limit of 4): it queues
+    response = hub.service(
+        "POST", "api/jobs", token, json={"command": "sleep 600", "gpus": 4, "name": "big-run"}
+    )
+    assert response.status_code == 201, response.text
+    job = response.json()
+    assert job["state"] == "pending", job
+
+    item.click()  # opens the panel
+    panel = page.locator("#jp-gpusched-panel")
+    sync_api.expect(panel).to_be_visible()
+    row = panel.locator(f'tr[data-job-id="{job["id"]}"]')
+    sync_api.expect(row).to_contain_text("pending")
+    sync_api.expect(panel.locator(f'tr[data-queue-job="{job["id"]}"]')).to_contain_text("mine")
+    sync_api.expect(panel.locator(".jp-gpusched-node")).to_contain_text("gpu1")
+    sync_api.expect(item).to_contain_text("queued #1", timeout=TIMEOUT_MS)
+    _shot(page, "2-panel-queued")
+
+    row.locator(".jp-gpusched-cancel").click()
+    sync_api.expect(row).to_have_count(0)
+    assert hub.service("GET", f"api/jobs/{job['id']}", token).json()["state"] == "cancelled"
+    _shot(page, "3-panel-cancelled")
+
+    # notices from the scheduler: a reaper warning, then a pre-emption
+    deadline = time.time() + 600
+    idle = {"kind": "idle", "message": "Your GPUs have been idle for 50 min", "deadline": deadline}
+    _post_notice(hub, idle)
+    _post_notice(
+        hub, {"kind": "preemption", "message": "A tier-1 job needs your GPUs", "deadline": None}
+    )
+    sync_api.expect(page.get_by_text("Idle GPUs: Your GPUs have been idle")).to_be_visible()
+    sync_api.expect(page.get_by_text("Pre-emption: A tier-1 job needs your GPUs")).to_be_visible()
+    page.wait_for_timeout(1500)  # the toasts slide in
+    _shot(page, "4-notifications")
+    page.close()
+    stop_every_server(hub)
+    wait_free(hub, 4, timeout=15)

@@ -224,3 +224,15 @@ async def test_cli_show_and_set(tmp_path, capsys):
         assert code == 1 and "403" in capsys.readouterr().err
     finally:
         await service.stop()
+
+
+def test_a_late_report_after_a_busy_one_is_not_idleness():
+    """Idleness is what the reports say: when the latest report showed GPU use, a monitor
+    that is late with the next one (a loaded machine) does not make the server idle."""
+    settings = validate({"timeout_tier_2": 60, "warning_lead": 30, "stale_after": 600})
+    session = Session(job_id="j-1", user="u", gpus=1, tier=2, started=0.0)
+    session.last_report = session.last_busy = 100.0
+    assert decide([session], settings, 100.0 + 59) == []
+    assert decide([session], settings, 100.0 + 200) == []
+    session.last_report = 300.0  # an idle report: idle since the last busy one
+    assert [type(a).__name__ for a in decide([session], settings, 301.0)] == ["Cull"]

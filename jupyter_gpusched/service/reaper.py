@@ -180,6 +180,8 @@ def decide(sessions, settings: dict, now: float) -> list:
             continue
         if s.last_report is None or now - s.last_report > settings["stale_after"]:
             continue  # unknown is not idle: a server that does not report is left alone
+        if s.last_busy is not None and s.last_busy >= s.last_report:
+            continue  # its latest report shows GPU use (a late next report is not idleness)
         timeout = timeout_for(s, settings)
         if timeout is None:
             continue

@@ -223,7 +223,7 @@ class JobsHandler(APIHandler):
         request = parse_job_request(self.body())
         job = self.live.submit(self.identity, request)
         try:
-            await self.live.saved()
+            await self.live.saved(job.id)
         except Exception as exc:
             raise APIError(503, f"the job could not be stored, please retry: {exc}") from None
         self.send(self.view(self.live.row(job.id)), status=201)

@@ -76,6 +76,7 @@ class LiveScheduler:
         self.hub = None  # a HubClient when the hub runs this service (see hubclient.py)
         self._unsaved: list[tuple[Job, dict]] = []  # submissions not yet committed
         self._saved: asyncio.Future | None = None  # resolved when they are
+        self._batch_of: dict[str, asyncio.Future] = {}  # job -> its batch, until awaited
         self.server_stop_wait = 30.0  # after asking the hub to stop a pre-empted server
         self.reaper = None  # the idle reaper (service/reaper.py), ticked by poll()
         self.node_sync = None  # Slurm's node states into the engine (slurm_inventory.py)
@@ -110,7 +111,7 @@ class LiveScheduler:
         if limit is not None and limit.pending_jobs is not None and waiting >= limit.pending_jobs:
             raise RequestError(
                 f"{who.name} already has {waiting} pending jobs; the limit is {limit.pending_jobs}",
-                "gpus",
+                None,
                 status=429,
             )
         now = self.clock()
@@ -169,16 +170,18 @@ class LiveScheduler:
             if self._saved is None:
                 self._saved = loop.create_future()
                 loop.call_soon(self._save_submissions)
+            self._batch_of[job.id] = self._saved
         self.run_pass()
         return job
 
-    async def saved(self) -> None:
-        """Wait until the submissions made so far are committed. Submissions that arrive in
-        the same turn of the event loop are written in one transaction (a group commit): the
-        201 goes out only after it, so a job acknowledged is never lost, and the commit cost
-        is shared under load."""
-        if self._saved is not None:
-            await asyncio.shield(self._saved)
+    async def saved(self, job_id: str) -> None:
+        """Wait until the submission of ``job_id`` is committed (raises if it was not).
+        Submissions that arrive in the same turn of the event loop are written in one
+        transaction (a group commit): the 201 goes out only after it, so a job acknowledged
+        is never lost, and the commit cost is shared under load."""
+        batch = self._batch_of.pop(job_id, None)
+        if batch is not None:
+            await asyncio.shield(batch)
 
     def _save_submissions(self) -> None:
         """Commit the pending submissions (before anything else is written about them)."""
@@ -457,12 +460,16 @@ class LiveScheduler:
         )
         try:
             extra.handle = self.launcher.start(spec)
-        except (LaunchError, OSError) as exc:
+        except Exception as exc:  # any backend failure ends this job, not the whole pass
+            if not isinstance(exc, (LaunchError, OSError)):
+                log.exception("launching job %s failed", job.id)
             log.warning("job %s could not be launched: %s", job.id, exc)
-            self.store.update_job(job.id, {"handle": None})
             self.process_exited(job.id, job.runs, Exit(None, "failed", f"launch failed: {exc}"))
             return
-        self.store.update_job(job.id, {"handle": extra.handle})
+        try:
+            self.store.update_job(job.id, {"handle": extra.handle})
+        except Exception:  # it runs; the database will learn its handle at the next write
+            log.exception("could not store the handle of job %s", job.id)
 
     async def _stop(self, job_id: str, run: int, handle, signame: str, grace: float) -> None:
         job = self.engine.jobs.get(job_id)

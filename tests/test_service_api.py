@@ -729,8 +729,11 @@ async def test_cancelling_a_job_that_is_preempting(service_factory):
     queues = {"queues": {"qa": {"guaranteed": 12, "users": ["alice"]}, "qb": {"users": ["bob"]}}}
     service = await service_factory(queues=queues)
     alice, bob = service.client("alice"), service.client("bob")
+    # victims that sit out the grace period (tier 3: 1 min), so the claim is still waiting
+    # when the DELETE comes, however slow the machine
+    stubborn = "trap '' TERM; sleep 60"
     for model, gpus in (("H100", 8), ("H100", 8), ("L40S", 4), ("L40S", 4)):
-        body = {"gpus": gpus, "gpu_model": model, "tier": 3, "command": POLITE}
+        body = {"gpus": gpus, "gpu_model": model, "tier": 3, "command": stubborn}
         assert (await submit(bob, body))["state"] == "running"
     job = await submit(alice, h100())
     assert job["state"] == "pending"

@@ -184,6 +184,17 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+def submitting_account(user: str, run_as_submitting_user: bool) -> pwd.struct_passwd | None:
+    """The account a job of ``user`` runs as: theirs when the service is root (and the setting
+    allows), else None (the service's own). An unknown user is a LaunchError, never root."""
+    if os.geteuid() != 0 or not run_as_submitting_user:
+        return None
+    try:
+        return pwd.getpwnam(user)
+    except KeyError:
+        raise LaunchError(f"user {user!r} does not exist on this host") from None
+
+
 def _can_import_runner(account: pwd.struct_passwd, python: str, env: dict) -> bool:
     probe = [python, "-c", "import jupyter_gpusched.service.runner"]
     ids = {"user": account.pw_uid, "group": account.pw_gid}
@@ -244,13 +255,7 @@ class LocalLauncher(Launcher):
     # -- start --------------------------------------------------------------------------------
 
     def _account(self, user: str) -> pwd.struct_passwd | None:
-        """The account to switch to, or None to run as the service's user."""
-        if os.geteuid() != 0 or not self.run_as_submitting_user:
-            return None
-        try:
-            return pwd.getpwnam(user)
-        except KeyError:
-            raise LaunchError(f"user {user!r} does not exist on this host") from None
+        return submitting_account(user, self.run_as_submitting_user)
 
     def _environment(self, spec: LaunchSpec, account: pwd.struct_passwd | None) -> dict:
         env = {name: os.environ[name] for name in self.env_keep if name in os.environ}

@@ -81,7 +81,7 @@ import uuid
 from traitlets import Bool, Float, List, Unicode
 
 from ..slurm_inventory import engine_state, parse_oneliner
-from .launcher import Exit, Launcher, LaunchError, LaunchSpec, _open
+from .launcher import Exit, Launcher, LaunchError, LaunchSpec, _open, submitting_account
 
 #: Slurm job states in which the job may still use its nodes.
 ACTIVE_STATES = {
@@ -238,12 +238,7 @@ class SlurmLauncher(Launcher):
 
     # -- start --------------------------------------------------------------------------------
     def _account(self, user: str) -> pwd.struct_passwd | None:
-        if os.geteuid() != 0 or not self.run_as_submitting_user:
-            return None
-        try:
-            return pwd.getpwnam(user)
-        except KeyError:
-            raise LaunchError(f"user {user!r} does not exist on this host") from None
+        return submitting_account(user, self.run_as_submitting_user)
 
     def script(self, spec: LaunchSpec, nodes: list[tuple[str, list[int]]], run: str) -> str:
         """The batch script: environment, a header line, and srun."""

@@ -342,3 +342,49 @@ def test_a_bad_token_file_stops_the_service_with_exit_code_2(tmp_path):
         proc = subprocess.run(server.argv(port), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "chmod 600" in proc.stderr and "Traceback" not in proc.stderr
+
+
+async def test_a_cancel_or_preemption_cut_short_by_a_crash_is_finished_after_restart(tmp_path):
+    """The service records when it starts stopping a job: after kill -9 in the grace period,
+    a cancelled job is finished as cancelled (its processes killed), and a pre-empted batch
+    job that left meanwhile is requeued, not marked failed."""
+    policy = write(tmp_path / "policy.yaml", "tiers:\n  3: {grace_period: 60s}\n")
+    server = Server(tmp_path, **{"policy-file": str(policy), "GPUSchedService.cancel_grace": "60"})
+    try:
+        await server.start()
+        alice, bob = server.client("alice"), server.client("bob")
+        stubborn = "trap '' TERM; echo ready; sleep 60"
+        polite = "trap 'exit 0' TERM; echo ready; sleep 60 & wait $!"
+
+        async def submit(client, body):
+            status, job = await client.post("api/jobs", body)
+            assert status == 201, job
+            return job["id"]
+
+        cancelled = await submit(alice, {"gpus": 4, "gpu_model": "L40S", "command": stubborn})
+        victim = await submit(bob, {"gpus": 16, "gpu_model": "H100", "tier": 3, "command": polite})
+        for job_id, user in ((cancelled, "alice"), (victim, "bob")):  # its traps are set
+
+            async def ready(job_id=job_id, user=user):
+                return "ready" in log_of(server, job_id, user)
+
+            await wait_until(ready, 10, 0.1, f"{job_id} ready")
+        assert (await alice.delete(f"api/jobs/{cancelled}"))[0] == 200  # it ignores TERM
+        urgent = {"gpus": 8, "gpu_model": "H100", "tier": 1, "command": "sleep 60"}
+        await submit(alice, urgent)  # pre-empts the victim, which leaves at once
+        handles = server.handles()
+        await wait_until(lambda: process_gone(handles[victim]["pid"]), 10, 0.1, "victim gone")
+        server.kill()
+        assert not process_gone(handles[cancelled]["pid"])  # the cancel was cut short
+        await server.start()
+        _, job = await alice.get(f"api/jobs/{cancelled}")
+        assert job["state"] == "cancelled", job
+        await wait_until(lambda: process_gone(handles[cancelled]["pid"]), 10, 0.1, "killed")
+        _, job = await bob.get(f"api/jobs/{victim}")
+        assert job["state"] in ("pending", "running") and job["preemptions"] == 1, job
+    finally:
+        if server.process is not None and server.process.poll() is None:
+            server.kill()
+        for handle in server.handles().values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(handle["pgid"], signal.SIGKILL)

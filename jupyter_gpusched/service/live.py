@@ -220,6 +220,8 @@ class LiveScheduler:
             return job
         was_pending = job.state == JobState.PENDING
         self.engine.cancel(job_id, self.clock())
+        if job.state == JobState.RUNNING:  # recorded, so that a restart finishes the cancel
+            self.store.add_event(self._event("cancelling", job, actor, f"cancelled by {actor}"))
         if was_pending:
             self._count_pending(job, -1)
             event = self._event("cancelled", job, actor, f"cancelled by {actor}")

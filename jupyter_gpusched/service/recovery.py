@@ -62,10 +62,24 @@ def recover(live) -> dict:
             rows.append({**row, **fields})  # queued with the pending ones below
             counts["requeued"] += 1
             continue
+        stopping = _stopping(store, job.id)  # a pre-emption or cancel the crash interrupted
+        if job.kind == "batch" and stopping == "cancelling":
+            if live.launcher.alive(extra.handle):
+                live.launcher.signal(extra.handle, "SIGKILL")
+            _ended_while_down(live, job, extra, Exit(None, "killed", "cancelled"), now, stopping)
+            counts["ended-while-down"] += 1
+            continue
         if job.kind == "batch" and not live.launcher.alive(extra.handle):
             result = live.launcher.poll(extra.handle) or Exit(
                 None, "lost", "its processes vanished while the service was down"
             )
+            if stopping == "preempted":  # it left after its pre-emption signal: requeue it
+                fields = {"state": "pending", "preemptions": job.preemptions + 1}
+                event = live._event("requeued", job, None, "requeued after pre-emption")
+                store.apply([(job.id, fields)], [], [(job.id, job.runs, now)], [event])
+                rows.append({**row, **fields, "end_time": now})
+                counts["requeued"] += 1
+                continue
             _ended_while_down(live, job, extra, result, now)
             counts["ended-while-down"] += 1
             continue
@@ -109,9 +123,21 @@ def recover(live) -> dict:
     return counts
 
 
-def _ended_while_down(live, job, extra, result: Exit, now: float) -> None:
-    outcome = "completed" if result.outcome == "completed" else "failed"
-    state = JobState.COMPLETED if outcome == "completed" else JobState.FAILED
+def _stopping(store, job_id: str) -> str | None:
+    """``preempted`` or ``cancelling`` when that is the latest event of a running job: the
+    service was stopping it when it went down."""
+    latest = store.events(job_id=job_id, limit=1)
+    kind = latest[0]["kind"] if latest else None
+    return kind if kind in ("preempted", "cancelling") else None
+
+
+def _ended_while_down(live, job, extra, result: Exit, now: float, stopping=None) -> None:
+    if stopping == "cancelling":
+        outcome, state = "cancelled", JobState.CANCELLED
+    elif result.outcome == "completed":
+        outcome, state = "completed", JobState.COMPLETED
+    else:
+        outcome, state = "failed", JobState.FAILED
     job.state, job.end_time = state, now
     extra.exit_code, extra.handle = result.code, None
     extra.message = f"{result.message} (noticed after a restart)"

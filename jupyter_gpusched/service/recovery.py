@@ -75,9 +75,10 @@ def recover(live) -> dict:
             )
             if stopping == "preempted":  # it left after its pre-emption signal: requeue it
                 fields = {"state": "pending", "preemptions": job.preemptions + 1}
+                fields.update(handle=None, end_time=now)
                 event = live._event("requeued", job, None, "requeued after pre-emption")
                 store.apply([(job.id, fields)], [], [(job.id, job.runs, now)], [event])
-                rows.append({**row, **fields, "end_time": now})
+                rows.append({**row, **fields})
                 counts["requeued"] += 1
                 continue
             _ended_while_down(live, job, extra, result, now)

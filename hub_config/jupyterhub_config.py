@@ -35,8 +35,6 @@ as the Unix user who submitted it, so alice, bob, carol and admin must exist on 
 """
 
 import os
-import pwd
-import subprocess
 import sys
 
 c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
@@ -88,59 +86,16 @@ c.JupyterHub.default_url = "/hub/home"
 
 
 # -- the scheduler service -----------------------------------------------------------------------
-def _usable_by(user, python, env=None):
-    """Can ``user`` run ``python`` and import the job wrapper (jupyter_gpusched's runner)?"""
-    probe = [python, "-c", "import jupyter_gpusched.service.runner"]
-    try:
-        done = subprocess.run(probe, user=user, cwd="/", env=env, capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
-
-
-def _job_python():
-    """The interpreter the service starts each job's wrapper with, and the environment it needs.
-
-    Jobs run as the submitting user, who must be able to run it: this hub's interpreter often
-    lives where only root can (``/root/.pyenv``). Then use the system ``python3`` with this
-    checkout on PYTHONPATH (the wrapper needs only the standard library).
-    ``GPUSCHED_JOB_PYTHON`` chooses one explicitly.
-    """
-    explicit = os.environ.get("GPUSCHED_JOB_PYTHON")
-    if explicit:
-        return explicit, {}
-    if os.geteuid() != 0:
-        return sys.executable, {}  # jobs run as the hub's own user
-    users = []
-    for name in DEMO_USERS:
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            continue
-        users.append(name)
-    if not users or _usable_by(users[0], sys.executable):
-        return sys.executable, {}
-    extra = {"PYTHONPATH": ROOT}
-    for python in ("/usr/bin/python3", "/usr/local/bin/python3"):
-        if os.path.exists(python) and _usable_by(users[0], python, {**extra, "PATH": os.defpath}):
-            return python, extra
-    print(
-        f"jupyterhub_config: user {users[0]} cannot run {sys.executable}: jobs will fail to "
-        "start; set GPUSCHED_JOB_PYTHON to an interpreter every user can run",
-        file=sys.stderr,
-    )
-    return sys.executable, {}
-
-
-JOB_PYTHON, JOB_ENV = _job_python()
-launcher_args = [f"--LocalLauncher.python={JOB_PYTHON}"]
-if JOB_ENV:  # pass JOB_ENV on from the service to the jobs' wrapper
-    launcher_args += [f"--LocalLauncher.env_keep={name}" for name in ["PATH", "LANG", *JOB_ENV]]
+# Jobs run as their Unix users; the launcher finds an interpreter each user can run (this one,
+# or the system python3 with this checkout on PYTHONPATH: see LocalLauncher.python).
+# GPUSCHED_JOB_PYTHON chooses one explicitly.
+launcher_args = []
+if os.environ.get("GPUSCHED_JOB_PYTHON"):
+    launcher_args.append(f"--LocalLauncher.python={os.environ['GPUSCHED_JOB_PYTHON']}")
 service_env = {
     # The hub passes its own environment on to services only through `environment`.
     "PATH": os.environ.get("PATH", os.defpath),
     "LANG": os.environ.get("LANG", "C.UTF-8"),
-    **JOB_ENV,
 }
 c.JupyterHub.services = [
     {

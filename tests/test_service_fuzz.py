@@ -290,7 +290,8 @@ def test_job_requests_from_the_schema(harness, request):
         status, view = await h.call(h.bob, "POST", "api/jobs", body)
         if wrong is None and status == 400:  # well-formed, but it could never run here
             assert view["error"].startswith("this job can never run here"), (body, view)
-            assert view["field"] in ("gpus", "gpus_per_node", "cpus", "memory_gb", "labels"), view
+            rejected = ("gpus", "gpus_per_node", "cpus", "memory_gb", "labels", "tier", "queue")
+            assert view["field"] in rejected, view
         elif wrong is None:  # valid
             assert status == 201, (body, view)
             assert view["user"] == "bob" and view["gpus"] == body["gpus"]

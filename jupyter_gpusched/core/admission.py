@@ -82,18 +82,19 @@ class Capacity:
 
 def rejection(
     job: Job, capacity: Capacity, tree: QueueTree, quotas: bool, guarantees: bool = True
-) -> str | None:
-    """Why ``job`` can never run on this cluster under these quotas, or None."""
+) -> tuple[str, str] | None:
+    """Why ``job`` can never run on this cluster under these quotas, and the request field
+    that says so (``gpus``, ``gpu_model``, ``labels``, ...), or None."""
     cluster = capacity.cluster
     if job.gpu_models is not None and not job.gpu_models & set(cluster.gpu_models):
         known = ", ".join(cluster.gpu_models)
         wanted = "|".join(sorted(job.gpu_models))
-        return f"no GPU of model {wanted} in this cluster (it has {known})"
+        return f"no GPU of model {wanted} in this cluster (it has {known})", "gpu_model"
     total, node_sizes, cpus, memory = capacity.of(job)
     if not node_sizes:
-        return f"no node has the labels {job.labels}"
+        return f"no node has the labels {job.labels}", "labels"
     if job.gpus > total:
-        return f"asks for {job.gpus} GPUs but the cluster has {total} that match"
+        return f"asks for {job.gpus} GPUs but the cluster has {total} that match", "gpus"
     per_node = job.gpus_per_node or (job.gpus if job.gpus <= cluster.max_node_gpus else None)
     if per_node:
         share = per_node / job.gpus  # of the job's CPUs and memory, on each of its nodes
@@ -104,33 +105,40 @@ def rejection(
             if job.gpus_per_node is None:
                 return (
                     f"no node has {job.gpus} GPUs with {job.cpus or 0:g} CPUs and "
-                    f"{job.memory_gb or 0:g} GB of memory for it"
+                    f"{job.memory_gb or 0:g} GB of memory for it",
+                    "gpus",
                 )
             return (
                 f"needs {job.gpus // job.gpus_per_node} nodes with {job.gpus_per_node} GPUs "
-                f"each; the cluster has {fitting} that match"
+                f"each; the cluster has {fitting} that match",
+                "gpus_per_node",
             )
     if job.cpus and job.cpus > cpus:
-        return f"asks for {job.cpus:g} CPUs, more than the matching nodes have"
+        return f"asks for {job.cpus:g} CPUs, more than the matching nodes have", "cpus"
     if job.memory_gb and job.memory_gb > memory:
-        return f"asks for {job.memory_gb:g} GB of memory, more than the matching nodes have"
+        return (
+            f"asks for {job.memory_gb:g} GB of memory, more than the matching nodes have",
+            "memory_gb",
+        )
     if not quotas:
         return None
     queue = tree.get(job.queue)
     if queue is None:
-        return f"unknown queue {job.queue!r}"
+        return f"unknown queue {job.queue!r}", "queue"
     if not queue.is_leaf:
-        return f"queue {queue.label()} has sub-queues; submit to one of them"
+        return f"queue {queue.label()} has sub-queues; submit to one of them", "queue"
     for node in queue.chain():
         if job.gpus > node.limit:
             return (
                 f"asks for {job.gpus} GPUs, more than queue {node.label()}'s limit "
-                f"of {node.limit:g}"
+                f"of {node.limit:g}",
+                "gpus",
             )
     if guarantees and job.tier == 1 and job.gpus > queue.guaranteed:
         return (
             f"a tier-1 job runs only inside its queue's guarantee; {queue.label()} guarantees "
-            f"{queue.guaranteed:g} GPUs and the job asks for {job.gpus}"
+            f"{queue.guaranteed:g} GPUs and the job asks for {job.gpus}",
+            "tier",
         )
     return None
 

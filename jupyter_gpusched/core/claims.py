@@ -32,6 +32,13 @@ def holder(job_id: str) -> str:
     return f"{job_id}\0claim"
 
 
+def held_for(name: str) -> tuple[str, bool]:
+    """The job a ClusterState holder name stands for, and whether it is a claim (GPUs freed for
+    a pre-empting job, reserved until its victims have left)."""
+    job_id, _, claim = name.partition("\0")
+    return job_id, bool(claim)
+
+
 class PreemptionSteps:
     def _try_preempt(self, job: Job, now: float, pass_, limit_node=None) -> bool:
         """Pre-emption is tried in priority order and stops for the rest of the pass (``pass_``,

@@ -83,6 +83,7 @@ class Job:
     preempted_by: str | None = None  # while a pre-emption signal is pending
     first_reason: Reason | None = None
     reject_reason: str | None = None
+    reject_field: str | None = None  # the request field the rejection is about
 
     @property
     def amount(self) -> float:

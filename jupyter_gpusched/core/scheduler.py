@@ -114,7 +114,8 @@ class Scheduler(PreemptionSteps, AdminSteps):
         )
         self.jobs[job.id] = job
         if reason is not None:
-            job.state, job.reject_reason, job.end_time = JobState.REJECTED, reason, now
+            job.state, job.end_time = JobState.REJECTED, now
+            job.reject_reason, job.reject_field = reason
             return job
         if self.policy.quotas:
             job.queue = self.tree.get(job.queue).path

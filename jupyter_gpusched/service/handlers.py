@@ -14,6 +14,7 @@ from functools import wraps
 
 from tornado import web
 
+from ..core.claims import held_for
 from ..core.errors import ConfigError
 from ..core.jobs import JobState
 from .records import placement_view, public_job, reason_dict
@@ -145,9 +146,7 @@ class ClusterHandler(APIHandler):
         for node in live.cluster.nodes:
             gpus = [{"index": i, "jobs": []} for i in range(node.gpus)]
             for holder_id in sorted(state.holders[node.index]):
-                # GPUs freed for a pre-empting job are held as "<its id>\0claim" until its
-                # victims have left: shown as reserved for it
-                job_id, _, claim = holder_id.partition("\0")
+                job_id, reserved = held_for(holder_id)  # reserved: freed for a pre-emptor
                 job = engine.jobs.get(job_id)
                 if job is None:
                     continue
@@ -160,7 +159,7 @@ class ClusterHandler(APIHandler):
                             holder = {"job": job_id if visible else None, "fraction": part.fraction}
                             holder["user"] = job.user if visible else None
                             holder["tier"] = job.tier
-                            holder["reserved"] = bool(claim)
+                            holder["reserved"] = reserved
                             gpus[i]["jobs"].append(holder)
             nodes.append(
                 {

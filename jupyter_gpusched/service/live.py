@@ -145,7 +145,7 @@ class LiveScheduler:
             self.store.add_event(event)
             raise RequestError(
                 f"this job can never run here: {job.reject_reason}",
-                rejection_field(job.reject_reason),
+                job.reject_field,
             )
         self._number += 1
         extra = Extra(
@@ -562,20 +562,6 @@ class LiveScheduler:
         if job is None or extra is None:
             return self.store.get_job(job_id)
         return row_for(job, extra)
-
-
-def rejection_field(reason: str) -> str:
-    """The request field a rejection (core/admission.py ``rejection``) is about."""
-    for words, field in (
-        ("CPUs", "cpus"),
-        ("memory", "memory_gb"),
-        ("labels", "labels"),
-        ("GPU of model", "gpu_model"),
-        ("nodes with", "gpus_per_node"),
-    ):
-        if words in reason:
-            return field
-    return "gpus"
 
 
 def describe(placement, cluster) -> str:

@@ -765,6 +765,7 @@ OPERATIONS = st.lists(
         st.tuples(st.sampled_from(["hold", "release", "release", "cancel"]), PICK, POOL),
         st.tuples(st.just("priority"), PICK, POOL, st.integers(-2, 3)),
         st.tuples(st.just("end"), PICK),
+        st.tuples(st.just("refuse"), PICK),  # the launcher refused its placement
         st.tuples(st.just("schedule"), st.sampled_from([0, 1, 30, 200, 700])),
         st.tuples(st.just("schedule"), st.sampled_from([0, 1, 30, 200, 700])),
     ),
@@ -784,6 +785,7 @@ class AdminHarness:
         self.ids: list[str] = []
         self.held: set[str] = set()  # what the engine should hold: hold/submit(held) - release
         self.victims: set[str] = set()
+        self.retry_at: dict[str, float] = {}  # refused launches: not started before then
 
     def pick(self, i: int, pool: str) -> str | None:
         s = self.scheduler
@@ -815,6 +817,14 @@ class AdminHarness:
                 preempted = s.jobs[job_id].preempted_by is not None
                 s.job_ended(job_id, self.now, "preempted" if preempted else "completed")
                 self.victims.discard(job_id)
+        elif kind == "refuse":
+            job_id = self.pick(op[1], "running")
+            if job_id is not None:
+                s.job_ended(job_id, self.now, "refused", "no such node")
+                self.victims.discard(job_id)
+                if s.jobs[job_id].state == JobState.PENDING:
+                    self.retry_at[job_id] = s.jobs[job_id].retry_at
+                    assert self.retry_at[job_id] > self.now
         else:
             job_id = self.pick(op[1], op[2])
             if job_id is not None:
@@ -830,6 +840,8 @@ class AdminHarness:
                 return
             action(j.id, self.now)
             (self.held.add if kind == "hold" else self.held.discard)(j.id)
+            if kind == "release":
+                self.retry_at.pop(j.id, None)  # a release ends a back-off
             assert j.held == (kind == "hold")
         elif kind == "priority":
             s.set_priority(j.id, op[3], self.now)
@@ -850,6 +862,8 @@ class AdminHarness:
         for decision in decisions:
             if isinstance(decision, Start):
                 assert decision.job_id not in self.held, "a held job was started"
+                retry_at = self.retry_at.pop(decision.job_id, -1.0)
+                assert now >= retry_at, "a refused job was started before its back-off ended"
             elif isinstance(decision, Preempt):
                 self.victims.add(decision.job_id)
             elif isinstance(decision, Stop) and decision.job_id in s.running:
@@ -880,6 +894,12 @@ class AdminHarness:
                 assert not j.held
         for family, gpus in by_family.items():
             assert s.pending_gpus_by_reason[family] == pytest.approx(gpus)
+        waiting = [
+            j
+            for j in s.jobs.values()
+            if j.state == JobState.PENDING and not j.held and j.retry_at is None
+        ]
+        assert len(s.pending) == len(waiting), "the queue lost a job or holds one twice"
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])

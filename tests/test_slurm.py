@@ -320,16 +320,33 @@ async def _eq(value, expected):
     return (await value) == expected
 
 
-async def test_a_placement_slurm_refuses_says_why(slurm_service, slurm):
+async def test_a_placement_slurm_refuses_goes_back_to_pending_and_is_retried(slurm_service, slurm):
     # the cluster file claims 8 GPUs on n1; Slurm knows 4
     cluster = {"nodes": [{"name": "n1", "gpus": 8, "gpu_model": "h100"}]}
-    service = await slurm_service(cluster=cluster)
+    policy = {**POLICY, "launch": {"retry_delay": "1s", "max_retry_delay": "2s"}}
+    service = await slurm_service(cluster=cluster, policy=policy)
     alice = service.client("alice")
     _, job = await alice.post("api/jobs", {"gpus": 6, "command": "true"})
-    final = await wait_job(alice, job["id"], ("failed", "pending"), timeout=10)
-    # today the service fails the job; with SlurmRefused requeued (see docs/slurm.md) it waits
-    assert "Requested node configuration is not available" in final["message"], final
-    assert "Slurm refused the placement (n1: 6 GPUs)" in final["message"]
+
+    async def refused_twice():
+        events = await events_of(alice, job["id"])
+        requeued = [e for e in events if e["kind"] == "requeued"]
+        return requeued if len(requeued) >= 2 else None
+
+    requeued = await wait_until(refused_twice, 30, what="two refusals")
+    for event in requeued:  # never failed: back to pending each time, with Slurm's word
+        assert "Slurm refused the placement (n1: 6 GPUs)" in event["message"], event
+        assert "Requested node configuration is not available" in event["message"]
+    status, view = await alice.get(f"api/jobs/{job['id']}")
+    assert view["state"] in ("pending", "running"), view  # between retries, or retrying
+    if view["state"] == "pending":
+        assert view["reason"]["detail"] == "launch-refused", view
+        assert "Slurm refused the placement" in view["reason"]["message"]
+    assert view["runs"] >= 2
+    status, view = await alice.delete(f"api/jobs/{job['id']}")
+    assert status == 200, view
+    final = await wait_job(alice, job["id"], "cancelled", timeout=10)
+    assert final["state"] == "cancelled"
 
 
 # -- kill -9 and restart: a real `jupyter-gpusched serve` ------------------------------------

@@ -37,6 +37,7 @@ class AdminSteps:
         if not job.held:
             return job
         job.held = False
+        job.retry_at = None  # a back-off after a refused launch ends too
         self._set_reason(job, None)
         self.pending.add(job, self._walltime(job))
         self._new.append(job.id)
@@ -49,7 +50,7 @@ class AdminSteps:
         job = self.jobs.get(job_id)
         if job is None:
             raise KeyError(job_id)
-        if job.state != JobState.PENDING or job.held:
+        if job.state != JobState.PENDING or job.held or job.retry_at is not None:
             job.priority = priority  # takes effect if it is requeued or released
             self._keys.pop(job_id, None)
             return job

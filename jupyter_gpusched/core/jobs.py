@@ -81,6 +81,8 @@ class Job:
     runs: int = 0
     preemptions: int = 0
     preempted_by: str | None = None  # while a pre-emption signal is pending
+    retry_at: float | None = None  # the launcher refused its placement: retried from then
+    refusals: int = 0  # refused launches in a row
     first_reason: Reason | None = None
     reject_reason: str | None = None
     reject_field: str | None = None  # the request field the rejection is about

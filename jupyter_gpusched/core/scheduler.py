@@ -37,6 +37,7 @@ from .policies import SLURM_WEIGHTS, Policy, get_policy
 from .preemption import VictimSearch
 from .quotas import QueueTree
 from .reservation import Reservation, may_backfill, reserve
+from .retries import RetrySteps
 from .settings import PolicySettings
 from .state import ClusterState, Placement
 
@@ -56,7 +57,7 @@ class _Pass:
     reasons: dict = field(default_factory=dict)
 
 
-class Scheduler(PreemptionSteps, AdminSteps):
+class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
     def __init__(
         self,
         cluster: Cluster,
@@ -87,6 +88,7 @@ class Scheduler(PreemptionSteps, AdminSteps):
         self._ends: list[tuple[float, str]] = []  # running jobs by estimated end
         self._claims: dict[str, Claim] = {}
         self._stopping: set[str] = set()
+        self._backing_off: dict[str, Job] = {}  # refused launches waiting to be retried
         self._outbox: list = []
         self._new: list[str] = []
         self._freed = False
@@ -139,9 +141,12 @@ class Scheduler(PreemptionSteps, AdminSteps):
             self._outbox.append(Stop(job_id, "cancelled"))
         return job
 
-    def job_ended(self, job_id: str, now: float, outcome: str = "completed") -> None:
-        """A running job's processes have exited: ``completed``, ``failed``, or ``preempted``
-        (killed after a pre-emption signal)."""
+    def job_ended(
+        self, job_id: str, now: float, outcome: str = "completed", message: str = ""
+    ) -> None:
+        """A running job's processes have exited: ``completed``, ``failed``, ``preempted``
+        (killed after a pre-emption signal), or ``refused`` (the launcher could not carry out
+        the placement; ``message`` says why: see :mod:`.retries`)."""
         if job_id not in self.running:
             return  # already ended (e.g. by a node going down): nothing to do
         job = self.running.pop(job_id)
@@ -165,6 +170,8 @@ class Scheduler(PreemptionSteps, AdminSteps):
         if job_id in self._stopping:
             self._stopping.discard(job_id)
             job.state = JobState.CANCELLED
+        elif outcome == "refused" and job.kind == "batch":
+            self._back_off(job, now, message)
         elif outcome == "preempted" and job.kind == "batch":
             job.preemptions += 1
             self._requeue(job, Reason("capacity", "preempted", "requeued after pre-emption"))
@@ -172,7 +179,9 @@ class Scheduler(PreemptionSteps, AdminSteps):
             job.preemptions += 1
             job.state = JobState.PREEMPTED
         else:
-            job.state = JobState.FAILED if outcome == "failed" else JobState.COMPLETED
+            job.state = JobState.COMPLETED if outcome == "completed" else JobState.FAILED
+        if outcome != "refused":
+            job.refusals = 0
         if claim_owner is not None:
             self._leaving(job, -1)
             if claim_owner in self._claims:
@@ -207,6 +216,8 @@ class Scheduler(PreemptionSteps, AdminSteps):
             if self.maintenance:
                 self._start_maintenance(now)
                 self._wake = min([self._wake, *self.maintenance.values()])
+            if self._backing_off:
+                self._retry_due(now)
         if self._freed or self._new:
             full, new = self._freed, self._new
             self._freed, self._new = False, []

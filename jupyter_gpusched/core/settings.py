@@ -25,6 +25,9 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
     placement:
       leaf_patience: 2h            # a gang that fits one leaf switch waits this long for one
                                    # before it may span leaves
+    launch:
+      retry_delay: 30s             # a placement the launcher refused (e.g. Slurm) is retried
+      max_retry_delay: 15m         # after this, doubled at each refusal up to the maximum
     reaper: {...}                  # idle-session timeouts, see jupyter_gpusched.reaper
 """
 
@@ -66,6 +69,8 @@ class PolicySettings:
     backfill_depth: int = 200
     backfill_interval: float = 30.0
     leaf_patience: float = 7200.0
+    launch_retry_delay: float = 30.0
+    launch_max_retry_delay: float = 900.0
     reaper: dict = field(default_factory=dict)
 
     def default_walltime(self, kind: str) -> float:
@@ -111,6 +116,7 @@ class PolicySettings:
         walltime = reader.section("walltime", {"batch", "notebook"})
         backfill = reader.section("backfill", {"depth", "interval"})
         placement = reader.section("placement", {"leaf_patience"})
+        launch = reader.section("launch", {"retry_delay", "max_retry_delay"})
         signal_name = str(data.get("preemption_signal", defaults.preemption_signal)).upper()
         if not signal_name.startswith("SIG"):
             signal_name = "SIG" + signal_name
@@ -130,6 +136,7 @@ class PolicySettings:
             "walltime",
             "backfill",
             "placement",
+            "launch",
             "reaper",
         }
         if unknown:
@@ -151,12 +158,18 @@ class PolicySettings:
             backfill_depth=int(reader.number(backfill, "depth", 200, "backfill")),
             backfill_interval=reader.duration(backfill, "interval", 30.0, "backfill"),
             leaf_patience=reader.duration(placement, "leaf_patience", 7200.0, "placement"),
+            launch_retry_delay=reader.duration(launch, "retry_delay", 30.0, "launch"),
+            launch_max_retry_delay=reader.duration(launch, "max_retry_delay", 900.0, "launch"),
             reaper=dict(reaper),
         )
         if settings.fair_share_half_life <= 0:
             reader.fail("must be longer than 0", "fair_share.half_life")
         if settings.max_age <= 0:
             reader.fail("must be longer than 0", "age.max_age")
+        if settings.launch_retry_delay <= 0:
+            reader.fail("must be longer than 0", "launch.retry_delay")
+        if settings.launch_max_retry_delay < settings.launch_retry_delay:
+            reader.fail("must not be shorter than launch.retry_delay", "launch.max_retry_delay")
         if settings.checkpoint_interval <= 0:
             reader.fail("must be longer than 0", "checkpoint.interval")
         return settings

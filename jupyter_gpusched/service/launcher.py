@@ -61,7 +61,11 @@ CREATE_TIME_TOLERANCE = 1e-2
 
 
 class LaunchError(Exception):
-    """A job could not be started; ``message`` says why, for the user."""
+    """A job could not be started; ``message`` says why, for the user. ``requeue`` is true
+    when the backend refused the placement rather than the job (e.g. Slurm does not know the
+    node): the service then puts the job back to pending and retries it after a back-off."""
+
+    requeue = False
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -90,7 +94,8 @@ class Exit:
     """How a job ended."""
 
     code: int | None  # exit status, None when unknown (also when ended by a signal)
-    outcome: str  # "completed" | "failed" | "killed" | "lost"
+    outcome: str  # "completed" | "failed" | "killed" | "lost" | "refused" (never started:
+    # the backend would not run the placement; the engine requeues the job after a back-off)
     message: str  # one line for humans, e.g. "exit code 3", "killed by SIGKILL"
 
 

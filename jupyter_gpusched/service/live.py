@@ -410,12 +410,12 @@ class LiveScheduler:
         why = stopping[1] if stopping[0] == run else None
         if why == "preempted":
             outcome = "preempted"
-        elif result.outcome == "completed":
-            outcome = "completed"
+        elif result.outcome in ("completed", "refused"):
+            outcome = result.outcome  # refused: back to pending, retried after a back-off
         else:
             outcome = "failed"
         now = self.clock()
-        self.engine.job_ended(job_id, now, outcome)
+        self.engine.job_ended(job_id, now, outcome, result.message)
         extra.exit_code, extra.message, extra.handle = result.code, result.message, None
         if job.state == JobState.PENDING:
             kind = "requeued"
@@ -466,7 +466,11 @@ class LiveScheduler:
             if not isinstance(exc, (LaunchError, OSError)):
                 log.exception("launching job %s failed", job.id)
             log.warning("job %s could not be launched: %s", job.id, exc)
-            self.process_exited(job.id, job.runs, Exit(None, "failed", f"launch failed: {exc}"))
+            if isinstance(exc, LaunchError) and exc.requeue:  # refused the placement
+                result = Exit(None, "refused", str(exc))
+            else:
+                result = Exit(None, "failed", f"launch failed: {exc}")
+            self.process_exited(job.id, job.runs, result)
             return
         try:
             self.store.update_job(job.id, {"handle": extra.handle})

@@ -30,7 +30,8 @@ and GPU counts) as one Slurm batch job, and adds no scheduling of its own:
   :class:`SlurmRefused` (a :class:`LaunchError`) with Slurm's message. A job that Slurm
   accepts but keeps pending longer than ``pending_timeout`` (e.g. ``ReqNodeNotAvail``: a node
   Slurm reserved or drained) is cancelled and reported by :meth:`poll` as
-  ``Exit(None, "lost", "Slurm did not start it ...: <reason>")``.
+  ``Exit(None, "refused", "Slurm did not start it ...: <reason>")``. Either way the service
+  puts the job back to pending and retries it after a back-off (``core/retries.py``).
 
 The handle: ``{"backend": "slurm", "cluster": ClusterName, "slurm_job_id": "123", "name":
 "gpusched-j-000001", "job_id", "run", "user", "log", "nodes", "submitted"}``; it is all a
@@ -494,9 +495,9 @@ class SlurmLauncher(Launcher):
         self._scancel(job)
         self._watched.discard(job)
         if reason in HOPELESS_REASONS:
-            return Exit(None, "lost", f"Slurm will not start it: {reason}")
+            return Exit(None, "refused", f"Slurm will not start it: {reason}")
         waited = self.pending_timeout
-        return Exit(None, "lost", f"Slurm did not start it within {waited:g} s: {reason}")
+        return Exit(None, "refused", f"Slurm did not start it within {waited:g} s: {reason}")
 
     def alive(self, handle: dict) -> bool:
         try:

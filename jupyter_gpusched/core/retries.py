@@ -1,0 +1,68 @@
+"""Launches the backend refused: the job goes back to pending and is retried after a back-off.
+
+The engine chose a placement, but the launcher could not carry it out (Slurm's ``sbatch``
+refused the nodes, or Slurm kept the job pending for a reason it cannot get over). That says
+the cluster file and the backend disagree, not that the job is bad, so a batch job is never
+failed for it: it goes back to pending, keeps its place in the queue (submit time), and waits
+``launch.retry_delay`` before it is considered again, doubled at each refusal in a row up to
+``launch.max_retry_delay`` (without the wait it would be placed on the same nodes at once).
+Its reason says why and when it is retried. A notebook job fails instead: the spawner that
+asked for it reports the error to its user.
+
+:class:`RetrySteps` is part of :class:`~jupyter_gpusched.core.scheduler.Scheduler` (a mixin);
+it uses the scheduler's ``pending``, ``settings``, ``_backing_off``, ``_new`` and ``_wake``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .jobs import Job, JobState, Reason
+
+
+class RetrySteps:
+    """Mixed into :class:`~.scheduler.Scheduler`."""
+
+    def _back_off(self, job: Job, now: float, message: str) -> None:
+        """Put ``job`` (just ended with outcome ``refused``) back to pending, out of the queue
+        until its retry time."""
+        job.refusals += 1
+        delay = min(
+            self.settings.launch_retry_delay * 2 ** (job.refusals - 1),
+            self.settings.launch_max_retry_delay,
+        )
+        job.state = JobState.PENDING
+        job.pending_since = job.end_time
+        job.retry_at = now + delay
+        when = time.strftime("%H:%M:%S", time.gmtime(job.retry_at))
+        self._set_reason(
+            job,
+            Reason(
+                "placement",
+                "launch-refused",
+                f"the launcher refused its placement ({message}); retried at {when} UTC "
+                f"(refusal {job.refusals} in a row)",
+                job.retry_at,
+            ),
+        )
+        self._backing_off[job.id] = job
+        self._wake = min(self._wake, job.retry_at)
+
+    def _retry_due(self, now: float) -> None:
+        """Put back in the queue the jobs whose back-off is over (when the engine wakes)."""
+        later = []
+        for job_id, job in list(self._backing_off.items()):
+            if job.state != JobState.PENDING or job.retry_at is None:
+                del self._backing_off[job_id]  # cancelled, or released by an admin
+            elif job.held:
+                continue  # an admin's release puts it back
+            elif job.retry_at <= now:
+                del self._backing_off[job_id]
+                job.retry_at = None
+                self._set_reason(job, None)
+                self.pending.add(job, self._walltime(job))
+                self._new.append(job_id)
+            else:
+                later.append(job.retry_at)
+        if later:
+            self._wake = min(self._wake, *later)

@@ -87,6 +87,7 @@ demo: $(STAMP) $(NODE_STAMP) $(LAB_STAMP) | system
 	@printf '%s\n' "$$DEMO_HELP"
 	GPUSCHED_CLUSTER_FILE=$${GPUSCHED_CLUSTER_FILE:-$(CURDIR)/hub_config/demo-cluster.yaml} \
 	GPUSCHED_QUEUE_FILE=$${GPUSCHED_QUEUE_FILE:-$(CURDIR)/hub_config/demo-queues.yaml} \
+	GPUSCHED_GPU_BACKEND=$${GPUSCHED_GPU_BACKEND:-simulated} \
 	$(BIN)/jupyterhub -f hub_config/jupyterhub_config.py
 
 ## make replay-demo: replay the example trace through each policy and print the comparison table.

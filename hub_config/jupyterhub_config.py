@@ -92,11 +92,23 @@ c.JupyterHub.default_url = "/hub/home"
 launcher_args = []
 if os.environ.get("GPUSCHED_JOB_PYTHON"):
     launcher_args.append(f"--LocalLauncher.python={os.environ['GPUSCHED_JOB_PYTHON']}")
+GPU_ENV = ("GPUSCHED_GPU_BACKEND", "GPUSCHED_SIM_CLUSTER", "GPUSCHED_SIM_GPU_DIR")
 service_env = {
     # The hub passes its own environment on to services only through `environment`.
     "PATH": os.environ.get("PATH", os.defpath),
     "LANG": os.environ.get("LANG", "C.UTF-8"),
+    **{name: os.environ[name] for name in GPU_ENV if os.environ.get(name)},
 }
+rogue_args = []
+if os.environ.get("GPUSCHED_GPU_BACKEND") == "simulated":
+    # Every simulated node lives on this machine: the service checks all of them for rogue GPU
+    # processes (docs/service.md). With real GPUs it checks the node named like this host.
+    from jupyter_gpusched.files import load_cluster
+
+    rogue_args = [
+        f"--GPUSchedService.local_gpu_nodes={node.name}"
+        for node in load_cluster(CLUSTER_FILE).nodes
+    ]
 c.JupyterHub.services = [
     {
         "name": SERVICE,
@@ -114,6 +126,7 @@ c.JupyterHub.services = [
             f"--db=sqlite:///{STATE}/gpusched.sqlite",
             f"--log-dir={STATE}/logs",
             *launcher_args,
+            *rogue_args,
         ],
         "cwd": STATE,
         "environment": service_env,
@@ -177,11 +190,7 @@ c.Spawner.cmd = [os.path.join(os.path.dirname(sys.executable), "jupyterhub-singl
 c.Spawner.default_url = "/lab"  # JupyterLab, with the GPU panel (labextension/)
 # The servers' GPU monitor chooses its telemetry from these (docs/gpu.md); the hub passes its own
 # environment on to servers only through `environment`, so pass them on where they are set.
-c.Spawner.environment = {
-    name: os.environ[name]
-    for name in ("GPUSCHED_GPU_BACKEND", "GPUSCHED_SIM_CLUSTER", "GPUSCHED_SIM_GPU_DIR")
-    if os.environ.get(name)
-}
+c.Spawner.environment = {name: os.environ[name] for name in GPU_ENV if os.environ.get(name)}
 c.JupyterHub.allow_named_servers = True  # several GPU servers per user, within their quota
 c.JupyterHub.named_server_limit_per_user = 4
 # A hub restart keeps running servers and their allocations (the default stops them all).

@@ -13,6 +13,7 @@ from jupyter_gpusched.service.reaper import (
     DEFAULTS,
     Cull,
     Session,
+    ShutdownKernels,
     Warn,
     decide,
     validate,
@@ -65,6 +66,14 @@ def test_never_reported_busy_counts_from_the_start():
     assert decide([s], settings(), NOW) == [Cull("j-000001", "idle", 2700.0, NOW - 46 * 60)]
 
 
+def test_start_up_is_not_idle_time():
+    # allocated 46 min ago, first report (the server up) 40 min ago, never busy: 40 min idle
+    s = session(started=NOW - 46 * 60, first_report=NOW - 40 * 60, last_busy=None)
+    assert decide([s], settings(), NOW) == [
+        Warn("j-000001", NOW - 40 * 60 + 2700, 2700.0, NOW - 40 * 60)
+    ]
+
+
 def test_profile_timeout_wins_and_exemptions():
     s = session(profile="big", last_busy=NOW - 20 * 60)
     assert decide([s], settings(profile_timeouts={"big": "15m"}), NOW)[0].timeout == 900
@@ -95,6 +104,8 @@ def test_max_lifetime_and_stale_reports():
         ({"warning_lead": None}, "warning_lead"),
         ({"exempt_users": "alice"}, "exempt_users"),
         ({"enabled": "yes"}, "enabled"),
+        ({"shutdown_kernels_first": 1}, "shutdown_kernels_first"),
+        ({"rogue_processes": "nuke"}, "rogue_processes"),
         ({"profile_timeouts": {"x": "never"}}, "profile_timeouts.x"),
         ({"nope": 1}, "nope"),
     ],
@@ -103,6 +114,34 @@ def test_bad_settings_name_the_field(changes, field):
     with pytest.raises(RequestError) as raised:
         validate(changes)
     assert raised.value.field == field and raised.value.status == 400
+
+
+def test_kernels_holding_memory_go_first_then_the_server():
+    idle_since = NOW - 46 * 60
+    s = session(last_busy=idle_since, warned=NOW - 600)
+    s.samples.append(
+        {
+            "kernels": {
+                "holds": {"utilization": 0.0, "memory_gb": 6.0},
+                "cpu-only": {"utilization": 0.0, "memory_gb": 0.0},
+            }
+        }
+    )
+    first = settings(shutdown_kernels_first=True, warning_lead="5m")
+    assert decide([s], first, NOW) == [
+        ShutdownKernels("j-000001", ("holds",), NOW + 300, 2700.0, idle_since)
+    ]
+    s.kernels_shut = NOW  # carried out: the server gets warning_lead more
+    s.last_report = NOW + 299  # still reporting, still idle
+    assert decide([s], first, NOW + 299) == []
+    assert decide([s], first, NOW + 300) == [Cull("j-000001", "idle", 2700.0, idle_since)]
+    # no kernel holds GPU memory: nothing to shut down first, the server goes at the timeout
+    bare = session(last_busy=idle_since)
+    bare.samples.append({"kernels": {"cpu-only": {"utilization": 0.0, "memory_gb": 0.0}}})
+    assert decide([bare], first, NOW) == [Cull("j-000001", "idle", 2700.0, idle_since)]
+    # off (the default): the server goes at the timeout, kernels and all
+    s.kernels_shut = None
+    assert decide([s], settings(), NOW + 299) == [Cull("j-000001", "idle", 2700.0, idle_since)]
 
 
 def test_durations_and_off():
@@ -173,6 +212,12 @@ async def test_busy_is_kept_idle_is_warned_then_culled(tmp_path):
             await alice.post("api/usage-samples", report(job_id, 90))
             await asyncio.sleep(0.1)
         assert job_id in service.live.engine.running
+        # the monitors' samples make the measured utilization metric
+        registry = service.app.metrics.registry
+        tier_2 = {"tier": "2"}
+        assert registry.get_sample_value("gpusched_measured_gpus", tier_2) == 1
+        measured = registry.get_sample_value("gpusched_measured_gpu_utilization_percent", tier_2)
+        assert measured == 90
         # idle: warned, then culled
         for _ in range(40):
             status, _ = await alice.post("api/usage-samples", report(job_id, 1))
@@ -191,6 +236,33 @@ async def test_busy_is_kept_idle_is_warned_then_culled(tmp_path):
         assert service.live.reaper.reclaimed._value.get() > 0
         status, view = await alice.get(f"api/jobs/{job_id}")
         assert view["state"] == "completed", view
+    finally:
+        await service.stop()
+
+
+async def test_kernels_first_then_the_server_in_the_service(tmp_path):
+    service = await start_service(tmp_path, poll_interval=0.05)
+    try:
+        admin, alice = service.client("admin"), service.client("alice")
+        status, job = await alice.post("api/jobs", {"gpus": 1, "kind": "notebook"})
+        job_id = job["id"]
+        await wait_until(lambda: job_id in service.live.engine.running, what="running")
+        changes = {"timeout_tier_2": 0.5, "warning_lead": 1.0, "shutdown_kernels_first": True}
+        status, _ = await admin.put("api/reaper", changes)
+        assert status == 200
+        for _ in range(60):
+            await alice.post("api/usage-samples", report(job_id, 0))
+            status, events = await admin.get("api/events", params={"job_id": job_id})
+            if any(e["kind"] == "reaper-kernels" for e in events["events"]):
+                break
+            await asyncio.sleep(0.05)
+        shut = next(e for e in events["events"] if e["kind"] == "reaper-kernels")
+        assert shut["data"]["kernel_ids"] == ["k1"] and shut["data"]["samples"]
+        assert job_id in service.live.engine.running  # the server stays, for now
+        await wait_until(lambda: job_id not in service.live.engine.running, what="culled")
+        status, events = await admin.get("api/events", params={"job_id": job_id})
+        cull = next(e for e in events["events"] if e["kind"] == "reaper-cull")
+        assert cull["time"] - shut["time"] >= 1.0  # warning_lead after the kernels went
     finally:
         await service.stop()
 

@@ -279,8 +279,8 @@ def test_an_idle_server_is_warned_then_stopped_and_a_queued_user_starts(hub):
     assert ts.free_gpus(hub) == 0
     carol_start = ts.start_in_background(hub, "carol", "t2-2")
     ts.wait_pending(hub, "carol")
-    # idleness counts from the allocation (the server's start included, which takes a varying
-    # few seconds here): warn 2 s from now, stop 6 s from now
+    # idleness counts from the server's first report (a varying few seconds ago here): warn 2 s
+    # from now, stop 6 s from now
     idle = time.time() - wait_reported(hub, "bob")["bob"]["idle_since"]
     timeout = round(idle + 6, 1)
     configure(hub, timeout_tier_2=timeout)
@@ -352,3 +352,45 @@ def test_admin_lowers_the_timeout_at_run_time_exempt_users_stay(hub):
     assert carol["exempt"] and time.time() - carol["idle_since"] > timeout
     assert not cull_events(hub, carol["job_id"])
     assert not [n for n in notices(hub, "carol") or [] if n["kind"] == "idle"]
+
+
+def test_kernels_holding_gpu_memory_go_first_then_the_idle_server(hub):
+    configure(hub, timeout_tier_2=None, warning_lead=4, exempt_users=[])
+    configure(hub, shutdown_kernels_first=True)
+    try:
+        ts.start_server(hub, "bob", "t2-1")
+        bob_job = job_id_of(hub, "bob")
+        holding, plain = start_kernel(hub, "bob"), start_kernel(hub, "bob")
+        code = "from jupyter_gpusched.gpu import simulate_load\n"
+        code += "simulate_load(util=0, memory_gb=6, seconds=None)"  # idle, but holds memory
+        assert execute(hub, "bob", holding, code)["status"] == "ok"
+        deadline = time.monotonic() + 10
+        while (server_get(hub, "bob", "gpusched/api/kernels")["kernels"].get(holding) or {}).get(
+            "memory_gb", 0
+        ) < 6:
+            assert time.monotonic() < deadline, "the kernel's GPU memory is not attributed"
+            time.sleep(0.3)
+        wait_reported(hub, "bob")
+        time.sleep(MONITOR_INTERVAL + SERVICE_POLL)  # a report with the memory reached the reaper
+        idle = time.time() - sessions(hub)["bob"]["idle_since"]
+        configure(hub, timeout_tier_2=round(idle + 1, 1))
+
+        deadline = time.monotonic() + 15
+        while holding in {k["id"] for k in server_get(hub, "bob", "api/kernels")}:
+            assert time.monotonic() < deadline, f"{holding} still runs: {sessions(hub)}"
+            time.sleep(0.25)
+        assert plain in {k["id"] for k in server_get(hub, "bob", "api/kernels")}
+        assert "" in ts.servers_of(hub, "bob")  # the server stays, for warning_lead
+        admin = hub.token("admin")
+        events = hub.service("GET", f"api/events?kind=reaper-kernels&job_id={bob_job}", admin)
+        (shut,) = events.json()["events"]
+        assert shut["data"]["kernel_ids"] == [holding]
+        found = notices(hub, "bob") or []
+        assert [n["kernel_ids"] for n in found if n["kind"] == "shutdown-kernels"] == [[holding]]
+
+        # still GPU-idle warning_lead (4 s) later: the server is stopped
+        ts.wait_job(hub, "bob", bob_job, ts.RELEASED, timeout=4 + 2 + ts.RELEASE_TIMEOUT)
+        (cull,) = cull_events(hub, bob_job)
+        assert cull["time"] - shut["time"] >= 4
+    finally:
+        configure(hub, shutdown_kernels_first=False)

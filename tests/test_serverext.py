@@ -100,3 +100,28 @@ def test_only_the_newest_notices_are_kept():
 def test_parse_notice_keeps_extra_keys():
     notice = parse_notice({"kind": "preemption", "message": "m", "deadline": 5, "grace": 60})
     assert notice == {"kind": "preemption", "message": "m", "deadline": 5, "grace": 60}
+
+
+def test_a_shutdown_kernels_notice_shuts_down_just_those_kernels(fetch):
+    """The reaper's ``shutdown_kernels_first``: the listed kernels go, the others stay."""
+
+    def start_kernel() -> str:
+        return json.loads(fetch("api", "kernels", method="POST", body="{}").body)["id"]
+
+    holding, other = start_kernel(), start_kernel()
+    try:
+        body = {
+            "kind": "shutdown-kernels",
+            "message": "GPU-idle kernels holding GPU memory were shut down",
+            "kernel_ids": [holding, "no-such-kernel"],
+        }
+        notice = json.loads(post(fetch, body).body)
+        assert notice["shut_down"] == [holding]
+        running = {k["id"] for k in json.loads(fetch("api", "kernels").body)}
+        assert running == {other}
+        with pytest.raises(HTTPClientError) as error:  # kernel_ids is required for this kind
+            post(fetch, {"kind": "shutdown-kernels", "message": "x", "kernel_ids": "all"})
+        assert error.value.code == 400
+        assert other in {k["id"] for k in json.loads(fetch("api", "kernels").body)}
+    finally:
+        fetch("api", "kernels", other, method="DELETE")

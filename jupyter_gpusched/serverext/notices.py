@@ -1,9 +1,15 @@
-"""Notices from the scheduler service to a notebook server's user (pre-emption warnings).
+"""Notices from the scheduler service to a notebook server's user (pre-emption warnings,
+the reaper's warnings).
 
 ``POST <base_url>gpusched/api/notices`` with ``{"kind": "preemption", "message": str,
 "deadline": epoch seconds or null}`` (other keys are kept as they are) logs the notice in the
 server log and keeps it; ``GET`` returns ``{"notices": [...]}``, oldest first, each with the
-``id`` and ``received`` time the server gave it. Callers authenticate as for any jupyter-server
+``id`` and ``received`` time the server gave it.
+
+One kind is also an order: ``{"kind": "shutdown-kernels", "kernel_ids": [...]}`` (the reaper's
+``shutdown_kernels_first``) shuts down those of the listed kernels that run here, through the
+server's kernel manager, as the user's own "shut down kernel" would; the answer lists them under
+``shut_down``. Callers authenticate as for any jupyter-server
 API: under JupyterHub, a token that may access this server (the service's role needs
 ``access:servers``, see ``hub_config/``).
 """
@@ -24,6 +30,7 @@ from . import ROUTE_PREFIX
 MAX_NOTICES = 100  # kept per server; older ones are dropped
 MAX_BODY = 64 * 1024
 SETTINGS_KEY = "gpusched_notices"
+SHUTDOWN_KERNELS = "shutdown-kernels"
 
 
 class NoticeBoard:
@@ -58,6 +65,13 @@ def parse_notice(data) -> dict:
         raise ValueError("'kind' must be a non-empty string (e.g. 'preemption')")
     if not isinstance(message, str) or not message.strip():
         raise ValueError("'message' must be a non-empty string")
+    kernel_ids = data.get("kernel_ids")
+    if kind == SHUTDOWN_KERNELS and (
+        not isinstance(kernel_ids, list)
+        or len(kernel_ids) > 100
+        or not all(isinstance(k, str) for k in kernel_ids)
+    ):
+        raise ValueError("'kernel_ids' must be a list of kernel ids (at most 100)")
     deadline = data.get("deadline")
     if deadline is not None and (
         isinstance(deadline, bool)
@@ -79,7 +93,7 @@ class NoticesHandler(APIHandler):
         self.finish(json.dumps({"notices": list(self.board.notices)}))
 
     @web.authenticated
-    def post(self):
+    async def post(self):
         if len(self.request.body) > MAX_BODY:
             raise web.HTTPError(413, f"a notice is at most {MAX_BODY} bytes")
         try:
@@ -87,8 +101,21 @@ class NoticesHandler(APIHandler):
             notice = self.board.add(data)
         except ValueError as exc:  # includes JSONDecodeError
             raise web.HTTPError(400, str(exc)) from None
+        if notice["kind"] == SHUTDOWN_KERNELS:
+            notice = {**notice, "shut_down": await self._shutdown(notice["kernel_ids"])}
         self.set_status(201)
         self.finish(json.dumps(notice))
+
+    async def _shutdown(self, kernel_ids: list[str]) -> list[str]:
+        manager = self.kernel_manager
+        done = []
+        for kernel_id in kernel_ids:
+            if kernel_id not in manager:
+                continue  # gone already, or never here
+            self.log.warning("gpusched: shutting down GPU-idle kernel %s (reaper)", kernel_id)
+            await manager.shutdown_kernel(kernel_id)
+            done.append(kernel_id)
+        return done
 
 
 def setup_handlers(web_app, log) -> None:

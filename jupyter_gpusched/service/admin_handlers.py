@@ -148,6 +148,23 @@ class UsageHandler(APIHandler):
         self.send({"since": since, "until": until, "by": by, "usage": rows})
 
 
+class RogueProcessesHandler(APIHandler):
+    """``GET api/rogue-processes``: what the last check of the watched nodes found
+    (service/rogue.py); empty when no node is watched."""
+
+    @api
+    def get(self):
+        self.require_admin()
+        watch = self.live.rogue_watch
+        self.send(
+            {
+                "watched_nodes": sorted(watch.telemetries) if watch else [],
+                "mode": self.live.reaper.settings()["rogue_processes"],
+                "processes": watch.listing() if watch else [],
+            }
+        )
+
+
 class OpenAPIHandler(APIHandler):
     async def prepare(self):  # the API's description is public
         pass

@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 from tornado.ioloop import PeriodicCallback
-from traitlets import Bool, Dict, Float, Integer, Type, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, Type, Unicode, default
 from traitlets.config import Application
 
 from ..core.errors import ConfigError
@@ -28,6 +28,7 @@ from ..core.quotas import QueueTree
 from ..core.scheduler import Scheduler
 from ..core.settings import PolicySettings
 from ..files import load_cluster, load_policy, read_yaml
+from ..gpu.telemetry import TelemetryUnavailable, get_telemetry, short_hostname
 from . import admin_handlers as admin
 from . import handlers as user
 from .auth import HubAuthenticated, TokenFileAuth
@@ -37,6 +38,7 @@ from .live import LiveScheduler
 from .metrics import Metrics
 from .reaper import Reaper, ReaperHandler, UsageSamplesHandler
 from .recovery import recover
+from .rogue import RogueWatch
 from .store import Store
 
 _JOB = r"(?P<job_id>j-[0-9]+)"
@@ -54,6 +56,7 @@ class MetricsHandler(user.APIHandler):
 
 
 ROUTES = [
+    (r"api/me", user.MeHandler),
     (r"api/cluster", user.ClusterHandler),
     (r"api/queue", user.QueueHandler),
     (r"api/jobs", user.JobsHandler),
@@ -68,6 +71,7 @@ ROUTES = [
     (r"api/usage", admin.UsageHandler),
     (r"api/reaper", ReaperHandler),
     (r"api/usage-samples", UsageSamplesHandler),
+    (r"api/rogue-processes", admin.RogueProcessesHandler),
     (r"api/openapi.json", admin.OpenAPIHandler),
     (r"metrics", MetricsHandler),
 ]
@@ -146,6 +150,23 @@ class GPUSchedService(Application):
         help="With the Slurm launcher: seconds between reads of Slurm's node states (DRAIN "
         "and DOWN in Slurm drain or down the node here).",
     ).tag(config=True)
+    local_gpu_nodes = List(
+        Unicode(),
+        default_value=None,
+        allow_none=True,
+        help="""Nodes of the cluster file whose GPUs this machine sees (NVML, or the simulated
+        backend where there is no GPU): the service checks them for rogue GPU processes every
+        rogue_check_interval (see service/rogue.py; the reaper setting rogue_processes says
+        report, kill or off). Default: the node named like this host, if the cluster has one;
+        [] turns the checks off.""",
+    ).tag(config=True)
+    rogue_check_interval = Float(
+        30.0, help="Seconds between checks of the local GPUs for rogue processes."
+    ).tag(config=True)
+    rogue_kill_grace = Float(
+        10.0,
+        help="With rogue_processes=kill: seconds between SIGTERM and SIGKILL of a rogue process.",
+    ).tag(config=True)
     authenticate_metrics = Bool(
         True, help="Require a token for /metrics (turn off for an unauthenticated scraper)."
     ).tag(config=True)
@@ -215,9 +236,29 @@ class GPUSchedService(Application):
         live.server_stop_wait = self.notebook_stop_wait
         live.quota_document = _plain(document)
         live.reaper = Reaper(live, _plain(settings.reaper), self.metrics)
+        live.rogue_watch = self._rogue_watch(live, cluster)
         counts = recover(live)
         self.log.info("recovered from the database: %s", counts)
         return live
+
+    def _rogue_watch(self, live, cluster) -> RogueWatch | None:
+        names = self.local_gpu_nodes
+        if names is None:
+            host = short_hostname()
+            names = [host] if any(node.name == host for node in cluster.nodes) else []
+        telemetries = {}
+        for name in names:
+            cluster.node(name)  # ConfigError when the cluster has no such node
+            try:
+                telemetries[name] = get_telemetry(node=name, cluster=cluster)
+            except (TelemetryUnavailable, ValueError) as exc:
+                self.log.warning("not checking %s for rogue GPU processes: %s", name, exc)
+        if not telemetries:
+            return None
+        self.log.info("checking the GPUs of %s for rogue processes", ", ".join(telemetries))
+        return RogueWatch(
+            live, telemetries, self.rogue_check_interval, self.rogue_kill_grace, self.metrics
+        )
 
     def make_app(self) -> web.Application:
         prefix = urlparse(self.bind_url).path or "/"

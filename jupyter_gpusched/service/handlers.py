@@ -17,7 +17,7 @@ from tornado import web
 from ..core.claims import held_for
 from ..core.errors import ConfigError
 from ..core.jobs import JobState
-from .records import placement_view, public_job, reason_dict
+from .records import placement_view, public_job, reason_dict, utilization_view
 from .requests import MAX_WHOLE, RequestError, parse_body, parse_job_request
 
 MAX_LOG_BYTES = 1 << 20
@@ -133,7 +133,28 @@ class APIHandler(web.RequestHandler):
         placement = self.live.engine.state.allocations.get(row["id"])
         if placement is not None and row["state"] == "running":
             view["allocation"] = placement_view(placement, self.live.cluster)
+        if row["state"] == "running":
+            view["utilization"] = latest_utilization(self.live, row["id"])
         return view
+
+
+def latest_utilization(live, job_id: str) -> dict | None:
+    """The GPU utilization a running notebook server last reported to the idle reaper (its
+    GPU monitor's sample; :func:`.records.utilization_view`), or None: a batch job, or a server
+    that has not reported since it (or the service) started."""
+    reaper = getattr(live, "reaper", None)
+    latest = reaper.latest_sample(job_id) if reaper is not None else None
+    return utilization_view(*latest) if latest is not None else None
+
+
+class MeHandler(APIHandler):
+    """``GET api/me``: who the service takes the caller to be (``name``, ``admin``,
+    ``groups``): the JupyterLab panel shows the admin-only parts (reaper settings) from it."""
+
+    @api
+    def get(self):
+        who = self.identity
+        self.send({"name": who.name, "admin": who.admin, "groups": sorted(who.groups)})
 
 
 class ClusterHandler(APIHandler):

@@ -79,6 +79,7 @@ class LiveScheduler:
         self._batch_of: dict[str, asyncio.Future] = {}  # job -> its batch, until awaited
         self.server_stop_wait = 30.0  # after asking the hub to stop a pre-empted server
         self.reaper = None  # the idle reaper (service/reaper.py), ticked by poll()
+        self.rogue_watch = None  # checks for rogue GPU processes (service/rogue.py), by poll()
         self.node_sync = None  # Slurm's node states into the engine (slurm_inventory.py)
 
     # -- what users and admins do ------------------------------------------------------------
@@ -397,6 +398,11 @@ class LiveScheduler:
                 self.reaper.tick()
             except Exception:
                 log.exception("the reaper failed")
+        if self.rogue_watch is not None:
+            try:
+                self.rogue_watch.tick()
+            except Exception:
+                log.exception("checking for rogue GPU processes failed")
         self.run_pass()
 
     def process_exited(self, job_id: str, run: int, result: Exit) -> None:
@@ -440,6 +446,7 @@ class LiveScheduler:
             GPUSCHED_QUEUE=job.queue,
             GPUSCHED_TIER=str(job.tier),
             GPUSCHED_NODES=nodes,
+            GPUSCHED_NODE=self.cluster.nodes[first.node].name,  # its GPUs' node (the first)
             GPUSCHED_RUN=str(job.runs),
             GPUSCHED_PREEMPTION_SIGNAL=self.engine.settings.preemption_signal,
         )

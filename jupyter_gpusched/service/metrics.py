@@ -2,7 +2,8 @@
 
 Counters and histograms are updated as decisions are carried out; gauges of the current state
 (queue lengths, allocated GPUs, utilization) are read from the engine at scrape time, so they
-are never stale and cost nothing between scrapes.
+are never stale and cost nothing between scrapes. The measured utilization comes from the
+notebook servers' GPU monitors (their latest reports, kept by the reaper).
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class _StateCollector:
         )
         utilization.add_metric([], used / total if total else 0.0)
         yield utilization
+        if live.reaper is not None:
+            yield from _measured(live.reaper.measured())
         nodes = GaugeMetricFamily("gpusched_nodes", "Nodes by state", labels=["state"])
         states: dict[str, int] = {}
         for state in engine.state.node_state:
@@ -91,3 +94,23 @@ class _StateCollector:
         for state, count in sorted(states.items()):
             nodes.add_metric([state], count)
         yield nodes
+
+
+def _measured(by_tier: dict[int, tuple[float, float]]):
+    """The GPU monitors' figures (notebook servers reporting within the reaper's stale_after)."""
+    gpus = GaugeMetricFamily(
+        "gpusched_measured_gpus",
+        "GPUs of notebook servers whose GPU monitor reported recently, by tier",
+        labels=["tier"],
+    )
+    utilization = GaugeMetricFamily(
+        "gpusched_measured_gpu_utilization_percent",
+        "Mean measured utilization of those GPUs (weighted by GPUs), by tier",
+        labels=["tier"],
+    )
+    for tier in (1, 2, 3):
+        count, mean = by_tier.get(tier, (0.0, 0.0))
+        gpus.add_metric([str(tier)], count)
+        utilization.add_metric([str(tier)], mean)
+    yield gpus
+    yield utilization

@@ -76,6 +76,7 @@ _NODE = [("name", "path", "string")]
 _PAGE = [("limit", "query", "integer"), ("offset", "query", "integer")]
 
 PATHS = {
+    "/api/me": {"get": _op("Who the service takes the caller to be: name, admin, groups")},
     "/api/cluster": {"get": _op("Nodes, GPUs and who holds them (others anonymised)")},
     "/api/queue": {
         "get": _op("Pending jobs in order: position, tier, GPUs, reason, ETA", params=_PAGE[:1])
@@ -88,7 +89,11 @@ PATHS = {
         ),
     },
     "/api/jobs/{id}": {
-        "get": _op("One of your jobs", params=_JOB),
+        "get": _op(
+            "One of your jobs (running: its allocation; a notebook server: its latest GPU "
+            "utilization)",
+            params=_JOB,
+        ),
         "delete": _op("Cancel one of your jobs", params=_JOB),
     },
     "/api/jobs/{id}/log": {
@@ -174,8 +179,16 @@ PATHS = {
                     "exempt_profiles": {"type": "array", "items": {"type": "string"}},
                     "max_lifetime": {"oneOf": [{"type": "number"}, {"type": "string"}]},
                     "stale_after": {"oneOf": [{"type": "number"}, {"type": "string"}]},
+                    "shutdown_kernels_first": {"type": "boolean"},
+                    "rogue_processes": {"type": "string", "enum": ["report", "kill", "off"]},
                 },
             },
+            admin=True,
+        ),
+    },
+    "/api/rogue-processes": {
+        "get": _op(
+            "GPU processes no allocation accounts for, on the nodes this service watches",
             admin=True,
         ),
     },

@@ -9,10 +9,16 @@ function, in the style of jupyterhub-idle-culler) what to do and carries it out:
 
 * :class:`Warn` at ``timeout - warning_lead`` idle: a notice to the server (``kind: "idle"``),
   once per idle stretch; GPU activity ends the stretch (and so cancels the warning);
+* :class:`ShutdownKernels` at ``timeout`` idle, when ``shutdown_kernels_first`` is set and some
+  of the server's kernels hold GPU memory: a notice (``kind: "shutdown-kernels"``) tells the
+  server extension to shut down just those kernels; the server is culled if it stays GPU-idle
+  ``warning_lead`` longer;
 * :class:`Cull` at ``timeout`` idle, or past ``max_lifetime``: the hub stops the server (its
   spawner then releases the GPUs); audited with the evidence (recent samples, timeout, settings),
   counted in ``gpusched_culls`` and ``gpusched_reaper_reclaimed_gpu_hours`` (GPUs x idle time
   ended by the cull).
+
+The policy itself (settings, :func:`decide`) is :mod:`.reaper_policy`.
 
 Settings (``GET/PUT api/reaper``, ``jupyter-gpusched reaper show|set``): defaults from the policy
 file's ``reaper:`` section, run-time overrides stored in the database (setting ``reaper``), audited
@@ -23,196 +29,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
-from collections import deque
-from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
-from ..core.durations import parse_duration
 from ..core.jobs import JobState
 from .launcher import Exit
+from .reaper_policy import (  # noqa: F401 (the policy's names are importable from here too)
+    DEFAULTS,
+    Cull,
+    Session,
+    ShutdownKernels,
+    Warn,
+    as_dict,
+    as_number,
+    busy,
+    decide,
+    exempt,
+    idle_kernels_holding_memory,
+    reported_devices,
+    timeout_for,
+    validate,
+)
 from .requests import RequestError
 
 log = logging.getLogger("jupyter_gpusched.service")
-
-DEFAULTS: dict = {
-    "enabled": True,
-    "idle_threshold": 5.0,  # percent
-    "warning_lead": 600.0,  # seconds before the timeout
-    "timeout_tier_1": None,  # None (or 0): never culled for idleness
-    "timeout_tier_2": 2700.0,
-    "timeout_tier_3": 1800.0,
-    "profile_timeouts": {},  # profile slug -> seconds or None; wins over the tier's
-    "exempt_users": [],
-    "exempt_groups": [],
-    "exempt_profiles": [],
-    "max_lifetime": None,  # seconds a notebook server may run at all; None: no limit
-    "stale_after": 120.0,  # a session without a report this recent is not decided on
-}
-DURATIONS = ("warning_lead", "timeout_tier_1", "timeout_tier_2", "timeout_tier_3")
-OPTIONAL = ("timeout_tier_1", "timeout_tier_2", "timeout_tier_3", "max_lifetime")
-LISTS = ("exempt_users", "exempt_groups", "exempt_profiles")
-SAMPLES_KEPT = 60  # per session, the evidence of a cull
-
-
-def _duration(value, name: str, optional: bool) -> float | None:
-    if value is None or (optional and value in ("off", "none", "null", "")):
-        if optional:
-            return None
-        raise RequestError(f"'{name}' must be a duration (seconds, or 30m, 1h)", name)
-    try:
-        seconds = parse_duration(value)
-    except (ValueError, TypeError, OverflowError):
-        raise RequestError(
-            f"'{name}' must be a duration (seconds, or 30m, 1h){' or null' if optional else ''}",
-            name,
-        ) from None
-    if not math.isfinite(seconds):
-        raise RequestError(f"'{name}' must be a finite duration", name)
-    if optional and seconds == 0:
-        return None
-    return seconds
-
-
-def validate(changes, base: dict | None = None) -> dict:
-    """``base`` (default :data:`DEFAULTS`) with ``changes`` applied, checked; RequestError (400)
-    names the first bad field."""
-    if not isinstance(changes, dict):
-        raise RequestError("the reaper settings must be a JSON object", None)
-    result = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (base or DEFAULTS).items()}
-    for name, value in changes.items():
-        if name not in DEFAULTS:
-            known = ", ".join(DEFAULTS)
-            raise RequestError(f"unknown reaper setting {name!r}; known: {known}", name)
-        if name == "enabled":
-            if not isinstance(value, bool):
-                raise RequestError("'enabled' must be true or false", name)
-        elif name == "idle_threshold":
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not 0 <= value <= 100
-            ):
-                raise RequestError("'idle_threshold' must be a percentage from 0 to 100", name)
-            value = float(value)
-        elif name in DURATIONS or name in ("max_lifetime", "stale_after"):
-            value = _duration(value, name, name in OPTIONAL)
-        elif name in LISTS:
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise RequestError(f"'{name}' must be a list of names", name)
-            value = sorted(set(value))
-        elif name == "profile_timeouts":
-            if not isinstance(value, dict):
-                raise RequestError("'profile_timeouts' must map profile slugs to durations", name)
-            value = {
-                str(slug): _duration(seconds, f"profile_timeouts.{slug}", True)
-                for slug, seconds in value.items()
-            }
-        result[name] = value
-    return result
-
-
-@dataclass
-class Session:
-    """What the service knows about one running notebook server."""
-
-    job_id: str
-    user: str
-    gpus: float
-    tier: int
-    started: float
-    server_name: str = ""
-    groups: frozenset[str] = frozenset()
-    profile: str | None = None
-    last_report: float | None = None
-    last_busy: float | None = None  # the last report that showed GPU use
-    warned: float | None = None  # when the warning of this idle stretch went out
-    samples: deque = field(default_factory=lambda: deque(maxlen=SAMPLES_KEPT))
-
-    @property
-    def idle_since(self) -> float:
-        return self.last_busy if self.last_busy is not None else self.started
-
-
-@dataclass(frozen=True)
-class Warn:
-    job_id: str
-    deadline: float
-    timeout: float
-    idle_since: float
-
-
-@dataclass(frozen=True)
-class Cull:
-    job_id: str
-    reason: str  # "idle" or "max-lifetime"
-    timeout: float
-    idle_since: float
-
-
-def timeout_for(session: Session, settings: dict) -> float | None:
-    if session.profile is not None and session.profile in settings["profile_timeouts"]:
-        return settings["profile_timeouts"][session.profile]
-    return settings.get(f"timeout_tier_{session.tier}")
-
-
-def exempt(session: Session, settings: dict) -> bool:
-    return (
-        session.user in settings["exempt_users"]
-        or bool(session.groups & set(settings["exempt_groups"]))
-        or (session.profile is not None and session.profile in settings["exempt_profiles"])
-    )
-
-
-def decide(sessions, settings: dict, now: float) -> list:
-    """What to do with ``sessions`` at ``now``: a list of :class:`Warn` and :class:`Cull`."""
-    actions: list = []
-    if not settings["enabled"]:
-        return actions
-    for s in sessions:
-        if exempt(s, settings):
-            continue
-        lifetime = settings["max_lifetime"]
-        if lifetime is not None and now - s.started >= lifetime:
-            actions.append(Cull(s.job_id, "max-lifetime", lifetime, s.idle_since))
-            continue
-        if s.last_report is None or now - s.last_report > settings["stale_after"]:
-            continue  # unknown is not idle: a server that does not report is left alone
-        if s.last_busy is not None and s.last_busy >= s.last_report:
-            continue  # its latest report shows GPU use (a late next report is not idleness)
-        timeout = timeout_for(s, settings)
-        if timeout is None:
-            continue
-        idle = now - s.idle_since
-        if idle >= timeout:
-            actions.append(Cull(s.job_id, "idle", timeout, s.idle_since))
-        elif idle >= timeout - settings["warning_lead"] and s.warned is None:
-            actions.append(Warn(s.job_id, s.idle_since + timeout, timeout, s.idle_since))
-    return actions
-
-
-def _num(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def _dict(value) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def _devices(report: dict) -> list[dict]:
-    devices = report.get("devices")
-    return [d for d in devices[:64] if isinstance(d, dict)] if isinstance(devices, list) else []
-
-
-def busy(report: dict, threshold: float) -> bool:
-    """Did this report show GPU use at or above ``threshold`` on any GPU of the server?"""
-    if (_num(_dict(report.get("server")).get("utilization")) or 0) >= threshold:
-        return True
-    return any((_num(d.get("utilization")) or 0) >= threshold for d in _devices(report))
 
 
 class Reaper:
@@ -269,29 +110,31 @@ class Reaper:
         if isinstance(profile, str):
             session.profile = profile
         settings = self.settings()
-        server = _dict(report.get("server"))
+        server = as_dict(report.get("server"))
         sample = {
             "time": now,
-            "utilization": _num(server.get("utilization")),
-            "memory_gb": _num(server.get("memory_gb")),
+            "utilization": as_number(server.get("utilization")),
+            "memory_gb": as_number(server.get("memory_gb")),
             "devices": [
-                {"index": d.get("index"), "utilization": _num(d.get("utilization"))}
-                for d in _devices(report)
+                {"index": d.get("index"), "utilization": as_number(d.get("utilization"))}
+                for d in reported_devices(report)
             ],
             "kernels": {
                 str(k)[:100]: {
-                    "utilization": _num(v.get("utilization")),
-                    "memory_gb": _num(v.get("memory_gb")),
+                    "utilization": as_number(v.get("utilization")),
+                    "memory_gb": as_number(v.get("memory_gb")),
                 }
-                for k, v in list(_dict(report.get("kernels")).items())[:100]
+                for k, v in list(as_dict(report.get("kernels")).items())[:100]
                 if isinstance(v, dict)
             },
         }
         session.samples.append(sample)
         session.last_report = now
+        if session.first_report is None:
+            session.first_report = now
         if busy(report, settings["idle_threshold"]):
             session.last_busy = now
-            session.warned = None  # GPU activity cancels the warning
+            session.warned = session.kernels_shut = None  # GPU activity cancels the warning
         return session
 
     def _session(self, job) -> Session:
@@ -327,6 +170,37 @@ class Reaper:
             "last_sample": session.samples[-1] if session.samples else None,
         }
 
+    def latest_sample(self, job_id: str) -> tuple[dict, float] | None:
+        """The last sample a notebook server's monitor reported and the server's GPUs, or None
+        (no report since it, or the service, started)."""
+        session = self.sessions.get(job_id)
+        if session is None or not session.samples:
+            return None
+        return session.samples[-1], session.gpus
+
+    def measured(self) -> dict[int, tuple[float, float]]:
+        """By tier: (GPUs of notebook servers with a fresh monitor report, their mean measured
+        utilization in percent, weighted by GPUs): the cluster utilization metric."""
+        now, stale = self.live.clock(), self.settings()["stale_after"]
+        sums: dict[int, list[float]] = {}
+        for session in self.sessions.values():
+            if not session.samples or session.last_report is None:
+                continue
+            if now - session.last_report > stale:
+                continue
+            sample = session.samples[-1]
+            devices = [d["utilization"] for d in sample["devices"] if d["utilization"] is not None]
+            if devices:
+                utilization = sum(devices) / len(devices)
+            elif sample["utilization"] is not None:
+                utilization = min(100.0, sample["utilization"])
+            else:
+                continue
+            tier = sums.setdefault(session.tier, [0.0, 0.0])
+            tier[0] += session.gpus
+            tier[1] += session.gpus * utilization
+        return {t: (gpus, used / gpus if gpus else 0.0) for t, (gpus, used) in sums.items()}
+
     # -- each poll ---------------------------------------------------------------------------
     def tick(self) -> list:
         engine = self.live.engine
@@ -345,6 +219,8 @@ class Reaper:
             session = self.sessions[action.job_id]
             if isinstance(action, Warn):
                 self._warn(session, action, settings, now)
+            elif isinstance(action, ShutdownKernels):
+                self._shutdown_kernels(session, action, settings, now)
             else:
                 self._cull(session, action, settings, now)
         return actions
@@ -379,6 +255,35 @@ class Reaper:
             notice = {
                 "kind": "idle",
                 "job_id": session.job_id,
+                "deadline": action.deadline,
+                "message": message,
+            }
+            self.live._spawn(hub.post_notice(session.user, session.server_name, notice))
+
+    def _shutdown_kernels(
+        self, session: Session, action: ShutdownKernels, settings: dict, now: float
+    ) -> None:
+        session.kernels_shut = now
+        count = len(action.kernel_ids)
+        message = (
+            f"This server's GPUs have been idle for {(now - action.idle_since) / 60:.0f} min: "
+            f"{count} kernel{'s' if count > 1 else ''} holding GPU memory "
+            f"{'were' if count > 1 else 'was'} shut down. The server will be stopped in "
+            f"{max(0.0, action.deadline - now) / 60:.0f} min unless its GPUs are used."
+        )
+        job = self.live.engine.jobs[session.job_id]
+        event = self.live._event("reaper-kernels", job, "reaper", message)
+        event["data"] = {
+            **self._evidence(session, action, settings, now),
+            "kernel_ids": list(action.kernel_ids),
+        }
+        self.live.store.add_event(event)
+        hub = self.live.hub
+        if hub is not None:
+            notice = {
+                "kind": "shutdown-kernels",
+                "job_id": session.job_id,
+                "kernel_ids": list(action.kernel_ids),
                 "deadline": action.deadline,
                 "message": message,
             }

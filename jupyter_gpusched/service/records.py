@@ -224,3 +224,29 @@ def public_job(row: dict, *, mine: bool, full: bool, position: int | None = None
             view[key] = row.get(key)
         view["cpus"], view["memory_gb"] = row.get("cpus"), row.get("memory_gb")
     return view
+
+
+def utilization_view(sample: dict | None, gpus: float) -> dict | None:
+    """A notebook server's latest GPU-monitor sample (as the reaper keeps it) as the job view's
+    ``utilization``: ``{"percent", "measured_at", "devices"}``. ``percent`` is the mean over the
+    server's GPUs (each device's utilization; without device figures, the server's total, which
+    is in percent of one GPU, over its GPUs); None when the sample has no figure. None without a
+    sample."""
+    if not sample:
+        return None
+    devices = [
+        {"index": d.get("index"), "utilization": d.get("utilization")}
+        for d in sample.get("devices") or []
+    ]
+    known = [d["utilization"] for d in devices if d["utilization"] is not None]
+    if known:
+        percent = sum(known) / len(known)
+    elif sample.get("utilization") is not None:
+        percent = sample["utilization"] / max(gpus or 1.0, 1.0)
+    else:
+        percent = None
+    return {
+        "percent": None if percent is None else round(min(percent, 100.0), 1),
+        "measured_at": sample.get("time"),
+        "devices": devices,
+    }

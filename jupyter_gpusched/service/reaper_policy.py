@@ -1,0 +1,251 @@
+"""The reaper's policy, as plain data and functions (no I/O): its settings and their checks,
+what it knows of a session, and :func:`decide`, which says what to do with each session now.
+
+:class:`~.reaper.Reaper` feeds it the monitors' reports and carries out its decisions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..core.durations import parse_duration
+from .requests import RequestError
+
+DEFAULTS: dict = {
+    "enabled": True,
+    "idle_threshold": 5.0,  # percent
+    "warning_lead": 600.0,  # seconds before the timeout
+    "timeout_tier_1": None,  # None (or 0): never culled for idleness
+    "timeout_tier_2": 2700.0,
+    "timeout_tier_3": 1800.0,
+    "profile_timeouts": {},  # profile slug -> seconds or None; wins over the tier's
+    "exempt_users": [],
+    "exempt_groups": [],
+    "exempt_profiles": [],
+    "max_lifetime": None,  # seconds a notebook server may run at all; None: no limit
+    "stale_after": 120.0,  # a session without a report this recent is not decided on
+    # at the timeout, first shut down only the GPU-idle kernels that hold GPU memory; the
+    # server is stopped if it stays GPU-idle for warning_lead more
+    "shutdown_kernels_first": False,
+    # GPU processes no allocation accounts for (service/rogue.py): "report", "kill" or "off"
+    "rogue_processes": "report",
+}
+ROGUE_MODES = ("report", "kill", "off")
+DURATIONS = ("warning_lead", "timeout_tier_1", "timeout_tier_2", "timeout_tier_3")
+OPTIONAL = ("timeout_tier_1", "timeout_tier_2", "timeout_tier_3", "max_lifetime")
+LISTS = ("exempt_users", "exempt_groups", "exempt_profiles")
+SAMPLES_KEPT = 60  # per session, the evidence of a cull
+
+
+def _duration(value, name: str, optional: bool) -> float | None:
+    if value is None or (optional and value in ("off", "none", "null", "")):
+        if optional:
+            return None
+        raise RequestError(f"'{name}' must be a duration (seconds, or 30m, 1h)", name)
+    try:
+        seconds = parse_duration(value)
+    except (ValueError, TypeError, OverflowError):
+        raise RequestError(
+            f"'{name}' must be a duration (seconds, or 30m, 1h){' or null' if optional else ''}",
+            name,
+        ) from None
+    if not math.isfinite(seconds):
+        raise RequestError(f"'{name}' must be a finite duration", name)
+    if optional and seconds == 0:
+        return None
+    return seconds
+
+
+def validate(changes, base: dict | None = None) -> dict:
+    """``base`` (default :data:`DEFAULTS`) with ``changes`` applied, checked; RequestError (400)
+    names the first bad field."""
+    if not isinstance(changes, dict):
+        raise RequestError("the reaper settings must be a JSON object", None)
+    result = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (base or DEFAULTS).items()}
+    for name, value in changes.items():
+        if name not in DEFAULTS:
+            known = ", ".join(DEFAULTS)
+            raise RequestError(f"unknown reaper setting {name!r}; known: {known}", name)
+        if name in ("enabled", "shutdown_kernels_first"):
+            if not isinstance(value, bool):
+                raise RequestError(f"'{name}' must be true or false", name)
+        elif name == "rogue_processes":
+            if value not in ROGUE_MODES:
+                raise RequestError(f"'{name}' must be one of {', '.join(ROGUE_MODES)}", name)
+        elif name == "idle_threshold":
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 <= value <= 100
+            ):
+                raise RequestError("'idle_threshold' must be a percentage from 0 to 100", name)
+            value = float(value)
+        elif name in DURATIONS or name in ("max_lifetime", "stale_after"):
+            value = _duration(value, name, name in OPTIONAL)
+        elif name in LISTS:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise RequestError(f"'{name}' must be a list of names", name)
+            value = sorted(set(value))
+        elif name == "profile_timeouts":
+            if not isinstance(value, dict):
+                raise RequestError("'profile_timeouts' must map profile slugs to durations", name)
+            value = {
+                str(slug): _duration(seconds, f"profile_timeouts.{slug}", True)
+                for slug, seconds in value.items()
+            }
+        result[name] = value
+    return result
+
+
+@dataclass
+class Session:
+    """What the service knows about one running notebook server."""
+
+    job_id: str
+    user: str
+    gpus: float
+    tier: int
+    started: float
+    server_name: str = ""
+    groups: frozenset[str] = frozenset()
+    profile: str | None = None
+    first_report: float | None = None
+    last_report: float | None = None
+    last_busy: float | None = None  # the last report that showed GPU use
+    warned: float | None = None  # when the warning of this idle stretch went out
+    kernels_shut: float | None = None  # when its idle kernels were shut down, this stretch
+    samples: deque = field(default_factory=lambda: deque(maxlen=SAMPLES_KEPT))
+
+    @property
+    def idle_since(self) -> float:
+        """The start of the current idle stretch: the last report that showed GPU use, else the
+        first report (the server's start-up is not idle time), else the allocation."""
+        if self.last_busy is not None:
+            return self.last_busy
+        return self.first_report if self.first_report is not None else self.started
+
+
+@dataclass(frozen=True)
+class Warn:
+    job_id: str
+    deadline: float
+    timeout: float
+    idle_since: float
+
+
+@dataclass(frozen=True)
+class ShutdownKernels:
+    """Shut down these GPU-idle kernels that hold GPU memory; the server stays until
+    ``deadline`` (if it stays GPU-idle)."""
+
+    job_id: str
+    kernel_ids: tuple[str, ...]
+    deadline: float
+    timeout: float
+    idle_since: float
+
+
+@dataclass(frozen=True)
+class Cull:
+    job_id: str
+    reason: str  # "idle" or "max-lifetime"
+    timeout: float
+    idle_since: float
+
+
+def timeout_for(session: Session, settings: dict) -> float | None:
+    if session.profile is not None and session.profile in settings["profile_timeouts"]:
+        return settings["profile_timeouts"][session.profile]
+    return settings.get(f"timeout_tier_{session.tier}")
+
+
+def exempt(session: Session, settings: dict) -> bool:
+    return (
+        session.user in settings["exempt_users"]
+        or bool(session.groups & set(settings["exempt_groups"]))
+        or (session.profile is not None and session.profile in settings["exempt_profiles"])
+    )
+
+
+def decide(sessions, settings: dict, now: float) -> list:
+    """What to do with ``sessions`` at ``now``: a list of :class:`Warn`,
+    :class:`ShutdownKernels` and :class:`Cull`."""
+    actions: list = []
+    if not settings["enabled"]:
+        return actions
+    for s in sessions:
+        if exempt(s, settings):
+            continue
+        lifetime = settings["max_lifetime"]
+        if lifetime is not None and now - s.started >= lifetime:
+            actions.append(Cull(s.job_id, "max-lifetime", lifetime, s.idle_since))
+            continue
+        if s.last_report is None or now - s.last_report > settings["stale_after"]:
+            continue  # unknown is not idle: a server that does not report is left alone
+        if s.last_busy is not None and s.last_busy >= s.last_report:
+            continue  # its latest report shows GPU use (a late next report is not idleness)
+        timeout = timeout_for(s, settings)
+        if timeout is None:
+            continue
+        idle = now - s.idle_since
+        if idle >= timeout:
+            if settings["shutdown_kernels_first"]:
+                if s.kernels_shut is None:
+                    kernels = idle_kernels_holding_memory(s, settings["idle_threshold"])
+                    if kernels:
+                        deadline = now + settings["warning_lead"]
+                        actions.append(
+                            ShutdownKernels(s.job_id, kernels, deadline, timeout, s.idle_since)
+                        )
+                        continue
+                elif now < s.kernels_shut + settings["warning_lead"]:
+                    continue  # its kernels went first; the server gets warning_lead more
+            actions.append(Cull(s.job_id, "idle", timeout, s.idle_since))
+        elif idle >= timeout - settings["warning_lead"] and s.warned is None:
+            actions.append(Warn(s.job_id, s.idle_since + timeout, timeout, s.idle_since))
+    return actions
+
+
+def as_number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def as_dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def reported_devices(report: dict) -> list[dict]:
+    devices = report.get("devices")
+    return [d for d in devices[:64] if isinstance(d, dict)] if isinstance(devices, list) else []
+
+
+def busy(report: dict, threshold: float) -> bool:
+    """Did this report show GPU use at or above ``threshold`` on any GPU of the server?"""
+    if (as_number(as_dict(report.get("server")).get("utilization")) or 0) >= threshold:
+        return True
+    devices = reported_devices(report)
+    return any((as_number(d.get("utilization")) or 0) >= threshold for d in devices)
+
+
+#: GPU memory (GB) below which a kernel is taken to hold none (a CUDA context alone holds more).
+MEMORY_HELD_GB = 0.01
+
+
+def idle_kernels_holding_memory(session: Session, threshold: float) -> tuple[str, ...]:
+    """The kernels whose latest sample shows GPU memory held at a utilization below
+    ``threshold``: what ``shutdown_kernels_first`` shuts down."""
+    if not session.samples:
+        return ()
+    kernels = session.samples[-1].get("kernels") or {}
+    return tuple(
+        sorted(
+            kernel_id
+            for kernel_id, use in kernels.items()
+            if (use.get("memory_gb") or 0.0) >= MEMORY_HELD_GB
+            and (use.get("utilization") or 0.0) < threshold
+        )
+    )

@@ -1,0 +1,145 @@
+"""Rogue GPU use: processes on a GPU that no allocation accounts for.
+
+A GPU can be used behind the scheduler's back: a process started outside it (ssh to the node, a
+cron job, a forgotten ``nohup``), or a job's process escaping its ``CUDA_VISIBLE_DEVICES``. Every
+``rogue_check_interval`` the service samples the GPUs of the nodes its own machine can see
+(``GPUSchedService.local_gpu_nodes``; NVML, or the simulated backend where there is no GPU: see
+``jupyter_gpusched.gpu``), finds each GPU process's job from its environment
+(``$GPUSCHED_JOB_ID``, set by the spawner and the launchers and inherited by kernels and job
+children: :func:`~jupyter_gpusched.gpu.discover.job_of_process`), and compares with the engine's
+allocations (:func:`~jupyter_gpusched.gpu.discover.rogue_processes`).
+
+What then happens is the reaper setting ``rogue_processes``, which admins change at run time
+(``PUT api/reaper``, ``jupyter-gpusched reaper set rogue_processes=kill``):
+
+* ``report`` (the default): each rogue process is audited once (event ``rogue-process``, with
+  its PID, GPU, use and why), listed for admins at ``GET api/rogue-processes`` and counted in the
+  gauge ``gpusched_rogue_processes``;
+* ``kill``: the same, then SIGTERM, and SIGKILL after ``rogue_kill_grace`` seconds if it is still
+  there (event ``rogue-killed``);
+* ``off``: no checks.
+
+The environment of another user's process is readable only by root; a process whose job cannot be
+read is not reported (unknown is not rogue). The service must run as root to kill other users'
+processes. This finds the careless, not the malicious: a process can set the variable itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import asdict
+
+import psutil
+from prometheus_client import Gauge
+
+from ..gpu.discover import RogueProcess, job_of_process, rogue_processes
+
+log = logging.getLogger("jupyter_gpusched.service")
+
+
+class RogueWatch:
+    """Checks ``telemetries`` (node name -> :class:`~jupyter_gpusched.gpu.telemetry.Telemetry`)
+    at most every ``interval`` seconds, from :meth:`LiveScheduler.poll`."""
+
+    def __init__(self, live, telemetries: dict, interval: float, kill_grace: float, metrics=None):
+        self.live = live
+        self.telemetries = telemetries
+        self.interval = interval
+        self.kill_grace = kill_grace
+        self.found: dict[tuple[str, int, float], dict] = {}  # (node, pid, created) -> view
+        self._checked = -float("inf")
+        self._killing: set[tuple[str, int, float]] = set()
+        self.gauge = None
+        if metrics is not None:
+            self.gauge = Gauge(
+                "gpusched_rogue_processes",
+                "GPU processes no allocation accounts for, at the last check",
+                registry=metrics.registry,
+            )
+
+    def tick(self) -> None:
+        now = self.live.clock()
+        if now - self._checked < self.interval:
+            return
+        self._checked = now
+        mode = self.live.reaper.settings()["rogue_processes"] if self.live.reaper else "report"
+        if mode == "off":
+            self.found.clear()
+            return
+        seen: dict[tuple[str, int, float], dict] = {}
+        for node, telemetry in self.telemetries.items():
+            try:
+                samples = telemetry.sample()
+            except Exception:
+                log.exception("sampling the GPUs of %s failed", node)
+                continue
+            for rogue in rogue_processes(samples, self.allocations(node), job_of_process):
+                created = _created(rogue.pid)
+                if created is None:
+                    continue  # gone meanwhile
+                key = (node, rogue.pid, created)
+                view = self.found.get(key) or self._report(node, rogue, now)
+                view.update(utilization_percent=rogue.utilization_percent)
+                view.update(memory_used_gb=rogue.memory_used_gb, last_seen=now)
+                seen[key] = view
+                if mode == "kill" and key not in self._killing:
+                    self._killing.add(key)
+                    self.live._spawn(self._kill(key, view))
+        self.found = seen
+        if self.gauge is not None:
+            self.gauge.set(len(seen))
+
+    def allocations(self, node: str) -> dict[str, list[int]]:
+        """Job id -> the GPU indices it holds on ``node`` (running jobs and pre-emption claims)."""
+        cluster = self.live.cluster
+        index = cluster.node(node).index
+        held: dict[str, list[int]] = {}
+        for job_id, placement in self.live.engine.state.allocations.items():
+            for part in placement.parts:
+                if part.node == index:
+                    gpus = [i for i in range(part.mask.bit_length()) if part.mask >> i & 1]
+                    held.setdefault(job_id, []).extend(gpus)
+        return held
+
+    def listing(self) -> list[dict]:
+        """What ``GET api/rogue-processes`` shows, oldest first."""
+        return sorted(self.found.values(), key=lambda view: (view["first_seen"], view["pid"]))
+
+    def _report(self, node: str, rogue: RogueProcess, now: float) -> dict:
+        view = {"node": node, **asdict(rogue), "first_seen": now, "killed": False}
+        view["allowed"] = list(rogue.allowed)
+        view["description"] = f"{node}: {rogue.describe()}"
+        event = self.live._event("rogue-process", None, "service", view["description"])
+        event["data"] = dict(view)
+        self.live.store.add_event(event)
+        log.warning("rogue GPU use on %s", view["description"])
+        return view
+
+    async def _kill(self, key: tuple[str, int, float], view: dict) -> None:
+        node, pid, created = key
+        try:
+            for signame, wait in (("SIGTERM", self.kill_grace), ("SIGKILL", 0.0)):
+                if _created(pid) != created:
+                    break  # it is gone (and its PID not reused by someone else)
+                try:
+                    process = psutil.Process(pid)
+                    (process.terminate if signame == "SIGTERM" else process.kill)()
+                except psutil.Error as exc:
+                    log.warning("could not signal rogue process %s: %s", pid, exc)
+                    return
+                message = f"{node}: rogue process {pid} sent {signame} ({view['description']})"
+                event = self.live._event("rogue-killed", None, "service", message)
+                event["data"] = {"node": node, "pid": pid, "signal": signame}
+                self.live.store.add_event(event)
+                view["killed"] = True
+                await asyncio.sleep(wait)
+        finally:
+            self._killing.discard(key)
+
+
+def _created(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None

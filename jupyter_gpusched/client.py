@@ -349,6 +349,8 @@ class Job:
             out["where"] = ", ".join(
                 f"{part['node']}:{','.join(map(str, part['gpus']))}" for part in d["allocation"]
             )
+        if d.get("state") == "running":
+            out["utilization"] = utilization_text(d.get("utilization"))
         if d.get("state") in FINISHED and d.get("exit_code") is not None:
             out["exit code"] = str(d["exit_code"])
         if d.get("message") and d.get("state") in FINISHED:
@@ -507,6 +509,22 @@ def _gpus_text(d: dict) -> str:
     text = f"{fraction:g}" if fraction < 1 else f"{gpus:g}"
     if d.get("gpu_models"):
         text += "x " + "|".join(d["gpu_models"])
+    return text
+
+
+UNKNOWN = "\u2014"  # an em dash: what a display shows for a figure nobody measured
+
+
+def utilization_text(utilization: dict | None) -> str:
+    """A running job's ``utilization`` (the service's job view) as text: ``"63% at 14:02:05"``
+    (the mean over its GPUs, and when its notebook server's GPU monitor measured it), or an em
+    dash when unknown (a batch job, or a server that has not reported)."""
+    if not utilization or utilization.get("percent") is None:
+        return UNKNOWN
+    text = f"{utilization['percent']:.0f}%"
+    measured = utilization.get("measured_at")
+    if measured:
+        text += " at " + datetime.fromtimestamp(measured).strftime("%H:%M:%S")
     return text
 
 

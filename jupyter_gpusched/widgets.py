@@ -87,7 +87,8 @@ class _Refresher:
 
 
 class QueueWidget(w.VBox):
-    """My running and pending jobs (position, reason, ETA, GPUs, a cancel button each) and the
+    """My running and pending jobs (position, reason, ETA, GPUs; running: where, and the GPU
+    utilization its notebook server last reported, "—" when unknown; a cancel button each) and the
     cluster's occupancy by node and tier, refreshed every ``interval`` seconds.
     ``autostart=False``: no refreshing until :meth:`start` (call :meth:`refresh` yourself)."""
 
@@ -216,8 +217,15 @@ def _job_line(job: Job) -> str:
             parts.append(html.escape(s["reason"]))
         if s.get("eta"):
             parts.append(f"ETA {s['eta']}")
-    elif s.get("where"):
-        parts.append(f"on {html.escape(s['where'])}")
+    else:
+        if s.get("where"):
+            parts.append(f"on {html.escape(s['where'])}")
+        if "utilization" in s:
+            parts.append(
+                f"<span class='gpusched-utilization' title='GPU utilization (mean over its "
+                f"GPUs), as its notebook server last reported it'>GPU util "
+                f"{html.escape(s['utilization'])}</span>"
+            )
     return " · ".join(parts)
 
 

@@ -4,8 +4,12 @@ Debian's Chromium (``/usr/bin/chromium``, from ``scripts/install-system.sh``) dr
 Playwright (never ``playwright install``): alice logs in to the hub of ``tests/test_spawner.py``
 (4 H100, her queue's limit is 4 GPUs), her server starts with 2 GPUs and serves JupyterLab; the
 status bar shows her GPUs; a 4-GPU batch job she submits waits in the queue; the side panel shows
-it, cancels it, and it goes; a reaper warning and a pre-emption notice posted to her server
-appear as notifications. Screenshots go to ``test-output/lab-browser/`` for a person to look at.
+it, cancels it, and it goes; her server's job shows the GPU utilization its monitor reported;
+she sees no reaper settings (not an admin); a reaper warning and a pre-emption notice posted to
+her server appear as notifications. Then admin (a hub admin, so the scheduler's admin too) opens
+the panel of his server, sees the reaper's timeouts, changes one (the service then reports it)
+and gets the service's error for a bad one. Screenshots go to ``test-output/lab-browser/`` for a
+person to look at.
 
 Skips when /usr/bin/chromium or Playwright is missing, or the extension was not built
 (``make labextension``; ``make test`` does all three).
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -29,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "test-output" / "lab-browser"
 BUILT = ROOT / "jupyter_gpusched" / "labextension" / "package.json"
 USER = "alice"
+ADMIN = "admin"  # hub_config's demo admin: a hub admin, so an admin of the scheduler
 TIMEOUT_MS = 60_000
 
 if not CHROMIUM.exists():
@@ -113,6 +119,17 @@ def _post_notice(hub, body: dict) -> dict:
     return response.json()
 
 
+def _log_in(browser, hub, user: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("input[name=username]", user)
+    page.fill("input[name=password]", hub.password)
+    page.click("input[type=submit], button[type=submit]")
+    page.wait_for_url("**/hub/**")
+    return page
+
+
 def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
     hub = lab_hub.hub
     _no_news(lab_hub.state_dir, USER)
@@ -128,13 +145,7 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
     assert status["configured"] and status["gpus"] == 2 and status["gpu_model"] == "H100", status
     assert status["job"]["state"] == "running", status
 
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("input[name=username]", USER)
-    page.fill("input[name=password]", hub.password)
-    page.click("input[type=submit], button[type=submit]")
-    page.wait_for_url("**/hub/**")
+    page = _log_in(browser, hub, USER)
     page.goto(f"{hub.url}/user/{USER}/lab")
     item = page.locator(".jp-gpusched-status")
     sync_api.expect(item).to_contain_text("2x H100", timeout=TIMEOUT_MS)
@@ -156,6 +167,15 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
     sync_api.expect(panel.locator(f'tr[data-queue-job="{job["id"]}"]')).to_contain_text("mine")
     sync_api.expect(panel.locator(".jp-gpusched-node")).to_contain_text("gpu1")
     sync_api.expect(item).to_contain_text("queued #1", timeout=TIMEOUT_MS)
+    # her server's own job: the GPU utilization its monitor reported (simulated GPUs: 0%)
+    server_row = panel.locator(f'tr[data-job-id="{status["job_id"]}"]')
+    sync_api.expect(server_row.locator(".jp-gpusched-util")).to_have_text(
+        re.compile(r"^GPU \d+%$"), timeout=TIMEOUT_MS
+    )
+    sync_api.expect(row.locator(".jp-gpusched-util")).to_have_text("GPU \u2014")  # pending
+    # not an admin: no reaper settings
+    sync_api.expect(panel.locator(".jp-gpusched-reaper")).to_be_hidden()
+    assert panel.locator(".jp-gpusched-reaper-input:visible").count() == 0
     _shot(page, "2-panel-queued")
 
     row.locator(".jp-gpusched-cancel").click()
@@ -175,5 +195,50 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
     page.wait_for_timeout(1500)  # the toasts slide in
     _shot(page, "4-notifications")
     page.close()
+    stop_every_server(hub)
+    wait_free(hub, 4, timeout=15)
+
+
+def test_an_admin_edits_the_reaper_timeouts_in_the_panel(lab_hub, browser):
+    hub = lab_hub.hub
+    _no_news(lab_hub.state_dir, ADMIN)
+    start_server(hub, ADMIN, "gpu-2")
+    token = hub.token(ADMIN)
+    before = hub.service("GET", "api/reaper", token).json()["settings"]
+    assert before["timeout_tier_3"] == 1800, before
+
+    page = _log_in(browser, hub, ADMIN)
+    page.goto(f"{hub.url}/user/{ADMIN}/lab")
+    item = page.locator(".jp-gpusched-status")
+    sync_api.expect(item).to_contain_text("2x H100", timeout=TIMEOUT_MS)
+    item.click()
+    panel = page.locator("#jp-gpusched-panel")
+    reaper = panel.locator(".jp-gpusched-reaper")
+    sync_api.expect(reaper).to_be_visible()
+    tier3 = reaper.locator('input[data-setting="timeout_tier_3"]')
+    sync_api.expect(tier3).to_have_value("30")  # minutes
+    sync_api.expect(reaper.locator('input[data-setting="timeout_tier_1"]')).to_have_value("off")
+
+    tier3.fill("12")
+    page.wait_for_timeout(6000)  # a refresh of the panel comes and goes: the edit stays
+    sync_api.expect(tier3).to_have_value("12")
+    reaper.locator(".jp-gpusched-reaper-save").click()
+    sync_api.expect(reaper.locator(".jp-gpusched-reaper-message")).to_contain_text("Saved")
+    settings = hub.service("GET", "api/reaper", token).json()["settings"]
+    assert settings["timeout_tier_3"] == 720, settings  # what the service now reports
+    assert settings["timeout_tier_2"] == before["timeout_tier_2"]  # only what was changed
+    _shot(page, "5-admin-reaper-saved")
+
+    tier3.fill("soon")
+    reaper.locator(".jp-gpusched-reaper-save").click()
+    message = reaper.locator(".jp-gpusched-reaper-message")
+    sync_api.expect(message).to_contain_text("Not saved")
+    sync_api.expect(message).to_contain_text("timeout_tier_3")
+    assert hub.service("GET", "api/reaper", token).json()["settings"]["timeout_tier_3"] == 720
+    _shot(page, "6-admin-reaper-error")
+
+    page.close()
+    response = hub.service("PUT", "api/reaper", token, json={"timeout_tier_3": 1800})
+    assert response.status_code == 200, response.text
     stop_every_server(hub)
     wait_free(hub, 4, timeout=15)

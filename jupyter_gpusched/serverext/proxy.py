@@ -17,7 +17,9 @@ Routes under ``<base_url>gpusched/api/``:
   (:mod:`.monitor`).
 * ``GET cluster``, ``GET queue``, ``GET jobs`` (query passed on; default: my pending and running
   jobs), ``GET jobs/<id>``, ``GET jobs/<id>/log``, ``DELETE jobs/<id>``, ``GET reaper``
-  (the reaper's settings): the service's answers, status and body as they are.
+  (the reaper's settings), ``PUT reaper`` (admins: change them; the body passed on),
+  ``GET me`` (the user as the service sees them: ``name``, ``admin``, ``groups``): the
+  service's answers, status and body as they are.
 
 Without a service URL (a server not started by the spawner) every route answers 503 with
 ``{"error": ...}`` (``status``: 200 with ``configured: false``).
@@ -99,12 +101,12 @@ class _Handler(APIHandler):
     def client(self) -> ServiceClient:
         return self.settings[SETTINGS_KEY]
 
-    async def forward(self, method: str, path: str) -> None:
+    async def forward(self, method: str, path: str, body: bytes | None = None) -> None:
         if not self.client.configured:
             self.set_status(503)
             self.finish(_error("no scheduler service (GPUSCHED_SERVICE_URL is not set)"))
             return
-        status, kind, body = await self.client.fetch(method, path)
+        status, kind, body = await self.client.fetch(method, path, body)
         self.set_status(status)
         self.set_header("Content-Type", kind)
         self.finish(body)
@@ -126,6 +128,17 @@ class ReaperHandler(_Handler):
     @web.authenticated
     async def get(self):
         await self.forward("GET", "api/reaper")
+
+    @web.authenticated
+    async def put(self):
+        """Admins change the reaper's settings (the service answers 403 to others)."""
+        await self.forward("PUT", "api/reaper", self.request.body or b"{}")
+
+
+class MeHandler(_Handler):
+    @web.authenticated
+    async def get(self):
+        await self.forward("GET", "api/me")
 
 
 class JobsHandler(_Handler):
@@ -251,6 +264,7 @@ def setup_proxy(web_app) -> None:
             (url_path_join(base, "cluster"), ClusterHandler),
             (url_path_join(base, "queue"), QueueHandler),
             (url_path_join(base, "reaper"), ReaperHandler),
+            (url_path_join(base, "me"), MeHandler),
             (url_path_join(base, "jobs"), JobsHandler),
             (url_path_join(base, "jobs", _JOB), JobHandler),
             (url_path_join(base, "jobs", _JOB, "log"), JobLogHandler),

@@ -3,7 +3,8 @@
  *
  * - a status-bar item: "2x H100 · 63% · idle reclaim in 12 min", or "queued #3 · policy · ETA 14:20";
  * - a side panel: the cluster's occupancy by node and tier, the queue (others anonymised), my jobs
- *   with cancel and log view, the reaper's settings (read-only);
+ *   with their GPU utilization, cancel and log view, and, for admins of the scheduler only, the
+ *   reaper's timeouts per tier, editable (`api/me` says whether the user is one);
  * - the scheduler's notices to this server (reaper warnings, pre-emption) as notifications.
  *
  * It talks only to this server's extension (`<base>/gpusched/api/...`, jupyter_gpusched.serverext),
@@ -203,6 +204,32 @@ function queued(position: number | null, reason: IReason | null): string {
   return parts.join(' · ');
 }
 
+/** A running job's `utilization` (the service's job view): "63%", or an em dash when unknown. */
+export function utilizationText(job: any): string {
+  const percent = job?.utilization?.percent;
+  return percent === null || percent === undefined ? '\u2014' : `${Math.round(percent)}%`;
+}
+
+/**
+ * A timeout as the reaper editor shows it: minutes ("45"), or "off".
+ * `parseTimeout` is its inverse: minutes (a number) -> seconds; "off" or nothing -> null;
+ * anything else ("1h", "90s") is passed on for the service to read (a 400 names the field).
+ */
+export function timeoutText(seconds: number | null | undefined): string {
+  return seconds === null || seconds === undefined ? 'off' : num(seconds / 60);
+}
+
+export function parseTimeout(text: string): number | string | null {
+  const value = text.trim().toLowerCase();
+  if (value === '' || value === 'off' || value === 'none' || value === 'null') {
+    return null;
+  }
+  if (/^\d+(\.\d+)?$/.test(value)) {
+    return Number(value) * 60;
+  }
+  return value;
+}
+
 export function statusText(status: IStatus, now = Date.now() / 1000): string {
   const parts: string[] = [];
   const job = status.job;
@@ -286,6 +313,99 @@ class StatusItem extends Widget {
   }
 }
 
+// -- the reaper's timeouts, for admins ------------------------------------------------------------
+const REAPER_FIELDS: [string, string][] = [
+  ['timeout_tier_1', 'tier 1 timeout'],
+  ['timeout_tier_2', 'tier 2 timeout'],
+  ['timeout_tier_3', 'tier 3 timeout'],
+  ['warning_lead', 'warning before']
+];
+
+/**
+ * The admin's editor of the reaper's timeouts (minutes, or "off"). It keeps its own DOM across
+ * the panel's refreshes, so a value being typed is not overwritten by the next poll; a field the
+ * admin changed keeps its text until saved (or Reset).
+ */
+class ReaperEditor {
+  readonly node = el('section', { class: 'jp-gpusched-reaper', hidden: '' });
+  private readonly inputs = new Map<string, HTMLInputElement>();
+  private readonly dirty = new Set<string>();
+  private readonly message = el('div', { class: 'jp-gpusched-reaper-message' });
+  private readonly save = el('button', { class: 'jp-gpusched-reaper-save jp-mod-styled jp-mod-accept' }, 'Save');
+  private readonly reset = el('button', { class: 'jp-gpusched-reaper-reset jp-mod-styled' }, 'Reset');
+  private settings: any = null;
+
+  constructor(private readonly onSaved: () => void) {
+    const rows = REAPER_FIELDS.map(([field, label]) => {
+      const input = el('input', {
+        class: 'jp-gpusched-reaper-input jp-mod-styled',
+        'data-setting': field,
+        size: '6',
+        title: 'minutes, or off (also 1h, 90s)'
+      });
+      input.addEventListener('input', () => this.dirty.add(field));
+      input.addEventListener('keydown', event => {
+        if (event.key === 'Enter') {
+          void this.submit();
+        }
+      });
+      this.inputs.set(field, input);
+      return [label, el('span', {}, input, ' min')] as (Node | string)[];
+    });
+    this.save.addEventListener('click', () => void this.submit());
+    this.reset.addEventListener('click', () => {
+      this.dirty.clear();
+      this.message.textContent = '';
+      this.show(this.settings);
+    });
+    this.node.append(
+      el('h3', {}, 'Idle reaper (admin)'),
+      table(['Setting', 'Value'], rows, REAPER_FIELDS.map(([field]) => ({ 'data-reaper-row': field }))),
+      el('div', { class: 'jp-gpusched-actions' }, this.save, this.reset),
+      this.message
+    );
+  }
+
+  /** The settings in force; fields the admin is editing keep their text. */
+  show(settings: any): void {
+    this.settings = settings;
+    if (!settings) {
+      return;
+    }
+    for (const [field, input] of this.inputs) {
+      if (!this.dirty.has(field) && document.activeElement !== input) {
+        input.value = timeoutText(settings[field]);
+      }
+    }
+  }
+
+  async submit(): Promise<void> {
+    const changes: Record<string, number | string | null> = {};
+    for (const field of this.dirty) {
+      changes[field] = parseTimeout(this.inputs.get(field)!.value);
+    }
+    if (!Object.keys(changes).length) {
+      this.message.className = 'jp-gpusched-reaper-message';
+      this.message.textContent = 'Nothing changed.';
+      return;
+    }
+    this.save.disabled = true;
+    try {
+      const answer = await request('reaper', { method: 'PUT', body: JSON.stringify(changes) });
+      this.dirty.clear();
+      this.show(answer?.settings ?? this.settings);
+      this.message.className = 'jp-gpusched-reaper-message jp-gpusched-reaper-ok';
+      this.message.textContent = `Saved: ${Object.keys(changes).join(', ')}`;
+      this.onSaved();
+    } catch (error) {
+      this.message.className = 'jp-gpusched-reaper-message jp-gpusched-error';
+      this.message.textContent = `Not saved: ${(error as Error).message}`;
+    } finally {
+      this.save.disabled = false;
+    }
+  }
+}
+
 // -- the side panel -------------------------------------------------------------------------------
 class GPUPanel extends Widget {
   readonly poller: Poller;
@@ -293,6 +413,7 @@ class GPUPanel extends Widget {
   private readonly logView = el('pre', { class: 'jp-gpusched-log', hidden: '' });
   private readonly errorLine = el('div', { class: 'jp-gpusched-error' });
   private logJob: string | null = null;
+  private readonly reaperEditor = new ReaperEditor(() => this.poller.refresh());
 
   constructor(private readonly onChange: () => void) {
     super();
@@ -306,6 +427,7 @@ class GPUPanel extends Widget {
       el('header', {}, el('h2', {}, 'GPU scheduler'), refresh),
       this.errorLine,
       this.body,
+      this.reaperEditor.node,
       this.logView
     );
     this.poller = new Poller(() => this.update_all(), 5000, 60000, () => this.isVisible);
@@ -317,15 +439,18 @@ class GPUPanel extends Widget {
 
   async update_all(): Promise<void> {
     try {
-      const [status, jobs, queue, cluster, reaper] = await Promise.all([
+      // `me` says whether the user administers the scheduler: only admins see the reaper's
+      // settings (and may change them); the service itself refuses others' changes.
+      const [status, jobs, queue, cluster, me, reaper] = await Promise.all([
         request('status'),
         request('jobs?state=pending&state=running'),
         request('queue'),
         request('cluster'),
+        request('me').catch(() => null),
         request('reaper').catch(() => null)
       ]);
       this.errorLine.textContent = '';
-      this.render(status, jobs.jobs, queue, cluster, reaper);
+      this.render(status, jobs.jobs, queue, cluster, me?.admin ? reaper : null);
       if (this.logJob) {
         await this.show_log(this.logJob);
       }
@@ -359,7 +484,18 @@ class GPUPanel extends Widget {
         job.kind === 'notebook' ? null : log
       );
       const name = el('div', {}, el('div', {}, job.name || job.id), actions);
-      return [name, job.state, `${num(job.gpus)} · t${job.tier}`, where];
+      // the state, and under it the GPU utilization its server last reported ("—": unknown)
+      const state = el(
+        'div',
+        {},
+        el('div', {}, job.state),
+        el(
+          'div',
+          { class: 'jp-gpusched-util', title: 'GPU utilization (mean over its GPUs), as its notebook server last reported it' },
+          `GPU ${job.state === 'running' ? utilizationText(job) : '\u2014'}`
+        )
+      );
+      return [name, state, `${num(job.gpus)} · t${job.tier}`, where];
     });
     sections.push(
       el(
@@ -427,26 +563,12 @@ class GPUPanel extends Widget {
       )
     );
 
-    // the reaper's settings (read-only)
-    if (reaper && reaper.settings) {
-      const s = reaper.settings;
-      const minutes = (v: number | null | undefined) => (v === null || v === undefined ? 'off' : `${num(v / 60)} min`);
-      sections.push(
-        el(
-          'section',
-          { class: 'jp-gpusched-reaper' },
-          el('h3', {}, 'Idle reaper (read-only)'),
-          table(
-            ['Setting', 'Value'],
-            [
-              ['tier 1 timeout', minutes(s.timeout_tier_1)],
-              ['tier 2 timeout', minutes(s.timeout_tier_2)],
-              ['tier 3 timeout', minutes(s.timeout_tier_3)],
-              ['warning before', minutes(s.warning_lead)]
-            ]
-          )
-        )
-      );
+    // the reaper's settings: admins only (the caller passes null to others). The editor stays
+    // in the page between refreshes (a field being typed in keeps its focus); hidden otherwise.
+    const admin = Boolean(reaper && reaper.settings);
+    this.reaperEditor.node.hidden = !admin;
+    if (admin) {
+      this.reaperEditor.show(reaper.settings);
     }
     this.body.replaceChildren(...sections);
   }

@@ -1,0 +1,128 @@
+"""GPU utilization in the notebook views, and ``api/me``, against a real in-process service
+(token-file auth; ``ThreadedService`` of ``tests/test_client.py``).
+
+A notebook server's GPU monitor reports to the service's reaper (``POST api/usage-samples``, as
+``serverext/monitor.py`` does); the service's job view then carries the latest utilization, and
+the client's displays (``QueueWidget``, a ``Job``'s HTML and widget) show it, or an em dash when
+nobody measured it (a batch job; a server that has not reported).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from test_client import ThreadedService
+
+from jupyter_gpusched.client import UNKNOWN, GPUSchedError, utilization_text
+from jupyter_gpusched.service.records import utilization_view
+
+
+@pytest.fixture
+def service(tmp_path):
+    running = ThreadedService(tmp_path)
+    yield running
+    running.close()
+
+
+def start_notebook(client, gpus=2) -> dict:
+    """A notebook-server job (what the spawner submits: the service only allocates)."""
+    view = client.request("POST", "api/jobs", {"kind": "notebook", "gpus": gpus})
+    assert view["state"] == "running", view
+    return view
+
+
+def report(client, job_id: str, devices=None, server=None) -> dict:
+    """What a server's GPU monitor posts to the reaper."""
+    body = {"job_id": job_id, "server": server or {}, "kernels": {}, "devices": devices or []}
+    return client.request("POST", "api/usage-samples", body)
+
+
+def test_a_reported_utilization_is_in_the_job_view_the_widget_and_the_display(service):
+    from jupyter_gpusched.widgets import JobWidget, QueueWidget
+
+    alice = service.client("alice")
+    server = start_notebook(alice)
+    assert server["utilization"] is None  # running, not reported yet
+    batch = alice.submit(command="sleep 30", gpus=1, name="batch")
+    assert batch.state == "running"
+
+    before = time.time()
+    devices = [{"index": 0, "utilization": 80.0}, {"index": 1, "utilization": 40.0}]
+    report(alice, server["id"], devices, {"utilization": 120.0, "memory_gb": 3.0})
+
+    job = alice.job(server["id"])
+    utilization = job.data["utilization"]
+    assert utilization["percent"] == 60.0  # the mean over its 2 GPUs
+    assert before - 1 <= utilization["measured_at"] <= time.time() + 1
+    assert [d["utilization"] for d in utilization["devices"]] == [80.0, 40.0]
+    stamp = time.strftime("%H:%M:%S", time.localtime(utilization["measured_at"]))
+    assert job.summary()["utilization"] == f"60% at {stamp}"
+    assert alice.job(batch.id).data["utilization"] is None  # batch jobs: nobody measures them
+    # the job list carries it too (what the widget reads)
+    listed = {j.id: j for j in alice.jobs(["running"])}
+    assert listed[server["id"]].data["utilization"]["percent"] == 60.0
+
+    widget = QueueWidget(alice, interval=60, autostart=False)
+    widget.refresh()
+    assert widget.last_error is None
+    assert "GPU util 60% at " in widget.rows[server["id"]]["html"].value
+    assert f"GPU util {UNKNOWN}" in widget.rows[batch.id]["html"].value
+    widget.close()
+
+    html = job._repr_html_()
+    assert "utilization" in html and "60% at" in html
+    assert UNKNOWN in alice.job(batch.id)._repr_html_()
+    live = JobWidget(job, autostart=False)
+    assert "60% at" in live.html.value
+    live.close()
+
+    # a newer report replaces it
+    report(alice, server["id"], [{"index": 0, "utilization": 10.0}, {"index": 1, "utilization": 0}])
+    assert alice.job(server["id"]).data["utilization"]["percent"] == 5.0
+
+
+def test_utilization_is_only_for_running_jobs_and_only_the_owners(service):
+    alice, bob = service.client("alice"), service.client("bob")
+    server = start_notebook(alice)
+    report(alice, server["id"], server={"utilization": 90.0})  # no per-device figures
+    assert alice.job(server["id"]).data["utilization"]["percent"] == 45.0  # 90% of one / 2 GPUs
+    with pytest.raises(GPUSchedError) as refused:  # bob cannot report for alice's server...
+        report(bob, server["id"], server={"utilization": 0.0})
+    assert refused.value.status == 403
+    with pytest.raises(GPUSchedError) as hidden:  # ...nor see it
+        bob.job(server["id"])
+    assert hidden.value.status == 404
+    assert service.client("admin").job(server["id"]).data["utilization"]["percent"] == 45.0
+
+    alice.cancel(server["id"])  # a notebook server's job ends "completed" (the server stopped)
+    ended = alice.job(server["id"])
+    assert ended.finished and "utilization" not in ended.data
+    assert "utilization" not in ended.summary()
+    # a pending job has no utilization line either
+    for _ in range(3):
+        alice.submit(command="sleep 30", gpus=8, gpu_model="H100")
+    waiting = alice.jobs(["pending"])
+    assert waiting and all("utilization" not in j.summary() for j in waiting)
+
+
+def test_utilization_view_and_text():
+    assert utilization_view(None, 1) is None
+    unknown = utilization_view({"time": 5.0, "utilization": None, "devices": []}, 1)
+    assert unknown == {"percent": None, "measured_at": 5.0, "devices": []}
+    assert utilization_text(unknown) == UNKNOWN and utilization_text(None) == UNKNOWN
+    partial = {
+        "time": 1.0,
+        "devices": [{"index": 0, "utilization": None}, {"index": 1, "utilization": 30}],
+    }
+    assert utilization_view(partial, 2)["percent"] == 30.0  # the GPUs whose figure is known
+    assert utilization_view({"time": 1.0, "utilization": 250.0}, 2)["percent"] == 100.0
+
+
+def test_me_says_who_the_caller_is(service):
+    assert service.client("alice").request("GET", "api/me") == {
+        "name": "alice",
+        "admin": False,
+        "groups": [],
+    }
+    assert service.client("admin").request("GET", "api/me")["admin"] is True

@@ -1,18 +1,29 @@
-"""Real-GPU check of the telemetry: is a kernel's GPU use attributed to that kernel?
+"""Real-GPU check of the telemetry and the idle reaper: is a kernel's GPU use attributed to that
+kernel, and does the reaper cull only the idle one?
 
 Starts two real Jupyter kernels (jupyter_client, ipykernel) on one GPU: one runs a CUDA matmul
 loop (PyTorch), the other imports torch, puts a small tensor on the GPU (so it holds a CUDA context
 and appears in NVML's process list) and then idles. Samples the NVML backend every INTERVAL
-seconds and sums the per-process utilization of each kernel's process tree (psutil), as the
-monitor does. Passes when the busy kernel averages > 50% and the idle one stays at 0%.
+seconds.
+
+* Attribution: sums the per-process utilization of each kernel's process tree (psutil). Passes
+  when the busy kernel averages > 50% and the idle one stays at 0%.
+* Reaper: the same samples go through the notebook server's own monitor
+  (``serverext/monitor.py``'s ``GPUMonitor``, which maps GPU processes to kernels) and each kernel
+  is treated as its own session of the reaper (``service/reaper.py``: ``Session``, ``busy``,
+  ``decide``, settings checked by ``validate``) with a short timeout (``--reaper-timeout`` 20 s,
+  ``--warning-lead`` 10 s), one decision per sample as the service's poll would. Passes when the
+  idle kernel's session gets a Warn and then a Cull, the busy one neither; the culled kernel is
+  then shut down (a polite shutdown request, as jupyter-server does when the hub stops a server)
+  and must leave the GPU's process list, while the busy kernel must still run and stay busy.
+  Each kernel's report to the reaper holds only that kernel's utilization, not the device's: both
+  kernels share one GPU here, whose utilization is the busy kernel's. (The service decides per
+  notebook server, whose GPUs are its own.)
 
 Prints what it saw as JSON; exits 0 (pass) or 1. Run it through ``benchmarks/gpu_check.sh``,
-which checks the machine first. ``--backend simulated`` runs the same plumbing with
-``simulate_load`` instead of CUDA, on a machine without GPU (a dry run of this script, not a
-check of anything real).
-
-The reaper half of the check (only the idle kernel is culled) comes with the reaper: the output
-says TODO there, it does not pretend.
+which checks the machine first. ``--simulated`` (or ``--backend simulated``) runs the same
+plumbing with the simulated backend and ``simulate_load`` instead of CUDA, on a machine without
+GPU (a dry run of this script, not a check of anything real).
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -115,7 +127,7 @@ def run(args) -> dict:
 
     started = time.monotonic()
     result: dict = {
-        "check": "gpu telemetry attribution",
+        "check": "gpu telemetry attribution and idle reaper",
         "backend": args.backend,
         "gpu": args.gpu,
         "busy_seconds": args.busy_seconds,
@@ -127,10 +139,12 @@ def run(args) -> dict:
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices = NVML's
     env["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
     simulated = args.backend == "simulated"
+    directory = None
     if simulated:
         directory = tempfile.mkdtemp(prefix="gpu_check-sim-")
         env["GPUSCHED_SIM_GPU_DIR"] = os.environ["GPUSCHED_SIM_GPU_DIR"] = directory
         env["GPUSCHED_NODE"] = os.environ["GPUSCHED_NODE"] = "gpu-check"
+        env["GPUSCHED_GPU_BACKEND"] = os.environ["GPUSCHED_GPU_BACKEND"] = "simulated"
     telemetry = get_telemetry(args.backend, **({"gpus": args.gpu + 1} if simulated else {}))
     devices = telemetry.devices()
     result["devices"] = [
@@ -141,6 +155,8 @@ def run(args) -> dict:
         raise RuntimeError(f"GPU {args.gpu} not found; NVML sees {[d.index for d in devices]}")
 
     kernels = {}
+    rows: list[dict] = []
+    reaper = None
     try:
         for name in ("busy", "idle"):
             kernels[name] = start_kernel(env)
@@ -156,33 +172,251 @@ def run(args) -> dict:
 
         time.sleep(args.warmup)
         telemetry.sample()  # per-process utilization is "since the previous sample"
-        rows = []
-        end = time.monotonic() + args.sample_seconds
-        while time.monotonic() < end:
+        reaper = ReaperCheck(args, kernels)
+        began = time.monotonic()
+        while True:
             time.sleep(args.interval)
-            rows.append(sample_kernels(telemetry, args.gpu, pids))
+            samples = telemetry.sample()  # one NVML read per interval, for both halves
+            now = time.time()
+            elapsed = time.monotonic() - began
+            row = sample_kernels(samples, args.gpu, pids)
+            if elapsed <= args.sample_seconds + args.interval / 2 and reaper.culled_at is None:
+                rows.append(row)  # the attribution half: both kernels still there
+            reaper.step(samples, row, now)
+            if reaper.done(now) and elapsed >= args.sample_seconds:
+                break
         result["samples"] = rows
     finally:
-        for manager, client in kernels.values():
+        for name, (manager, client) in kernels.items():
+            if reaper is not None and name in reaper.shut_down:
+                continue
             try:
                 client.stop_channels()
                 manager.shutdown_kernel(now=True)
             except Exception as exc:  # report it, and stop the other kernel too
                 result.setdefault("shutdown_errors", []).append(repr(exc))
-    result.update(verdict(rows, args))
-    result["reaper"] = {
-        "status": "TODO",
-        "note": "not checked yet: the reaper (cull only the GPU-idle kernel) comes with the "
-        "reaper part of issue 6; no result is claimed here",
-    }
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+    attribution = verdict(rows, args)
+    result["summary"] = attribution["summary"]
+    result["attribution"] = {"ok": attribution["ok"], "failures": attribution["failures"]}
+    result["reaper"] = reaper.verdict()
+    result["ok"] = attribution["ok"] and result["reaper"]["ok"]
+    result["failures"] = attribution["failures"] + [
+        f"reaper: {f}" for f in result["reaper"]["failures"]
+    ]
     result["elapsed_s"] = round(time.monotonic() - started, 1)
-    if simulated:
-        shutil.rmtree(directory, ignore_errors=True)
     return result
 
 
-def sample_kernels(telemetry, gpu: int, pids: dict[str, int]) -> dict:
-    samples = telemetry.sample()
+class _Replay:
+    """A telemetry that hands the monitor the samples this script already took (NVML's
+    per-process utilization is "since the previous read": one read per interval, shared)."""
+
+    def __init__(self):
+        self.samples: list = []
+
+    def sample(self):
+        return self.samples
+
+
+class _KernelManager:
+    """What ``GPUMonitor`` reads of a jupyter-server's kernel manager: the kernel ids, and each
+    kernel's provisioner (its pid)."""
+
+    def __init__(self, kernels: dict):
+        self.managers = {name: manager for name, (manager, _) in kernels.items()}
+
+    def list_kernel_ids(self):
+        return list(self.managers)
+
+    def get_kernel(self, kernel_id):
+        return self.managers[kernel_id]
+
+
+class ReaperCheck:
+    """Each kernel as its own reaper session, decided on at each sample."""
+
+    def __init__(self, args, kernels: dict):
+        from jupyter_gpusched.serverext.monitor import GPUMonitor
+        from jupyter_gpusched.service.reaper import Session, validate
+
+        self.args = args
+        self.kernels = kernels
+        self.settings = validate(
+            {"timeout_tier_2": args.reaper_timeout, "warning_lead": args.warning_lead}
+        )
+        self.replay = _Replay()
+        self.kernel_manager = _KernelManager(kernels)
+        self.monitor = GPUMonitor(
+            serverapp=types.SimpleNamespace(kernel_manager=self.kernel_manager),
+            telemetry=self.replay,
+            interval=args.interval,
+            report=False,
+            mark_active=False,
+        )
+        self.t0 = time.time()
+        self.sessions = {
+            name: Session(
+                job_id=f"kernel-{name}", user="gpu-check", gpus=1, tier=2, started=self.t0
+            )
+            for name in kernels
+        }
+        self.actions: dict[str, list[dict]] = {name: [] for name in kernels}
+        self.timeline: list[dict] = []
+        self.culled: set[str] = set()
+        self.culled_at: float | None = None
+        self.shut_down: dict[str, dict] = {}
+        self.after: list[dict] = []  # samples after the cull
+        self.deadline = self.t0 + args.reaper_timeout + max(5.0, 3 * args.interval)
+
+    def rel(self, t: float) -> float:
+        return round(t - self.t0, 2)
+
+    def step(self, samples, row: dict, now: float) -> None:
+        from jupyter_gpusched.service.reaper import Cull, Warn, busy, decide
+
+        self.replay.samples = samples
+        snapshot = self.monitor.sample(now)  # the monitor's own process-to-kernel mapping
+        entry: dict = {"t": self.rel(now)}
+        for name, session in self.sessions.items():
+            if name in self.culled:
+                continue
+            kernel = snapshot["kernels"].get(name) or {}
+            # the report a server with only this kernel would send (Reaper.report's rules)
+            report = {
+                "job_id": session.job_id,
+                "server": {
+                    "utilization": kernel.get("utilization"),
+                    "memory_gb": kernel.get("memory_gb"),
+                },
+                "kernels": {name: kernel},
+                "devices": [],
+            }
+            session.samples.append({"time": now, "utilization": kernel.get("utilization")})
+            session.last_report = now
+            if busy(report, self.settings["idle_threshold"]):
+                session.last_busy = now
+                session.warned = None
+            entry[name] = {
+                "util": kernel.get("utilization"),
+                "idle_s": round(now - session.idle_since, 1),
+            }
+        candidates = [s for n, s in self.sessions.items() if n not in self.culled]
+        for action in decide(candidates, self.settings, now):
+            name = action.job_id.removeprefix("kernel-")
+            session = self.sessions[name]
+            if isinstance(action, Warn):
+                session.warned = now  # as Reaper._warn
+                record = {
+                    "action": "warn",
+                    "t": self.rel(now),
+                    "deadline": self.rel(action.deadline),
+                }
+            else:
+                assert isinstance(action, Cull)
+                record = {"action": "cull", "t": self.rel(now), "reason": action.reason}
+                self.culled.add(name)
+                self.culled_at = now
+            record["idle_s"] = round(now - action.idle_since, 1)
+            self.actions[name].append(record)
+            entry.setdefault("actions", []).append({"kernel": name, **record})
+        for name in sorted(self.culled - set(self.shut_down)):
+            self.shut_down[name] = self.shutdown(name)
+        if self.culled_at is not None and now > self.culled_at:
+            alive = {n: manager.is_alive() for n, (manager, _) in self.kernels.items()}
+            self.after.append(
+                {"t": self.rel(now), **{n: {**row[n], "alive": alive[n]} for n in self.kernels}}
+            )
+        self.timeline.append(entry)
+
+    def shutdown(self, name: str) -> dict:
+        """Shut the culled kernel down politely (a shutdown request, then a kill after the
+        manager's wait), as jupyter-server does for each kernel when the hub stops the server."""
+        manager, client = self.kernels[name]
+        began = time.monotonic()
+        info: dict = {}
+        try:
+            client.stop_channels()
+            manager.shutdown_kernel(now=False)
+        except Exception as exc:
+            info["error"] = repr(exc)
+        info["shutdown_s"] = round(time.monotonic() - began, 2)
+        info["alive_after"] = manager.is_alive()
+        del self.kernel_manager.managers[name]  # jupyter-server forgets it too
+        return info
+
+    def done(self, now: float) -> bool:
+        if self.culled_at is not None:
+            return now >= self.culled_at + self.args.after_cull
+        return now >= self.deadline
+
+    def verdict(self) -> dict:
+        failures = []
+        idle, busy_ = self.actions.get("idle", []), self.actions.get("busy", [])
+        kinds = [a["action"] for a in idle]
+        if "warn" not in kinds:
+            failures.append("the idle kernel's session was never warned")
+        if "cull" not in kinds:
+            failures.append(
+                f"the idle kernel was not culled within {self.deadline - self.t0:.0f} s "
+                f"(timeout {self.args.reaper_timeout:g} s)"
+            )
+        elif "warn" in kinds and kinds.index("warn") > kinds.index("cull"):
+            failures.append("the idle kernel was culled before it was warned")
+        if kinds.count("warn") > 1 or kinds.count("cull") > 1:
+            failures.append(f"the idle kernel got {kinds} (one warning, one cull expected)")
+        if busy_:
+            failures.append(f"the busy kernel's session got {[a['action'] for a in busy_]}")
+        after = {"samples": len(self.after)}
+        if self.culled_at is not None:
+            shutdown = self.shut_down.get("idle", {})
+            if shutdown.get("alive_after"):
+                failures.append("the culled idle kernel is still alive after its shutdown")
+            idle_listed = [s["idle"]["listed"] for s in self.after]
+            busy_seen = [s["busy"] for s in self.after]
+            busy_utils = [b["util"] for b in busy_seen if b["util"] is not None]
+            after.update(
+                idle_listed_in=f"{sum(idle_listed)}/{len(idle_listed)} samples",
+                idle_left_gpu_after_s=next(
+                    (
+                        round(s["t"] - self.rel(self.culled_at), 2)
+                        for s in self.after
+                        if not s["idle"]["listed"]
+                    ),
+                    None,
+                ),
+                busy_alive_in=f"{sum(b['alive'] for b in busy_seen)}/{len(busy_seen)} samples",
+                busy_listed_in=f"{sum(b['listed'] for b in busy_seen)}/{len(busy_seen)} samples",
+                busy_util_mean=round(statistics.fmean(busy_utils), 1) if busy_utils else None,
+            )
+            if not self.after:
+                failures.append("no sample after the cull")
+            elif idle_listed[-1]:
+                failures.append("the culled idle kernel still holds the GPU (in NVML's list)")
+            if not all(b["alive"] for b in busy_seen):
+                failures.append("the busy kernel died after the idle one was culled")
+            if after["busy_util_mean"] is None or after["busy_util_mean"] <= 50:
+                failures.append(
+                    f"the busy kernel averaged {after['busy_util_mean']}% after the cull "
+                    "(want > 50%: still running)"
+                )
+        return {
+            "settings": {
+                k: self.settings[k]
+                for k in ("timeout_tier_2", "warning_lead", "idle_threshold", "stale_after")
+            },
+            "sessions": "one per kernel; each report holds only that kernel's utilization",
+            "idle": {"actions": idle, "shutdown": self.shut_down.get("idle")},
+            "busy": {"actions": busy_},
+            "after_cull": after,
+            "timeline": self.timeline,
+            "ok": not failures,
+            "failures": failures,
+        }
+
+
+def sample_kernels(samples, gpu: int, pids: dict[str, int]) -> dict:
     row: dict = {"t": round(time.time(), 2)}
     device = next(s for s in samples if s.device.index == gpu)
     row["device_util"] = device.utilization_percent
@@ -240,13 +474,32 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpu", type=int, default=0, help="GPU index (NVML/PCI order)")
     parser.add_argument("--backend", choices=("nvml", "simulated"), default="nvml")
+    parser.add_argument(
+        "--simulated",
+        action="store_const",
+        const="simulated",
+        dest="backend",
+        help="a dry run without GPU: the simulated backend and simulate_load (same as "
+        "--backend simulated)",
+    )
     parser.add_argument("--busy-seconds", type=float, default=90)
     parser.add_argument("--sample-seconds", type=float, default=20)
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--reaper-timeout", type=float, default=20.0)
+    parser.add_argument("--warning-lead", type=float, default=10.0)
+    parser.add_argument(
+        "--after-cull", type=float, default=5.0, help="seconds watched after the cull"
+    )
     args = parser.parse_args(argv)
-    if args.warmup + args.sample_seconds + 5 > args.busy_seconds:
-        parser.error("--busy-seconds must cover the warm-up and the sampling, plus 5 s")
+    if not 0 < args.warning_lead < args.reaper_timeout:
+        parser.error("--warning-lead must be > 0 and below --reaper-timeout")
+    sampling = max(args.sample_seconds, args.reaper_timeout + max(5.0, 3 * args.interval))
+    if args.warmup + sampling + args.after_cull + 5 > args.busy_seconds:
+        parser.error(
+            "--busy-seconds must cover the warm-up, the sampling (up to the reaper's cull) and "
+            "the time watched after the cull, plus 5 s"
+        )
     if args.busy_seconds > DEADLINE_S - 60:
         parser.error(f"--busy-seconds at most {DEADLINE_S - 60} (the check's 5 minute budget)")
     try:

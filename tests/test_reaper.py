@@ -16,6 +16,7 @@ from jupyter_gpusched.service.reaper import (
     ShutdownKernels,
     Warn,
     decide,
+    next_moment,
     validate,
 )
 from jupyter_gpusched.service.requests import RequestError
@@ -72,6 +73,16 @@ def test_start_up_is_not_idle_time():
     assert decide([s], settings(), NOW) == [
         Warn("j-000001", NOW - 40 * 60 + 2700, 2700.0, NOW - 40 * 60)
     ]
+
+
+def test_the_next_moment_the_reaper_must_act():
+    s = session(last_busy=NOW - 60)  # tier 2: warned at 35 min idle, culled at 45
+    assert next_moment([s], settings(), NOW) == NOW - 60 + 2100
+    assert next_moment([s], settings(), NOW - 60 + 2100) == NOW - 60 + 2700
+    young = session(started=NOW - 60, last_busy=NOW - 60)
+    assert next_moment([young], settings(max_lifetime="10m"), NOW) == NOW - 60 + 600
+    assert next_moment([s], settings(enabled=False), NOW) is None
+    assert next_moment([session(tier=1)], settings(), NOW) is None  # tier 1: never
 
 
 def test_profile_timeout_wins_and_exemptions():

@@ -47,6 +47,7 @@ from .reaper_policy import (  # noqa: F401 (the policy's names are importable fr
     decide,
     exempt,
     idle_kernels_holding_memory,
+    next_moment,
     reported_devices,
     timeout_for,
     validate,
@@ -71,6 +72,7 @@ class Reaper:
             )
         self.metrics = metrics
         self._culling: set[str] = set()
+        self._timer: asyncio.TimerHandle | None = None  # the next tick due before the poll's
 
     # -- settings ----------------------------------------------------------------------------
     def overrides(self) -> dict:
@@ -215,6 +217,7 @@ class Reaper:
         now = self.live.clock()
         candidates = [s for s in self.sessions.values() if s.job_id not in self._culling]
         actions = decide(candidates, settings, now)
+        self._schedule(candidates, settings, now)
         for action in actions:
             session = self.sessions[action.job_id]
             if isinstance(action, Warn):
@@ -224,6 +227,27 @@ class Reaper:
             else:
                 self._cull(session, action, settings, now)
         return actions
+
+    def _schedule(self, sessions, settings: dict, now: float) -> None:
+        """Tick again when the next warning or cull is due, not up to a poll interval later."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        due = next_moment(sessions, settings, now)
+        if due is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside the service's event loop (a unit test)
+            return
+        self._timer = loop.call_later(max(0.0, due - now) + 0.01, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        try:
+            self.tick()
+        except Exception:
+            log.exception("the reaper failed")
 
     def _evidence(self, session: Session, action, settings: dict, now: float) -> dict:
         return {

@@ -208,6 +208,26 @@ def decide(sessions, settings: dict, now: float) -> list:
     return actions
 
 
+def next_moment(sessions, settings: dict, now: float) -> float | None:
+    """The earliest time after ``now`` at which :func:`decide` may act on ``sessions`` if no
+    report changes them (a warning, a kernel shutdown, a cull, a lifetime's end), so that the
+    reaper acts then rather than at its next periodic tick."""
+    if not settings["enabled"]:
+        return None
+    lead, lifetime = settings["warning_lead"], settings["max_lifetime"]
+    moments = []
+    for s in sessions:
+        if lifetime is not None:
+            moments.append(s.started + lifetime)
+        timeout = timeout_for(s, settings)
+        if timeout is not None:
+            moments += [s.idle_since + timeout - lead, s.idle_since + timeout]
+        if s.kernels_shut is not None:
+            moments.append(s.kernels_shut + lead)
+    later = [m for m in moments if m > now]
+    return min(later) if later else None
+
+
 def as_number(value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None

@@ -303,6 +303,7 @@ def test_an_idle_server_is_warned_then_stopped_and_a_queued_user_starts(hub):
     assert cull["data"]["reason"] == "idle" and cull["data"]["timeout"] == timeout
     assert cull["data"]["idle_seconds"] >= timeout and cull["data"]["samples"]
     assert job["state"] in ts.RELEASED
+    assert job["message"].startswith("culled by the reaper: GPUs idle"), job  # not "stopped by"
 
     ts.wait_ready(hub, "carol")  # the queued user's server got bob's GPUs
     carol_start.join(10)

@@ -216,7 +216,8 @@ class LiveScheduler:
         if job.kind == "notebook" and job.state == JobState.RUNNING:
             # a notebook server's allocation: its spawner has stopped the server (or is about
             # to), so the GPUs are free at once
-            message = f"server stopped by {actor}"
+            culled = self.reaper.stop_reason(job_id) if self.reaper is not None else None
+            message = culled or f"server stopped by {actor}"
             self.process_exited(job_id, job.runs, Exit(0, "completed", message))
             return job
         was_pending = job.state == JobState.PENDING

@@ -71,7 +71,7 @@ class Reaper:
                 registry=metrics.registry,
             )
         self.metrics = metrics
-        self._culling: set[str] = set()
+        self._culling: dict[str, str] = {}  # job id -> why the reaper is stopping its server
         self._timer: asyncio.TimerHandle | None = None  # the next tick due before the poll's
 
     # -- settings ----------------------------------------------------------------------------
@@ -171,6 +171,11 @@ class Reaper:
             "warned": session.warned,
             "last_sample": session.samples[-1] if session.samples else None,
         }
+
+    def stop_reason(self, job_id: str) -> str | None:
+        """Why the reaper is stopping this server, while it is (the spawner's release that
+        follows is recorded with it)."""
+        return self._culling.get(job_id)
 
     def latest_sample(self, job_id: str) -> tuple[dict, float] | None:
         """The last sample a notebook server's monitor reported and the server's GPUs, or None
@@ -328,7 +333,7 @@ class Reaper:
             self.metrics.culls.inc()
         if self.reclaimed is not None and action.reason == "idle":
             self.reclaimed.inc(session.gpus * max(0.0, now - action.idle_since) / 3600)
-        self._culling.add(job.id)
+        self._culling[job.id] = message
         self.live._spawn(self._stop(job, job.runs, session.server_name, message))
 
     async def _stop(self, job, run: int, server_name: str, message: str) -> None:
@@ -348,7 +353,7 @@ class Reaper:
                     waited += 0.2
             live.process_exited(job.id, run, Exit(0, "completed", message))
         finally:
-            self._culling.discard(job.id)
+            self._culling.pop(job.id, None)
 
 
 # -- REST ------------------------------------------------------------------------------------

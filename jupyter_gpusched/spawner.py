@@ -23,6 +23,14 @@ one placement logic:
    (pre-empted, cancelled by an admin, past its maximum lifetime). ``get_state``/``load_state``
    keep the job id beside the process id, so a hub restart keeps servers and allocations.
 
+The server process is LocalProcessSpawner's, behind four methods a subclass may replace
+(``launch_server``, ``poll_server``, ``stop_server``, ``server_started``, with
+``get_state``/``load_state``/``clear_state``): ``GPUSchedSlurmSpawner``
+(``jupyter_gpusched/slurm_spawner.py``, ``spawner_class = "gpusched-slurm"``) runs the server
+as a Slurm job on the allocated node instead. The profiles and the options form are in
+``profiles.py``; the conversation with the service (token, submission, queue, progress) in
+``spawner_queue.py``.
+
 JupyterHub's ``start_timeout`` and the queue: the hub cancels a start that takes longer than
 ``Spawner.start_timeout``. Before each start this spawner sets the start timeout the hub applies
 to ``max_queue_wait`` (of the chosen profile) plus the configured ``start_timeout``, which keeps
@@ -33,265 +41,36 @@ its meaning: the time to launch the server once it has its GPUs. Queued waiting 
 from __future__ import annotations
 
 import asyncio
-import html
-import json
 import math
 import os
-import re
 import time
 
-from jupyterhub.spawner import LocalProcessSpawner, SpawnException
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
-from traitlets import Bool, Dict, Float, List, TraitError, Unicode, default, validate
+from jupyterhub.spawner import LocalProcessSpawner
+from traitlets import Bool, Dict, Float, List, Unicode, default, validate
 
-from .core.durations import parse_duration
+from .profiles import (  # noqa: F401 (importable from here too)
+    PROFILE_KEYS,
+    TIERS,
+    GPUSchedSpawnError,
+    _first,
+    allowed_profiles,
+    describe_duration,
+    normalize_profiles,
+    profile_options_from_form,
+    render_options_form,
+    select_profile,
+    slugify,
+)
+from .spawner_queue import SchedulerClient, ServiceUnavailable
 
 SERVER_EXTENSION = "jupyter_gpusched.serverext"
 ENDED = ("completed", "failed", "cancelled", "preempted", "rejected", "lost")
-TIERS = (1, 2, 3)
-PROFILE_KEYS = {
-    "display_name": "the name users see",
-    "slug": "the profile's id in user_options ({'profile': slug}); default: from display_name",
-    "description": "a sentence under the name",
-    "tier": "1 (never pre-empted), 2 (default) or 3 (opportunistic: pre-emptible)",
-    "gpus": "how many GPUs (whole number >= 1)",
-    "gpu_models": "GPU models to choose from (empty: any); users pick one or any of them",
-    "groups": "hub groups whose members may use it (empty: everyone)",
-    "queue": "the scheduler queue to submit to (default: the user's first queue)",
-    "idle_timeout": "seconds (or 30m, 2h) without activity before the server shuts down",
-    "max_lifetime": "the longest the server runs (seconds or 8h, 1d); the job's walltime",
-    "max_queue_wait": "this profile's maximum queue wait (default: max_queue_wait)",
-    "default": "preselected in the form (true/false)",
-}
-
-
-class GPUSchedSpawnError(SpawnException):
-    """A start refused or ended, with the message the user sees (spawn page and REST API)."""
-
-    def __init__(self, message: str, *, reason: str, status_code: int = 400):
-        super().__init__(message, reason=reason, status_code=status_code)
-        self.jupyterhub_message = message  # the progress stream shows this, not str(exc)
-
-
-class ServiceUnavailable(Exception):
-    """The scheduler service did not answer (not started yet, restarting, unreachable)."""
-
-
-# -- profiles ------------------------------------------------------------------------------------
-def slugify(text: str) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    return slug or "profile"
-
-
-def _duration(profile: dict, key: str, where: str) -> float | None:
-    value = profile.get(key)
-    if value in (None, 0, "", "0"):
-        return None
-    try:
-        seconds = parse_duration(value)
-    except (ValueError, TypeError) as exc:
-        raise TraitError(f"{where}: {key}: {exc}") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise TraitError(f"{where}: {key} must be a positive duration")
-    return seconds
-
-
-def _strings(profile: dict, key: str, where: str) -> list[str]:
-    value = profile.get(key) or []
-    if isinstance(value, str):
-        value = value.split("|") if key == "gpu_models" else [value]
-    if not isinstance(value, (list, tuple)) or not all(
-        isinstance(v, str) and v.strip() for v in value
-    ):
-        raise TraitError(f"{where}: {key} must be a list of names")
-    return [v.strip() for v in value]
-
-
-def normalize_profiles(profiles) -> list[dict]:
-    """Check ``c.GPUSchedSpawner.profiles`` and fill in defaults; TraitError names the profile
-    and the key that is wrong."""
-    if not isinstance(profiles, (list, tuple)) or not profiles:
-        raise TraitError("profiles must be a non-empty list of dicts")
-    out, slugs = [], set()
-    for index, raw in enumerate(profiles):
-        where = f"GPUSchedSpawner.profiles[{index}]"
-        if not isinstance(raw, dict):
-            raise TraitError(f"{where} must be a dict")
-        unknown = set(raw) - set(PROFILE_KEYS)
-        if unknown:
-            raise TraitError(
-                f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
-                f"known: {', '.join(PROFILE_KEYS)}"
-            )
-        name = raw.get("display_name")
-        if not isinstance(name, str) or not name.strip():
-            raise TraitError(f"{where}: display_name is required")
-        slug = raw.get("slug") or slugify(name)
-        if not isinstance(slug, str) or slugify(slug) != slug:
-            raise TraitError(f"{where}: slug {slug!r} must be lowercase letters, digits and '-'")
-        if slug in slugs:
-            raise TraitError(f"{where}: slug {slug!r} is used twice")
-        slugs.add(slug)
-        gpus, tier = raw.get("gpus", 1), raw.get("tier", 2)
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-            raise TraitError(f"{where}: gpus must be a whole number >= 1, got {gpus!r}")
-        if tier not in TIERS or isinstance(tier, bool):
-            raise TraitError(f"{where}: tier must be 1, 2 or 3, got {tier!r}")
-        queue = raw.get("queue")
-        if queue is not None and (not isinstance(queue, str) or not queue.strip()):
-            raise TraitError(f"{where}: queue must be a queue path")
-        description = raw.get("description", "")
-        if not isinstance(description, str):
-            raise TraitError(f"{where}: description must be a string")
-        out.append(
-            {
-                "display_name": name.strip(),
-                "slug": slug,
-                "description": description,
-                "tier": tier,
-                "gpus": gpus,
-                "gpu_models": _strings(raw, "gpu_models", where),
-                "groups": _strings(raw, "groups", where),
-                "queue": queue,
-                "idle_timeout": _duration(raw, "idle_timeout", where),
-                "max_lifetime": _duration(raw, "max_lifetime", where),
-                "max_queue_wait": _duration(raw, "max_queue_wait", where),
-                "default": bool(raw.get("default", False)),
-            }
-        )
-    return out
-
-
-def allowed_profiles(profiles: list[dict], groups) -> list[dict]:
-    """The profiles a member of ``groups`` may use (a profile without groups: everyone)."""
-    mine = set(groups)
-    return [p for p in profiles if not p["groups"] or mine & set(p["groups"])]
-
-
-def _first(value):
-    """A form field arrives as a list of strings; the REST API may send a plain value."""
-    if isinstance(value, list):
-        return value[0] if value else None
-    return value
-
-
-def select_profile(profiles: list[dict], username: str, groups, user_options) -> tuple:
-    """``(profile, gpu_models)`` for ``user_options``, or GPUSchedSpawnError saying why not.
-    ``gpu_models`` is what the request asks for: the chosen model, or the profile's list (any of
-    them), or None (any model)."""
-    options = user_options if isinstance(user_options, dict) else {}
-    mine = allowed_profiles(profiles, groups)
-    slug = _first(options.get("profile"))
-    if slug in (None, ""):
-        if not mine:
-            raise GPUSchedSpawnError(
-                f"No GPU profile is available to {username}: ask the hub admin to add you to "
-                "a group that may use one.",
-                reason="profile",
-                status_code=403,
-            )
-        profile = next((p for p in mine if p["default"]), mine[0])
-    else:
-        profile = next((p for p in profiles if p["slug"] == slug), None)
-        if profile is None:
-            names = ", ".join(p["slug"] for p in mine) or "none"
-            raise GPUSchedSpawnError(
-                f"There is no profile {str(slug)[:100]!r}; yours: {names}.", reason="profile"
-            )
-        if profile not in mine:
-            raise GPUSchedSpawnError(
-                f"{username} may not use the profile {profile['display_name']!r}: it is for "
-                f"members of {', '.join(profile['groups'])}. Yours: "
-                f"{', '.join(repr(p['display_name']) for p in mine) or 'none'}.",
-                reason="profile",
-                status_code=403,
-            )
-    model = _first(options.get("gpu_model"))
-    if model in (None, "", "any"):
-        models = list(profile["gpu_models"]) or None
-    elif isinstance(model, str) and (not profile["gpu_models"] or model in profile["gpu_models"]):
-        models = [model]
-    else:
-        choices = ", ".join(profile["gpu_models"])
-        raise GPUSchedSpawnError(
-            f"The profile {profile['display_name']!r} offers the GPU models {choices}, "
-            f"not {str(model)[:100]!r}.",
-            reason="profile",
-        )
-    return profile, models
-
-
-def profile_options_from_form(form_data: dict) -> dict:
-    """The options form's fields -> ``user_options``: ``{"profile": slug}``, plus ``"gpu_model"``
-    when one was chosen for that profile (the form has one model list per profile)."""
-    slug = _first(form_data.get("profile"))
-    options = {"profile": slug} if slug else {}
-    model = _first(form_data.get(f"gpu_model:{slug}")) if slug else None
-    if model and model != "any":
-        options["gpu_model"] = model
-    return options
-
-
-def describe_duration(seconds: float) -> str:
-    if seconds % 86400 == 0:
-        return f"{seconds / 86400:g} d"
-    if seconds % 3600 == 0 or seconds > 6 * 3600:
-        return f"{seconds / 3600:g} h"
-    if seconds >= 60:
-        return f"{seconds / 60:g} min"
-    return f"{seconds:g} s"
-
-
-def render_options_form(profiles: list[dict], selected: str | None = None) -> str:
-    """The HTML of the options form (JupyterHub adds the <form> and the start button)."""
-    if not profiles:
-        return (
-            '<p class="alert alert-warning">No GPU profile is available to you: ask the hub '
-            "admin to add you to a group that may use one.</p>"
-        )
-    default = selected or next((p["slug"] for p in profiles if p["default"]), profiles[0]["slug"])
-    if default not in {p["slug"] for p in profiles}:
-        default = profiles[0]["slug"]
-    rows = ['<div class="gpusched-profiles">', "<p>GPUs for your server:</p>"]
-    for profile in profiles:
-        slug = html.escape(profile["slug"])
-        checked = " checked" if profile["slug"] == default else ""
-        facts = [
-            f"{profile['gpus']} GPU{'s' if profile['gpus'] != 1 else ''}",
-            f"tier {profile['tier']}" + (" (pre-emptible)" if profile["tier"] == 3 else ""),
-        ]
-        if profile["idle_timeout"]:
-            facts.append(f"stops after {describe_duration(profile['idle_timeout'])} idle")
-        if profile["max_lifetime"]:
-            facts.append(f"runs at most {describe_duration(profile['max_lifetime'])}")
-        rows.append(
-            f'<div class="radio"><label for="gpusched-profile-{slug}">'
-            f'<input type="radio" name="profile" id="gpusched-profile-{slug}" value="{slug}"'
-            f"{checked}> <strong>{html.escape(profile['display_name'])}</strong>"
-        )
-        if profile["description"]:
-            rows.append(f" &mdash; {html.escape(profile['description'])}")
-        rows.append(f"<br><small>{html.escape(', '.join(facts))}</small></label>")
-        if len(profile["gpu_models"]) > 1:
-            rows.append(
-                f'<select class="form-control" name="gpu_model:{slug}" '
-                f'aria-label="GPU model for {html.escape(profile["display_name"])}">'
-                '<option value="any">any of them</option>'
-            )
-            for model in profile["gpu_models"]:
-                rows.append(f'<option value="{html.escape(model)}">{html.escape(model)}</option>')
-            rows.append("</select>")
-        elif profile["gpu_models"]:
-            rows.append(f"<small> on {html.escape(profile['gpu_models'][0])}</small>")
-        rows.append("</div>")
-    rows.append("</div>")
-    return "\n".join(rows)
 
 
 # -- the spawner ---------------------------------------------------------------------------------
-class GPUSchedSpawner(LocalProcessSpawner):
+class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
     """Notebook servers on GPUs allocated by the jupyter_gpusched scheduler service (see the
-    module's docstring). The launch itself is LocalProcessSpawner's."""
+    module's docstring). The launch itself is LocalProcessSpawner's (see launch_server)."""
 
     profiles = List(
         Dict(),
@@ -427,179 +206,6 @@ class GPUSchedSpawner(LocalProcessSpawner):
         profile = self._profile or {}
         return profile.get("max_queue_wait") or self.max_queue_wait
 
-    # -- the service -------------------------------------------------------------------------
-    def _base_url(self) -> str:
-        url = self.service_url or self._discovered_url
-        if not url:
-            from jupyterhub import orm
-            from jupyterhub.objects import Server
-
-            service = orm.Service.find(self.user.db, self.service_name)
-            if service is None or service.server is None:
-                raise GPUSchedSpawnError(
-                    f"The GPU scheduler service {self.service_name!r} is not configured in this "
-                    "hub (JupyterHub.services with a url) and GPUSchedSpawner.service_url is "
-                    "not set.",
-                    reason="service",
-                    status_code=500,
-                )
-            url = self._discovered_url = Server(orm_server=service.server).url
-        return url if url.endswith("/") else url + "/"
-
-    def _token(self) -> str:
-        """A token of the user for the service: only its access scope and the user's groups
-        (which queues they may use). Created in the hub's database (this runs in the hub), kept
-        only in memory, reused by later starts of the same server (the service then knows it:
-        no check with the hub), replaced after a hub restart or when it stops working (the user
-        revoked it), deleted when the server is deleted."""
-        if self._service_token:
-            return self._service_token
-        orm_user = self.user.orm_user
-        db = self.user.db
-        note = f"gpusched spawner: {self.user.name}/{self.name}"
-        for old in list(orm_user.api_tokens):  # made by an earlier hub process
-            if old.note == note:
-                db.delete(old)
-        self._service_token = orm_user.new_api_token(
-            note=note,
-            scopes=[f"access:services!service={self.service_name}", "read:users:groups!user"],
-        )
-        db.commit()
-        return self._service_token
-
-    def _drop_token(self) -> None:
-        token, self._service_token = self._service_token, None
-        if not token or self.user is None or getattr(self.user, "db", None) is None:
-            return
-        from jupyterhub import orm
-
-        found = orm.APIToken.find(self.user.db, token)
-        if found is not None:
-            self.user.db.delete(found)
-            self.user.db.commit()
-
-    async def api(self, method: str, path: str, body=None) -> tuple[int, object]:
-        """One request to the service as the user: ``(status, JSON body)``;
-        ServiceUnavailable when it does not answer."""
-        reused = self._service_token is not None
-        status, data = await self._request(method, path, body)
-        if status == 401 and reused:  # the token was revoked or expired: a new one, once
-            self._drop_token()
-            status, data = await self._request(method, path, body)
-        return status, data
-
-    async def _request(self, method: str, path: str, body) -> tuple[int, object]:
-        request = HTTPRequest(
-            self._base_url() + path,
-            method=method,
-            headers={"Authorization": f"token {self._token()}", "Accept": "application/json"},
-            body=json.dumps(body) if body is not None else None,
-            request_timeout=self.request_timeout,
-            allow_nonstandard_methods=True,
-        )
-        try:
-            response = await AsyncHTTPClient().fetch(request, raise_error=False)
-        except OSError as exc:  # connection refused, reset, unreachable (not HTTP errors)
-            raise ServiceUnavailable(str(exc)) from None
-        if response.code == 599 or response.code >= 502:
-            raise ServiceUnavailable(str(response.error or response.code))
-        try:
-            data = json.loads(response.body or b"null")
-        except ValueError:
-            data = {"error": response.body[:200].decode(errors="replace")}
-        return response.code, data
-
-    def job_request(self) -> dict:
-        profile = self._profile
-        body = {
-            "kind": "notebook",
-            "gpus": profile["gpus"],
-            "tier": profile["tier"],
-            "name": f"notebook server {self.name}" if self.name else "notebook server",
-            "server_name": self.name,
-        }
-        if self._gpu_models:
-            body["gpu_model"] = self._gpu_models
-        if profile["queue"]:
-            body["queue"] = profile["queue"]
-        if profile["max_lifetime"]:
-            body["walltime"] = profile["max_lifetime"]
-        return body
-
-    async def release(self, job_id: str, why: str) -> None:
-        """Give the allocation (or the queued request) back. Never raises: a failure is logged
-        (the service then ends the job itself when its walltime runs out)."""
-        try:
-            status, data = await self.api("DELETE", f"api/jobs/{job_id}")
-        except Exception as exc:
-            self.log.warning(
-                "%s: could not release job %s (%s): %s", self._log_name, job_id, why, exc
-            )
-            return
-        if status == 200 or status in (404, 409):  # released / gone / already ended
-            self.log.info("%s: released job %s (%s)", self._log_name, job_id, why)
-        else:
-            self.log.warning(
-                "%s: releasing job %s (%s) failed: %s %s", self._log_name, job_id, why, status, data
-            )
-
-    # -- progress ------------------------------------------------------------------------------
-    def _report(self, message: str, progress: int | None = None, **details) -> None:
-        event = {"message": message}
-        if progress is not None:
-            event["progress"] = progress
-        if details:
-            event["gpusched"] = details
-        if event == self._progress_event:
-            return
-        self._progress_event = event
-        self._progress_serial += 1
-        self._wake()
-
-    def _wake(self) -> None:
-        changed, self._progress_changed = self._progress_changed, asyncio.Event()
-        changed.set()
-
-    async def progress(self):
-        """Every change of what start() knows: submitted, position, reason, ETA, placed."""
-        seen = 0
-        while True:
-            if self._progress_serial != seen and self._progress_event:
-                seen = self._progress_serial
-                yield dict(self._progress_event)
-                continue
-            if self._progress_done:
-                return
-            await self._progress_changed.wait()
-
-    def _pending_message(self, job: dict) -> tuple[str, dict]:
-        profile = self._profile
-        position, reason = job.get("position"), job.get("reason") or {}
-        if position is not None:
-            ahead = f"{position} ahead of you" if position else "next in line"
-            parts = [
-                f"{profile['display_name']}: position {position + 1} in the GPU queue ({ahead})"
-            ]
-        else:
-            parts = [f"{profile['display_name']}: waiting for GPUs"]
-        if job.get("held"):
-            parts.append("held by an admin")
-        if reason.get("message"):
-            parts.append(f"{reason.get('family', 'waiting')}: {reason['message']}")
-        eta = reason.get("eta")
-        if eta:
-            minutes = max(0, round((eta - time.time()) / 60))
-            when = time.strftime("%H:%M UTC", time.gmtime(eta))
-            parts.append(f"expected start about {when} (in ~{minutes} min)")
-        details = {
-            "job_id": job.get("id"),
-            "state": job.get("state"),
-            "position": position,
-            "reason": reason or None,
-            "eta": eta,
-        }
-        return "; ".join(parts) + ".", details
-
     # -- start -------------------------------------------------------------------------------
     async def start(self):
         if self._profile is None:
@@ -630,7 +236,7 @@ class GPUSchedSpawner(LocalProcessSpawner):
                 job_id=job_id,
                 state="running",
             )
-            url = await super().start()  # JupyterHub saves the state when start() returns
+            url = await self.launch_server()  # the hub saves the state when start() returns
             self._report("Server process started; waiting for it to answer", 80, job_id=job_id)
             return url
         except BaseException as exc:  # CancelledError too: the spawn was cancelled
@@ -646,74 +252,6 @@ class GPUSchedSpawner(LocalProcessSpawner):
         finally:
             self._starting, self._progress_done = False, True
             self._wake()
-
-    async def _submit(self) -> dict:
-        try:
-            status, data = await self.api("POST", "api/jobs", self.job_request())
-        except ServiceUnavailable as exc:
-            raise GPUSchedSpawnError(
-                f"The GPU scheduler is not reachable ({exc}); try again in a minute.",
-                reason="service",
-                status_code=503,
-            ) from None
-        if status != 201:
-            error = data.get("error") if isinstance(data, dict) else data
-            raise GPUSchedSpawnError(
-                f"The GPU scheduler refused the request: {error}",
-                reason="refused",
-                status_code=403 if status == 403 else 429 if status == 429 else 400,
-            )
-        if data["state"] == "rejected":
-            reason = (data.get("reason") or {}).get("message") or "it can never run here"
-            raise GPUSchedSpawnError(
-                f"The GPU scheduler rejected the request: {reason}", reason="rejected"
-            )
-        self.log.info(
-            "%s: scheduler job %s (%s), %s",
-            self._log_name,
-            data["id"],
-            self._profile["slug"],
-            data["state"],
-        )
-        return data
-
-    async def _wait_for_allocation(self, job: dict) -> dict:
-        wait = self._max_wait()
-        deadline = time.monotonic() + wait
-        while job["state"] == "pending":
-            message, details = self._pending_message(job)
-            self._report(message, 20, **details)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                await self.release(job["id"], "maximum queue wait reached")
-                self.job_id = ""
-                raise GPUSchedSpawnError(
-                    f"No GPUs for {self._profile['display_name']!r} within "
-                    f"{describe_duration(wait)} (the maximum queue wait): {message} "
-                    "The request was removed from the queue; try again later or choose a "
-                    "smaller profile.",
-                    reason="queue-wait",
-                    status_code=503,
-                )
-            await asyncio.sleep(min(self.queue_poll_interval, left))
-            try:
-                status, data = await self.api("GET", f"api/jobs/{job['id']}")
-            except ServiceUnavailable as exc:
-                self.log.warning("%s: scheduler unreachable while queued: %s", self._log_name, exc)
-                continue
-            if status != 200:
-                raise GPUSchedSpawnError(
-                    f"The GPU scheduler lost the request {job['id']}: {data}", reason="service"
-                )
-            job = data
-        if job["state"] != "running":
-            reason = (job.get("reason") or {}).get("message") or job.get("message") or ""
-            raise GPUSchedSpawnError(
-                f"The GPU scheduler ended the request ({job['state']})"
-                + (f": {reason}" if reason else ""),
-                reason=job["state"],
-            )
-        return job
 
     def _save_state(self) -> None:
         """Write the state to the hub's database now (the hub itself does so only once start()
@@ -779,11 +317,31 @@ class GPUSchedSpawner(LocalProcessSpawner):
         env["SHELL"] = "/bin/bash"
         return env
 
+    # -- the server process: LocalProcessSpawner's. A subclass that runs the server elsewhere
+    # (GPUSchedSlurmSpawner) replaces these four, and get_state/load_state/clear_state.
+    def server_started(self) -> bool:
+        """Is there a server (process, job) to stop?"""
+        return bool(self.pid)  # never signal pid 0 (our own process group)
+
+    async def launch_server(self):
+        """Start the single-user server on ``self.allocation``; returns what start() returns
+        (the server's URL, or ``(ip, port)``)."""
+        return await LocalProcessSpawner.start(self)
+
+    async def poll_server(self):
+        """None while the server runs; else its exit status, with its state cleared."""
+        return await LocalProcessSpawner.poll(self)
+
+    async def stop_server(self, now: bool = False) -> None:
+        """Stop the server (politely unless ``now``) and wait until it is gone."""
+        await LocalProcessSpawner.stop(self, now=now)
+
+    # -- the allocation's life -----------------------------------------------------------------
     async def poll(self):
         if self._starting:
             return None  # still in start(): queued or launching
         job_id = self.job_id
-        status = await super().poll()  # clears the state when the process is gone
+        status = await self.poll_server()  # clears the state when the server is gone
         if status is not None:
             if job_id and not self._stopping:
                 await self.release(job_id, f"the server process exited ({status})")
@@ -812,8 +370,8 @@ class GPUSchedSpawner(LocalProcessSpawner):
         self.log.warning("%s: stopping the server: %s", self._log_name, why)
         self._stopping = True
         try:
-            if self.pid:
-                await super().stop(now=True)
+            if self.server_started():
+                await self.stop_server(now=True)
         finally:
             self._stopping = False
         if release:
@@ -825,8 +383,8 @@ class GPUSchedSpawner(LocalProcessSpawner):
         job_id = self.job_id
         self._stopping = True
         try:
-            if self.pid:  # never signal pid 0 (our own process group)
-                await super().stop(now=now)
+            if self.server_started():
+                await self.stop_server(now=now)
         finally:
             self._stopping = False
         if job_id:

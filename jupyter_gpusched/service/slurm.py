@@ -81,25 +81,17 @@ import uuid
 
 from traitlets import Bool, Float, List, Unicode
 
+from ..slurm_commands import (  # noqa: F401 (ACTIVE_STATES: importable from here too)
+    ACTIVE_STATES,
+    SlurmCommandError,
+    export_lines,
+    is_active,
+    read_squeue,
+    run_slurm,
+)
 from ..slurm_inventory import engine_state, parse_oneliner
 from .launcher import Exit, Launcher, LaunchError, LaunchSpec, _open, submitting_account
 
-#: Slurm job states in which the job may still use its nodes.
-ACTIVE_STATES = {
-    "PENDING",
-    "CONFIGURING",
-    "RUNNING",
-    "COMPLETING",
-    "SUSPENDED",
-    "REQUEUED",
-    "REQUEUE_FED",
-    "REQUEUE_HOLD",
-    "RESIZING",
-    "SIGNALING",
-    "STAGE_OUT",
-    "STOPPED",
-    "RESV_DEL_HOLD",
-}
 #: Seconds a NODE_FAIL end is held back for the node sync (see poll) at most.
 NODE_FAIL_WAIT = 60.0
 #: Reasons for which Slurm will never start a pending job by itself.
@@ -112,7 +104,6 @@ HOPELESS_REASONS = {
     "DependencyNeverSatisfied",
 }
 _NAME = re.compile(r"\w[\w.@+-]*")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class SlurmRefused(LaunchError):
@@ -201,28 +192,15 @@ class SlurmLauncher(Launcher):
         self.node_refresh_wanted = False
 
     # -- running Slurm's commands -------------------------------------------------------------
-    def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if self.slurm_conf:
-            env["SLURM_CONF"] = self.slurm_conf
-        return env
-
     def _run(self, argv: list[str], *, input: str | None = None, account=None, cwd=None):
-        program = os.path.join(self.bin_dir, argv[0]) if self.bin_dir else argv[0]
-        ids = {}
-        if account is not None:
-            groups = os.getgrouplist(account.pw_name, account.pw_gid)
-            ids = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": groups}
-        return subprocess.run(
-            [program, *argv[1:]],
-            input=input,
-            capture_output=True,
-            text=True,
-            env=self._env(),
+        return run_slurm(
+            argv,
+            bin_dir=self.bin_dir,
+            slurm_conf=self.slurm_conf,
             timeout=self.command_timeout,
-            check=False,
+            input=input,
+            account=account,
             cwd=cwd,
-            **ids,
         )
 
     def cluster_name(self) -> str | None:
@@ -248,10 +226,10 @@ class SlurmLauncher(Launcher):
             f"# jupyter_gpusched job {spec.job_id} (launch {run}), on {_describe(nodes)}",
             "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
         ]
-        for name, value in spec.env.items():
-            if not _ENV_NAME.fullmatch(name):
-                raise LaunchError(f"environment variable name {name!r} is not valid")
-            lines.append(f"export {name}={shlex.quote(value)}")
+        try:
+            lines += export_lines(spec.env)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
         lines.append(
             f'echo "===== $(date -u +%Y-%m-%dT%H:%M:%S+00:00) job {spec.job_id}: Slurm job '
             '$SLURM_JOB_ID on $SLURM_JOB_NODELIST as $(id -un)"'
@@ -383,21 +361,11 @@ class SlurmLauncher(Launcher):
         if not self._watched:
             self._states, self._read_at = {}, now
             return
-        ids = ",".join(sorted(self._watched, key=int))
-        argv = ["squeue", "--noheader", "--states=all", f"--jobs={ids}", "--format=%i|%T|%j|%r"]
-        done = self._run(argv)
-        if done.returncode != 0 and "Invalid job id" not in done.stderr:
-            raise LaunchError(f"squeue failed: {' '.join(done.stderr.split())}")
-        states: dict[str, tuple[str, str, str]] = {}
-        for line in done.stdout.splitlines():
-            parts = line.strip().split("|", 3)
-            if len(parts) != 4:
-                continue
-            job, state, name, reason = parts
-            job = job.split("+")[0]  # a heterogeneous job's components: 123+0, 123+1
-            old = states.get(job)
-            if old is None or (_active(state) and not _active(old[1])):
-                states[job] = (name, state, reason)
+        try:
+            found = read_squeue(self._run, self._watched)
+        except SlurmCommandError as exc:
+            raise LaunchError(str(exc)) from None
+        states = {job: (j.name, j.state, j.reason) for job, j in found.items()}
         self._states, self._read_at = states, now
 
     def _state(self, handle: dict, force: bool = False) -> tuple[str, str] | None:
@@ -577,8 +545,7 @@ class SlurmLauncher(Launcher):
         return states
 
 
-def _active(state: str) -> bool:
-    return state.split()[0].rstrip("+") in ACTIVE_STATES if state else False
+_active = is_active
 
 
 def _describe(nodes) -> str:

@@ -1,0 +1,264 @@
+"""The scheduler service as GPUSchedSpawner talks to it: the user's token for the service,
+submitting the notebook job, waiting in the queue (with progress events: position, reason,
+ETA) and giving the allocation back. A mixin of :class:`~jupyter_gpusched.spawner.GPUSchedSpawner`,
+whose traits (``service_url``, ``service_name``, ``request_timeout``, ``queue_poll_interval``)
+and profile (``_profile``) it reads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+from .profiles import GPUSchedSpawnError, describe_duration
+
+
+class ServiceUnavailable(Exception):
+    """The scheduler service did not answer (not started yet, restarting, unreachable)."""
+
+
+class SchedulerClient:
+    """The service's side of GPUSchedSpawner (see the module docstring)."""
+
+    # -- the service -------------------------------------------------------------------------
+    def _base_url(self) -> str:
+        url = self.service_url or self._discovered_url
+        if not url:
+            from jupyterhub import orm
+            from jupyterhub.objects import Server
+
+            service = orm.Service.find(self.user.db, self.service_name)
+            if service is None or service.server is None:
+                raise GPUSchedSpawnError(
+                    f"The GPU scheduler service {self.service_name!r} is not configured in this "
+                    "hub (JupyterHub.services with a url) and GPUSchedSpawner.service_url is "
+                    "not set.",
+                    reason="service",
+                    status_code=500,
+                )
+            url = self._discovered_url = Server(orm_server=service.server).url
+        return url if url.endswith("/") else url + "/"
+
+    def _token(self) -> str:
+        """A token of the user for the service: only its access scope and the user's groups
+        (which queues they may use). Created in the hub's database (this runs in the hub), kept
+        only in memory, reused by later starts of the same server (the service then knows it:
+        no check with the hub), replaced after a hub restart or when it stops working (the user
+        revoked it), deleted when the server is deleted."""
+        if self._service_token:
+            return self._service_token
+        orm_user = self.user.orm_user
+        db = self.user.db
+        note = f"gpusched spawner: {self.user.name}/{self.name}"
+        for old in list(orm_user.api_tokens):  # made by an earlier hub process
+            if old.note == note:
+                db.delete(old)
+        self._service_token = orm_user.new_api_token(
+            note=note,
+            scopes=[f"access:services!service={self.service_name}", "read:users:groups!user"],
+        )
+        db.commit()
+        return self._service_token
+
+    def _drop_token(self) -> None:
+        token, self._service_token = self._service_token, None
+        if not token or self.user is None or getattr(self.user, "db", None) is None:
+            return
+        from jupyterhub import orm
+
+        found = orm.APIToken.find(self.user.db, token)
+        if found is not None:
+            self.user.db.delete(found)
+            self.user.db.commit()
+
+    async def api(self, method: str, path: str, body=None) -> tuple[int, object]:
+        """One request to the service as the user: ``(status, JSON body)``;
+        ServiceUnavailable when it does not answer."""
+        reused = self._service_token is not None
+        status, data = await self._request(method, path, body)
+        if status == 401 and reused:  # the token was revoked or expired: a new one, once
+            self._drop_token()
+            status, data = await self._request(method, path, body)
+        return status, data
+
+    async def _request(self, method: str, path: str, body) -> tuple[int, object]:
+        request = HTTPRequest(
+            self._base_url() + path,
+            method=method,
+            headers={"Authorization": f"token {self._token()}", "Accept": "application/json"},
+            body=json.dumps(body) if body is not None else None,
+            request_timeout=self.request_timeout,
+            allow_nonstandard_methods=True,
+        )
+        try:
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        except OSError as exc:  # connection refused, reset, unreachable (not HTTP errors)
+            raise ServiceUnavailable(str(exc)) from None
+        if response.code == 599 or response.code >= 502:
+            raise ServiceUnavailable(str(response.error or response.code))
+        try:
+            data = json.loads(response.body or b"null")
+        except ValueError:
+            data = {"error": response.body[:200].decode(errors="replace")}
+        return response.code, data
+
+    def job_request(self) -> dict:
+        profile = self._profile
+        body = {
+            "kind": "notebook",
+            "gpus": profile["gpus"],
+            "tier": profile["tier"],
+            "name": f"notebook server {self.name}" if self.name else "notebook server",
+            "server_name": self.name,
+        }
+        if self._gpu_models:
+            body["gpu_model"] = self._gpu_models
+        if profile["queue"]:
+            body["queue"] = profile["queue"]
+        if profile["max_lifetime"]:
+            body["walltime"] = profile["max_lifetime"]
+        return body
+
+    async def release(self, job_id: str, why: str) -> None:
+        """Give the allocation (or the queued request) back. Never raises: a failure is logged
+        (the service then ends the job itself when its walltime runs out)."""
+        try:
+            status, data = await self.api("DELETE", f"api/jobs/{job_id}")
+        except Exception as exc:
+            self.log.warning(
+                "%s: could not release job %s (%s): %s", self._log_name, job_id, why, exc
+            )
+            return
+        if status == 200 or status in (404, 409):  # released / gone / already ended
+            self.log.info("%s: released job %s (%s)", self._log_name, job_id, why)
+        else:
+            self.log.warning(
+                "%s: releasing job %s (%s) failed: %s %s", self._log_name, job_id, why, status, data
+            )
+
+    # -- progress ------------------------------------------------------------------------------
+    def _report(self, message: str, progress: int | None = None, **details) -> None:
+        event = {"message": message}
+        if progress is not None:
+            event["progress"] = progress
+        if details:
+            event["gpusched"] = details
+        if event == self._progress_event:
+            return
+        self._progress_event = event
+        self._progress_serial += 1
+        self._wake()
+
+    def _wake(self) -> None:
+        changed, self._progress_changed = self._progress_changed, asyncio.Event()
+        changed.set()
+
+    async def progress(self):
+        """Every change of what start() knows: submitted, position, reason, ETA, placed."""
+        seen = 0
+        while True:
+            if self._progress_serial != seen and self._progress_event:
+                seen = self._progress_serial
+                yield dict(self._progress_event)
+                continue
+            if self._progress_done:
+                return
+            await self._progress_changed.wait()
+
+    def _pending_message(self, job: dict) -> tuple[str, dict]:
+        profile = self._profile
+        position, reason = job.get("position"), job.get("reason") or {}
+        if position is not None:
+            ahead = f"{position} ahead of you" if position else "next in line"
+            parts = [
+                f"{profile['display_name']}: position {position + 1} in the GPU queue ({ahead})"
+            ]
+        else:
+            parts = [f"{profile['display_name']}: waiting for GPUs"]
+        if job.get("held"):
+            parts.append("held by an admin")
+        if reason.get("message"):
+            parts.append(f"{reason.get('family', 'waiting')}: {reason['message']}")
+        eta = reason.get("eta")
+        if eta:
+            minutes = max(0, round((eta - time.time()) / 60))
+            when = time.strftime("%H:%M UTC", time.gmtime(eta))
+            parts.append(f"expected start about {when} (in ~{minutes} min)")
+        details = {
+            "job_id": job.get("id"),
+            "state": job.get("state"),
+            "position": position,
+            "reason": reason or None,
+            "eta": eta,
+        }
+        return "; ".join(parts) + ".", details
+
+    async def _submit(self) -> dict:
+        try:
+            status, data = await self.api("POST", "api/jobs", self.job_request())
+        except ServiceUnavailable as exc:
+            raise GPUSchedSpawnError(
+                f"The GPU scheduler is not reachable ({exc}); try again in a minute.",
+                reason="service",
+                status_code=503,
+            ) from None
+        if status != 201:
+            error = data.get("error") if isinstance(data, dict) else data
+            raise GPUSchedSpawnError(
+                f"The GPU scheduler refused the request: {error}",
+                reason="refused",
+                status_code=403 if status == 403 else 429 if status == 429 else 400,
+            )
+        if data["state"] == "rejected":
+            reason = (data.get("reason") or {}).get("message") or "it can never run here"
+            raise GPUSchedSpawnError(
+                f"The GPU scheduler rejected the request: {reason}", reason="rejected"
+            )
+        self.log.info(
+            "%s: scheduler job %s (%s), %s",
+            self._log_name,
+            data["id"],
+            self._profile["slug"],
+            data["state"],
+        )
+        return data
+
+    async def _wait_for_allocation(self, job: dict) -> dict:
+        wait = self._max_wait()
+        deadline = time.monotonic() + wait
+        while job["state"] == "pending":
+            message, details = self._pending_message(job)
+            self._report(message, 20, **details)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                await self.release(job["id"], "maximum queue wait reached")
+                self.job_id = ""
+                raise GPUSchedSpawnError(
+                    f"No GPUs for {self._profile['display_name']!r} within "
+                    f"{describe_duration(wait)} (the maximum queue wait): {message} "
+                    "The request was removed from the queue; try again later or choose a "
+                    "smaller profile.",
+                    reason="queue-wait",
+                    status_code=503,
+                )
+            await asyncio.sleep(min(self.queue_poll_interval, left))
+            try:
+                status, data = await self.api("GET", f"api/jobs/{job['id']}")
+            except ServiceUnavailable as exc:
+                self.log.warning("%s: scheduler unreachable while queued: %s", self._log_name, exc)
+                continue
+            if status != 200:
+                raise GPUSchedSpawnError(
+                    f"The GPU scheduler lost the request {job['id']}: {data}", reason="service"
+                )
+            job = data
+        if job["state"] != "running":
+            reason = (job.get("reason") or {}).get("message") or job.get("message") or ""
+            raise GPUSchedSpawnError(
+                f"The GPU scheduler ended the request ({job['state']})"
+                + (f": {reason}" if reason else ""),
+                reason=job["state"],
+            )
+        return job

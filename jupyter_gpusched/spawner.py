@@ -43,11 +43,13 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import signal
 import time
 
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Bool, Dict, Float, List, Unicode, default, validate
 
+from .process_tree import descendants, wait_gone
 from .profiles import (  # noqa: F401 (importable from here too)
     PROFILE_KEYS,
     TIERS,
@@ -333,8 +335,21 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         return await LocalProcessSpawner.poll(self)
 
     async def stop_server(self, now: bool = False) -> None:
-        """Stop the server (politely unless ``now``) and wait until it is gone."""
-        await LocalProcessSpawner.stop(self, now=now)
+        """Stop the server and wait until it *and its kernels* are gone.
+
+        SIGTERM first, not LocalProcessSpawner's SIGINT: on SIGTERM jupyter-server shuts its
+        kernels down and then exits, whereas a SIGINT makes a server without a terminal exit at
+        once and leave its kernels to notice a second or so later, still holding GPU memory
+        while the scheduler hands the GPUs to the next job. SIGKILL after ``term_timeout``; then
+        every process of the server's tree left (kernels run in their own sessions) is waited
+        for, and killed after ``kill_timeout``, before this returns and the GPUs are released."""
+        tree = descendants(self.pid)
+        if not now and await self.poll_server() is None:
+            await self._signal(signal.SIGTERM)
+            await self.wait_for_death(self.term_timeout)
+        if self.pid and await self.poll_server() is None:
+            await LocalProcessSpawner.stop(self, now=True)  # SIGKILL
+        await wait_gone(tree, self.kill_timeout, self.log)
 
     # -- the allocation's life -----------------------------------------------------------------
     async def poll(self):

@@ -169,6 +169,18 @@ def cull_events(hub, job_id) -> list[dict]:
     return response.json()["events"]
 
 
+def kernel_processes(kernel_id: str) -> list[int]:
+    """PIDs of running processes of this kernel (its command line names its connection file)."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error):
+            if process.info["status"] != psutil.STATUS_ZOMBIE and any(
+                kernel_id in part for part in process.info["cmdline"] or []
+            ):
+                found.append(process.pid)
+    return found
+
+
 def start_kernel(hub, user) -> str:
     url = hub.url + f"/user/{user}/api/kernels"
     headers = {"Authorization": f"token {hub.token(user)}"}
@@ -391,6 +403,7 @@ def test_kernels_holding_gpu_memory_go_first_then_the_idle_server(hub):
 
         # still GPU-idle warning_lead (4 s) later: the server is stopped
         ts.wait_job(hub, "bob", bob_job, ts.RELEASED, timeout=4 + 2 + ts.RELEASE_TIMEOUT)
+        assert not kernel_processes(plain), "a kernel outlived its server's GPU release"
         (cull,) = cull_events(hub, bob_job)
         assert cull["time"] - shut["time"] >= 4
     finally:

@@ -133,6 +133,9 @@ def slurm_hub(slurm_cluster):
 
 @pytest.fixture
 def hub(slurm_hub, slurm):
+    # Slurm keeps ended jobs a while, and other tests' services name theirs gpusched-j-000001
+    # too: a test looks only at the Slurm jobs submitted after it began
+    slurm.before_test = set(slurm.jobs())
     yield slurm_hub.hub
     stop_every_server(slurm_hub.hub)
     wait_free(slurm_hub.hub, 8, timeout=15)
@@ -141,7 +144,10 @@ def hub(slurm_hub, slurm):
 # -- helpers -------------------------------------------------------------------------------------
 def slurm_job_of(slurm, job_id: str) -> tuple[str, tuple[str, str, str]]:
     """(Slurm job id, (name, state, nodes)) of the scheduler job's server."""
-    found = [(j, v) for j, v in slurm.jobs().items() if v[0] == f"gpusched-{job_id}"]
+    old = getattr(slurm, "before_test", set())
+    found = [
+        (j, v) for j, v in slurm.jobs().items() if v[0] == f"gpusched-{job_id}" and j not in old
+    ]
     assert len(found) == 1, f"Slurm jobs named gpusched-{job_id}: {found} of {slurm.jobs()}"
     return found[0]
 

@@ -109,3 +109,6 @@ def test_a_gang_waits_for_one_leaf_within_its_patience_then_may_span():
     impatient = PolicySettings().replace(leaf_patience=60.0)
     _, rows = run_replay(trace, c, settings=impatient)
     assert rows["gang"]["start_time"] == 70 and rows["gang"]["leaves"] == 2
+    # the slurm baseline does not wait for one leaf (--switches unset, Slurm's default)
+    _, rows = run_replay(trace, c, policy="slurm")
+    assert rows["gang"]["start_time"] == 10 and rows["gang"]["leaves"] == 2

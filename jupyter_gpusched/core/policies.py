@@ -72,6 +72,7 @@ POLICIES = {
         preemption=True,
         backfill=True,
         topology=True,
+        leaf_patience=False,  # Slurm's --switches is unset by default: gangs do not wait
     ),
 }
 

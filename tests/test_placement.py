@@ -112,3 +112,27 @@ def test_a_gang_waits_for_one_leaf_within_its_patience_then_may_span():
     # the slurm baseline does not wait for one leaf (--switches unset, Slurm's default)
     _, rows = run_replay(trace, c, policy="slurm")
     assert rows["gang"]["start_time"] == 10 and rows["gang"]["leaves"] == 2
+
+
+def test_leaf_patience_runs_from_when_the_gang_could_span_leaves():
+    """Waiting for GPUs at all does not use a gang's patience up: it waits for one leaf from
+    the first moment it could have been placed across leaves."""
+    from helpers import run_replay, trace_job
+
+    c = cluster(
+        ("a[1-2]", 8, "leaf-1", {"gpu_model": "A"}),
+        ("b[1-2]", 8, "leaf-2", {"gpu_model": "B"}),
+        switches={"spine": ["leaf-1", "leaf-2"]},
+    )
+    a, b = frozenset("A"), frozenset("B")
+    trace = [
+        trace_job("a1-busy", 0, 2000, 8, walltime=2000, gpu_models=a),
+        trace_job("a2-busy", 0, 2500, 8, walltime=2500, gpu_models=a),
+        trace_job("b1-busy", 0, 9000, 8, walltime=9000, gpu_models=b),
+        trace_job("gang", 10, 100, 16, walltime=100),  # 8 free (b2) until 2000
+    ]
+    patience = PolicySettings().replace(leaf_patience=600.0)
+    _, rows = run_replay(trace, c, settings=patience)
+    # at 2000, a1 + b2 could hold it across leaves: it waits (600 s at most) for leaf-1,
+    # which frees at 2500; it had waited far longer than 600 s for GPUs before that
+    assert rows["gang"]["start_time"] == 2500 and rows["gang"]["leaves"] == 1

@@ -33,6 +33,7 @@ class RetrySteps:
         )
         job.state = JobState.PENDING
         job.pending_since = job.end_time
+        job.one_leaf_since = None
         job.retry_at = now + delay
         when = time.strftime("%H:%M:%S", time.gmtime(job.retry_at))
         self._set_reason(

@@ -363,7 +363,9 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         if placement is not None:
             return placement
         if patient and find_placement(self.state, job, exclude=exclude) is not None:
-            self._wake = min(self._wake, job.pending_since + self.settings.leaf_patience)
+            if job.one_leaf_since is None:  # its patience runs from now
+                job.one_leaf_since = now
+            self._wake = min(self._wake, job.one_leaf_since + self.settings.leaf_patience)
             reason = Reason(
                 "placement",
                 "one-leaf",
@@ -427,13 +429,17 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         return room
 
     def _patient(self, job: Job, now: float) -> bool:
-        """A gang that fits one leaf switch waits a while for one before it spans leaves."""
+        """A gang that fits one leaf switch waits a while for one before it spans leaves: for
+        ``leaf_patience`` from the first pass that could have placed it across leaves (time
+        spent waiting for GPUs at all does not use its patience up)."""
         return (
             self.policy.topology
             and self.policy.leaf_patience
             and len(self.cluster.leaves) > 1
             and self.cluster.max_node_gpus < job.gpus <= self._leaf_gpus
-            and now < job.pending_since + self.settings.leaf_patience
+            and (
+                job.one_leaf_since is None or now < job.one_leaf_since + self.settings.leaf_patience
+            )
         )
 
     # -- bookkeeping -------------------------------------------------------------------------
@@ -470,6 +476,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
     def _requeue(self, job: Job, reason: Reason) -> None:
         job.state = JobState.PENDING
         job.pending_since = job.end_time
+        job.one_leaf_since = None
         self.pending.add(job, self._walltime(job))
         self._set_reason(job, reason)
 

@@ -23,7 +23,7 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
       depth: 200                   # blocked jobs a deep pass examines for backfill
       interval: 30s                # deep passes (backfill, pre-emption) at most this often
     placement:
-      leaf_patience: 2h            # a gang that fits one leaf switch waits this long for one
+      leaf_patience: 3h            # a gang that fits one leaf switch waits this long for one
                                    # before it may span leaves
     launch:
       retry_delay: 30s             # a placement the launcher refused (e.g. Slurm) is retried
@@ -68,7 +68,7 @@ class PolicySettings:
     walltime_notebook: float = 12 * 3600.0
     backfill_depth: int = 200
     backfill_interval: float = 30.0
-    leaf_patience: float = 7200.0
+    leaf_patience: float = 3 * 3600.0
     launch_retry_delay: float = 30.0
     launch_max_retry_delay: float = 900.0
     reaper: dict = field(default_factory=dict)
@@ -157,7 +157,7 @@ class PolicySettings:
             walltime_notebook=reader.duration(walltime, "notebook", 12 * 3600.0, "walltime"),
             backfill_depth=int(reader.number(backfill, "depth", 200, "backfill")),
             backfill_interval=reader.duration(backfill, "interval", 30.0, "backfill"),
-            leaf_patience=reader.duration(placement, "leaf_patience", 7200.0, "placement"),
+            leaf_patience=reader.duration(placement, "leaf_patience", 3 * 3600.0, "placement"),
             launch_retry_delay=reader.duration(launch, "retry_delay", 30.0, "launch"),
             launch_max_retry_delay=reader.duration(launch, "max_retry_delay", 900.0, "launch"),
             reaper=dict(reaper),

@@ -7,6 +7,8 @@
   (their uid, gid and groups: munge then vouches for them), never through a shell.
 * :func:`export_lines`: environment variables as ``export NAME='value'`` lines of a job script.
 * :func:`read_squeue`: the state of some jobs, finished ones included, in one ``squeue``.
+* :class:`SlurmOptions`: the settings both backends share (partition, account, extra sbatch
+  options, slurm.conf, where the commands are), configurable once as ``c.SlurmOptions.*``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import re
 import shlex
 import subprocess
 from typing import NamedTuple
+
+from traitlets import Float, List, Unicode
+from traitlets.config import LoggingConfigurable
 
 from .slurm_inventory import slurm_env
 
@@ -37,6 +42,46 @@ ACTIVE_STATES = {
     "RESV_DEL_HOLD",
 }
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class SlurmOptions(LoggingConfigurable):
+    """How to reach Slurm and what every submission carries, for both backends: set them once
+    as ``c.SlurmOptions.partition = ...``, or per backend as ``c.SlurmLauncher.*`` (the
+    service's batch jobs) and ``c.GPUSchedSlurmSpawner.*`` (the hub's notebook servers)."""
+
+    partition = Unicode(
+        "",
+        help="""The Slurm partition jobs are submitted to (sbatch --partition); empty: Slurm's
+        default partition. It should hold the nodes of the cluster file and be left to
+        jupyter_gpusched (see docs/slurm.md).""",
+    ).tag(config=True)
+
+    account = Unicode(
+        "", help="Slurm account to charge (sbatch --account); empty: the user's default."
+    ).tag(config=True)
+
+    extra_args = List(
+        Unicode(),
+        default_value=[],
+        help="""More sbatch options for every job, e.g. ['--qos=gpusched', '--time=UNLIMITED',
+        '--cpus-per-gpu=8'].""",
+    ).tag(config=True)
+
+    slurm_conf = Unicode(
+        "",
+        help="""slurm.conf for Slurm's commands (sets SLURM_CONF); empty: the process's
+        environment, else Slurm's default.""",
+    ).tag(config=True)
+
+    bin_dir = Unicode(
+        "",
+        help="""Directory of Slurm's commands (sbatch, squeue, scancel, scontrol, sacct; srun on
+        the nodes); empty: $PATH.""",
+    ).tag(config=True)
+
+    command_timeout = Float(
+        30.0, help="Seconds any one Slurm command may take before it is abandoned."
+    ).tag(config=True)
 
 
 class SlurmCommandError(RuntimeError):

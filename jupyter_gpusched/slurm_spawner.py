@@ -33,50 +33,28 @@ import subprocess
 import time
 
 from jupyterhub.utils import random_port
-from traitlets import Dict, Float, List, Unicode
+from traitlets import Dict, Float, Unicode
 
 from .profiles import GPUSchedSpawnError, describe_duration
 from .service.launcher import LaunchError, _open, submitting_account
 from .service.slurm import HOPELESS_REASONS
-from .slurm_commands import SlurmCommandError, export_lines, is_active, read_squeue, run_slurm
+from .slurm_commands import (
+    SlurmCommandError,
+    SlurmOptions,
+    export_lines,
+    is_active,
+    read_squeue,
+    run_slurm,
+)
 from .slurm_inventory import parse_oneliner
 from .spawner import GPUSchedSpawner
 
 _addresses: dict[tuple[str, str], str] = {}  # (slurm_conf, node) -> NodeAddr, read once
 
 
-class GPUSchedSlurmSpawner(GPUSchedSpawner):
+class GPUSchedSlurmSpawner(GPUSchedSpawner, SlurmOptions):
     """GPUSchedSpawner whose servers run as Slurm jobs on the allocated node (see the module
     docstring)."""
-
-    partition = Unicode(
-        "",
-        help="""The Slurm partition of the servers' jobs (sbatch --partition); empty: Slurm's
-        default. It should hold the scheduler's nodes and be left to it (docs/slurm.md).""",
-    ).tag(config=True)
-
-    account = Unicode(
-        "", help="Slurm account to charge (sbatch --account); empty: the user's default."
-    ).tag(config=True)
-
-    extra_args = List(
-        Unicode(),
-        default_value=[],
-        help="""More sbatch options for every server, e.g. ['--qos=notebooks',
-        '--cpus-per-gpu=8', '--mem-per-gpu=32G', '--time=12:00:00'].""",
-    ).tag(config=True)
-
-    slurm_conf = Unicode(
-        "",
-        help="slurm.conf for Slurm's commands (sets SLURM_CONF); empty: the hub's environment, "
-        "else Slurm's default.",
-    ).tag(config=True)
-
-    bin_dir = Unicode(
-        "",
-        help="Directory of sbatch, squeue, scancel and scontrol on the hub, and of srun on the "
-        "nodes; empty: $PATH.",
-    ).tag(config=True)
 
     log_dir = Unicode(
         "{home}/.jupyter-gpusched",
@@ -116,10 +94,6 @@ class GPUSchedSlurmSpawner(GPUSchedSpawner):
 
     slurm_poll_interval = Float(
         0.5, help="Seconds between squeue reads while a job starts or stops."
-    ).tag(config=True)
-
-    command_timeout = Float(
-        30.0, help="Seconds any one Slurm command may take before it is abandoned."
     ).tag(config=True)
 
     # The server's Slurm job (kept in the hub's database by get_state).

@@ -79,11 +79,12 @@ import sys
 import time
 import uuid
 
-from traitlets import Bool, Float, List, Unicode
+from traitlets import Bool, Float, Unicode
 
 from ..slurm_commands import (  # noqa: F401 (ACTIVE_STATES: importable from here too)
     ACTIVE_STATES,
     SlurmCommandError,
+    SlurmOptions,
     export_lines,
     is_active,
     read_squeue,
@@ -113,41 +114,13 @@ class SlurmRefused(LaunchError):
     requeue = True
 
 
-class SlurmLauncher(Launcher):
+class SlurmLauncher(Launcher, SlurmOptions):
     """Runs batch jobs as Slurm jobs on the nodes the engine chose (see the module docstring)."""
-
-    partition = Unicode(
-        "",
-        help="The Slurm partition jobs are submitted to (sbatch --partition); empty: Slurm's "
-        "default partition. It should hold the nodes of the cluster file and be left to this "
-        "service (see docs/slurm.md).",
-    ).tag(config=True)
-
-    account = Unicode(
-        "", help="Slurm account to charge (sbatch --account); empty: the user's default."
-    ).tag(config=True)
-
-    extra_args = List(
-        Unicode(),
-        default_value=[],
-        help="More sbatch options for every job, e.g. ['--qos=gpusched', '--time=UNLIMITED', "
-        "'--cpus-per-task=8'].",
-    ).tag(config=True)
 
     run_as_submitting_user = Bool(
         True,
         help="When the service runs as root, submit each job as the hub user who submitted it "
         "(who must exist on this host and on the nodes). False: as the service's own user.",
-    ).tag(config=True)
-
-    slurm_conf = Unicode(
-        "",
-        help="slurm.conf for Slurm's commands (sets SLURM_CONF); empty: the service's "
-        "environment, else Slurm's default.",
-    ).tag(config=True)
-
-    bin_dir = Unicode(
-        "", help="Directory of sbatch, squeue, scancel, scontrol and sacct; empty: $PATH."
     ).tag(config=True)
 
     python = Unicode(
@@ -173,10 +146,6 @@ class SlurmLauncher(Launcher):
         60.0,
         help="Seconds stop() waits after scancel for Slurm to finish the job (Slurm's KillWait "
         "and epilog included) before it reports the job killed anyway.",
-    ).tag(config=True)
-
-    command_timeout = Float(
-        30.0, help="Seconds any one Slurm command may take before it is abandoned."
     ).tag(config=True)
 
     def __init__(self, **kwargs):

@@ -346,7 +346,11 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         tree = descendants(self.pid)
         if not now and await self.poll_server() is None:
             await self._signal(signal.SIGTERM)
-            await self.wait_for_death(self.term_timeout)
+            # every 50 ms (JupyterHub's wait_for_death backs off to seconds): the GPUs go back
+            # as soon as the server is gone
+            deadline = time.monotonic() + self.term_timeout
+            while await self.poll_server() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
         if self.pid and await self.poll_server() is None:
             await LocalProcessSpawner.stop(self, now=True)  # SIGKILL
         await wait_gone(tree, self.kill_timeout, self.log)

@@ -319,3 +319,47 @@ def test_a_late_report_after_a_busy_one_is_not_idleness():
     assert decide([session], settings, 100.0 + 200) == []
     session.last_report = 300.0  # an idle report: idle since the last busy one
     assert [type(a).__name__ for a in decide([session], settings, 301.0)] == ["Cull"]
+
+
+class _GroupsHub:
+    """The part of HubClient the reaper uses, for a service without a hub: alice is in the
+    research group. (tests/test_reaper_hub.py runs the reaper under a real hub.)"""
+
+    def __init__(self):
+        self.stopped: list[str] = []
+
+    async def user_groups(self, user):
+        return frozenset({"research"}) if user == "alice" else frozenset()
+
+    async def stop_server(self, user, server_name):
+        self.stopped.append(user)
+        return True
+
+    async def post_notice(self, user, server_name, notice):
+        return True
+
+
+async def test_group_exemptions_hold_before_the_first_report(tmp_path):
+    service = await start_service(tmp_path, poll_interval=0.05)
+    try:
+        hub = service.live.hub = _GroupsHub()
+        service.live.server_stop_wait = 0.1
+        admin = service.client("admin")
+        changes = {"max_lifetime": 1.0, "exempt_groups": ["research"]}
+        status, _ = await admin.put("api/reaper", changes)
+        assert status == 200
+        jobs = {}
+        for user in ("alice", "bob"):
+            status, job = await service.client(user).post(
+                "api/jobs", {"gpus": 1, "kind": "notebook"}
+            )
+            jobs[user] = job["id"]
+        running = service.live.engine.running
+        await wait_until(lambda: jobs["bob"] not in running, 10, what="bob's lifetime cull")
+        assert hub.stopped == ["bob"]
+        await asyncio.sleep(0.5)  # past alice's lifetime too; her group is exempt
+        assert jobs["alice"] in running
+        session = service.live.reaper.sessions[jobs["alice"]]
+        assert session.last_report is None and session.groups == {"research"}
+    finally:
+        await service.stop()

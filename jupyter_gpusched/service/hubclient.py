@@ -1,4 +1,5 @@
-"""What the service asks of JupyterHub: stop a user's notebook server, and post a notice to it.
+"""What the service asks of JupyterHub: stop a user's notebook server, post a notice to it, and
+read a user's groups (``read:users``).
 
 A hub-managed service gets its API token and the hub's API URL in its environment
 (``JUPYTERHUB_API_TOKEN``, ``JUPYTERHUB_API_URL``). Its role needs ``admin:servers`` (or
@@ -48,6 +49,23 @@ class HubClient:
     async def post_notice(self, user: str, server_name: str, notice: dict) -> bool:
         url = self.proxy_url + self.server_path(user, server_name) + "gpusched/api/notices"
         return await self._call("POST", url, notice)
+
+    async def user_groups(self, user: str) -> frozenset[str] | None:
+        """The hub groups of ``user``, or None when the hub cannot say."""
+        request = HTTPRequest(
+            f"{self.api_url}/users/{quote(user, safe='')}",
+            headers={"Authorization": f"token {self.token}"},
+            request_timeout=10,
+        )
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+            groups = json.loads(response.body).get("groups")
+        except (HTTPClientError, OSError, ValueError, AttributeError) as exc:
+            log.warning("reading the groups of %s from the hub failed: %s", user, exc)
+            return None
+        if not isinstance(groups, list):
+            return None
+        return frozenset(g for g in groups if isinstance(g, str))
 
     async def _call(self, method: str, url: str, body: dict | None) -> bool:
         request = HTTPRequest(

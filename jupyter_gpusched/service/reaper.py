@@ -153,7 +153,14 @@ class Reaper:
             )
             if session.started < self.since:  # its idle time before a restart is unknown:
                 session.last_busy = self.live.clock()  # count from now, warning first
+            if self.live.hub is not None:  # its groups, for exemptions before its first report
+                self.live._spawn(self._read_groups(session))
         return session
+
+    async def _read_groups(self, session: Session) -> None:
+        groups = await self.live.hub.user_groups(session.user)
+        if groups is not None and session.last_report is None:  # a report's groups win
+            session.groups = groups
 
     def view(self, session: Session, settings: dict) -> dict:
         timeout = timeout_for(session, settings)

@@ -335,7 +335,8 @@ class Job:
         out = {
             "id": self.id,
             "name": d.get("name") or "",
-            "state": d.get("state") or "?",
+            "state": (d.get("state") or "?")
+            + (f" (stopping: {d['stopping']})" if d.get("stopping") else ""),
             "gpus": _gpus_text(d),
             "tier": str(d.get("tier", "")),
             "queue": d.get("queue") or "",

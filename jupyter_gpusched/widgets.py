@@ -208,7 +208,7 @@ def _job_line(job: Job) -> str:
     parts = [f"<b>{html.escape(job.id)}</b>"]
     if s["name"]:
         parts.append(html.escape(s["name"]))
-    parts.append(f"<span style='color:{colour}'>{state}</span>")
+    parts.append(f"<span style='color:{colour}'>{html.escape(state)}</span>")
     parts.append(f"{html.escape(s['gpus'])} GPU · tier {s['tier']} · {html.escape(s['queue'])}")
     if state == "pending":
         if s.get("position"):

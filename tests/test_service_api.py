@@ -324,6 +324,8 @@ async def test_cancelling_a_running_job_signals_it_and_frees_its_gpus(service_fa
     [pgid] = service.pids()
     status, view = await alice.delete(f"api/jobs/{job['id']}")
     assert status == 200, view
+    # signalled, not yet gone (its trap takes a moment): running, and says it is stopping
+    assert (view["state"], view["stopping"]) == ("running", "cancelled"), view
     ended = await wait_job(alice, job["id"], ("cancelled", "failed", "completed"))
     assert ended["state"] == "cancelled", ended
     assert "bye" in (await alice.get(f"api/jobs/{job['id']}/log"))[1]

@@ -135,6 +135,7 @@ class APIHandler(web.RequestHandler):
             view["allocation"] = placement_view(placement, self.live.cluster)
         if row["state"] == "running":
             view["utilization"] = latest_utilization(self.live, row["id"])
+            view["stopping"] = self.live.stopping(row["id"])  # signalled, not yet gone
         return view
 
 

@@ -233,6 +233,14 @@ class LiveScheduler:
             self._forget(job)  # again (core/claims.py _drop_claim), and must still be there
         return job
 
+    def stopping(self, job_id: str) -> str | None:
+        """Why a running job has been signalled to stop (``cancelled``, ``preempted``), while
+        its processes are still going; else None."""
+        job = self.engine.jobs.get(job_id)
+        run, why = self._stopping.get(job_id, (None, None))
+        running = job is not None and job.state == JobState.RUNNING and run == job.runs
+        return why if running else None
+
     def hold(self, job_id: str, actor: str, hold: bool = True) -> Job:
         self._save_submissions()
         now = self.clock()

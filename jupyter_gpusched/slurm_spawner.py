@@ -36,7 +36,7 @@ from jupyterhub.utils import random_port
 from traitlets import Dict, Float, Unicode
 
 from .profiles import GPUSchedSpawnError, describe_duration
-from .service.launcher import LaunchError, _open, submitting_account
+from .service.launcher import LaunchError, submitting_account
 from .service.slurm import HOPELESS_REASONS
 from .slurm_commands import (
     SlurmCommandError,
@@ -174,7 +174,8 @@ class GPUSchedSlurmSpawner(GPUSchedSpawner, SlurmOptions):
         """The batch script: the server's environment, a header line in the log, srun."""
         lines = [
             "#!/bin/sh",
-            f"# jupyter_gpusched notebook server {self.user.name}/{self.name} (job {self.job_id})",
+            f"# jupyter_gpusched notebook server {self.user.name!r}/{self.name!r} "
+            f"(job {self.job_id})",  # repr: no newline of a name can start a line of its own
             "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
         ]
         try:
@@ -213,20 +214,24 @@ class GPUSchedSlurmSpawner(GPUSchedSpawner, SlurmOptions):
         return args + list(self.extra_args)
 
     def _prepare_log(self, log: str, account: pwd.struct_passwd | None) -> None:
-        """Create the log's directory and file, the user's (Slurm does not create directories)."""
-        missing, path = [], os.path.dirname(log)
-        while path and not os.path.isdir(path):
-            missing.append(path)
-            path = os.path.dirname(path)
+        """Create the log's directory and file (Slurm does not create directories). For another
+        user's account this runs as that user, in a child process: the path is in their home,
+        and a symlink they planted there must not make root create files elsewhere."""
+        script = 'umask 077 && mkdir -p "$1" && : >> "$2"'
+        argv = ["/bin/sh", "-c", script, "sh", os.path.dirname(log), log]
+        ids = {}
+        if account is not None and account.pw_uid != os.geteuid():
+            groups = os.getgrouplist(account.pw_name, account.pw_gid)
+            ids = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": groups}
         try:
-            for directory in reversed(missing):
-                os.mkdir(directory, 0o700)
-                if account is not None:
-                    os.chown(directory, account.pw_uid, account.pw_gid)
-            fd = _open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, account)
-            os.close(fd)
-        except OSError as exc:  # e.g. root squashed on a shared home: Slurm may still manage
-            self.log.warning("%s: cannot create %s: %s", self._log_name, log, exc)
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30, **ids)
+        except (OSError, subprocess.SubprocessError) as exc:
+            done = None
+            why = str(exc)
+        else:
+            why = done.stderr.strip() or f"status {done.returncode}"
+        if done is None or done.returncode != 0:  # e.g. a shared home: Slurm may still manage
+            self.log.warning("%s: cannot create %s: %s", self._log_name, log, why)
 
     # -- the server: GPUSchedSpawner's hooks -----------------------------------------------------
     def server_started(self) -> bool:

@@ -173,6 +173,7 @@ class Service:
             return
         self.stopped = True
         self.poller.stop()
+        self.live.close()
         self.server.stop()
         for pgid in self.pids():
             with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -258,7 +258,7 @@ async def test_kernels_first_then_the_server_in_the_service(tmp_path):
         status, job = await alice.post("api/jobs", {"gpus": 1, "kind": "notebook"})
         job_id = job["id"]
         await wait_until(lambda: job_id in service.live.engine.running, what="running")
-        changes = {"timeout_tier_2": 0.5, "warning_lead": 1.0, "shutdown_kernels_first": True}
+        changes = {"timeout_tier_2": 0.5, "warning_lead": 3.0, "shutdown_kernels_first": True}
         status, _ = await admin.put("api/reaper", changes)
         assert status == 200
         for _ in range(60):
@@ -273,7 +273,7 @@ async def test_kernels_first_then_the_server_in_the_service(tmp_path):
         await wait_until(lambda: job_id not in service.live.engine.running, what="culled")
         status, events = await admin.get("api/events", params={"job_id": job_id})
         cull = next(e for e in events["events"] if e["kind"] == "reaper-cull")
-        assert cull["time"] - shut["time"] >= 1.0  # warning_lead after the kernels went
+        assert cull["time"] - shut["time"] >= 3.0  # warning_lead after the kernels went
     finally:
         await service.stop()
 

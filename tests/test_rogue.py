@@ -11,6 +11,8 @@ import sys
 import pytest
 from service_helpers import start_service, wait_job, wait_until
 
+from jupyter_gpusched.gpu.telemetry import short_hostname
+
 CLUSTER = {"nodes": [{"name": "gpu1", "gpus": 8, "gpu_model": "h100"}]}
 LOAD = (
     "import time; from jupyter_gpusched.gpu import simulate_load; "
@@ -78,7 +80,8 @@ async def test_rogue_processes_are_reported_once_then_killed_when_an_admin_says_
 
         status, _ = await alice.get("api/rogue-processes")
         assert status == 403
-        await wait_until(lambda: service.live.rogue_watch._checked > 0, what="another check")
+        checked = service.live.rogue_watch._checked
+        await wait_until(lambda: service.live.rogue_watch._checked > checked, what="a check")
         status, events = await admin.get("api/events", params={"kind": "rogue-process"})
         pids = [e["data"]["pid"] for e in events["events"]]
         assert sorted(pids) == sorted(found), events  # once each, however many checks
@@ -100,9 +103,9 @@ async def test_rogue_processes_are_reported_once_then_killed_when_an_admin_says_
 
 
 async def test_no_local_node_no_checks(tmp_path, sim_gpus):
-    service = await start_service(
-        tmp_path / "service", cluster=CLUSTER, queues=None
-    )  # host is not gpu1
+    # the default watches the node named like this host, and the cluster has none
+    cluster = {"nodes": [{"name": "not-" + short_hostname(), "gpus": 8, "gpu_model": "h100"}]}
+    service = await start_service(tmp_path / "service", cluster=cluster, queues=None)
     try:
         status, view = await service.client("admin").get("api/rogue-processes")
         assert status == 200

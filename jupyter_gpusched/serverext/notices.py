@@ -98,10 +98,15 @@ class NoticesHandler(APIHandler):
             raise web.HTTPError(413, f"a notice is at most {MAX_BODY} bytes")
         try:
             data = json.loads(self.request.body or b"null")
+            order = parse_notice(data)["kind"] == SHUTDOWN_KERNELS
+            if order and not self.authorizer.is_authorized(
+                self, self.current_user, "write", "kernels"
+            ):  # the server's own rules for who may shut its kernels down
+                raise web.HTTPError(403, "you may not shut down kernels on this server")
             notice = self.board.add(data)
         except ValueError as exc:  # includes JSONDecodeError
             raise web.HTTPError(400, str(exc)) from None
-        if notice["kind"] == SHUTDOWN_KERNELS:
+        if order:
             notice = {**notice, "shut_down": await self._shutdown(notice["kernel_ids"])}
         self.set_status(201)
         self.finish(json.dumps(notice))
@@ -113,7 +118,11 @@ class NoticesHandler(APIHandler):
             if kernel_id not in manager:
                 continue  # gone already, or never here
             self.log.warning("gpusched: shutting down GPU-idle kernel %s (reaper)", kernel_id)
-            await manager.shutdown_kernel(kernel_id)
+            try:
+                await manager.shutdown_kernel(kernel_id)
+            except Exception:  # one kernel's failure does not keep the others running
+                self.log.exception("gpusched: shutting down kernel %s failed", kernel_id)
+                continue
             done.append(kernel_id)
         return done
 

@@ -38,7 +38,7 @@ from .live import LiveScheduler
 from .metrics import Metrics
 from .reaper import Reaper, ReaperHandler, UsageSamplesHandler
 from .recovery import recover
-from .rogue import RogueWatch
+from .rogue import SYSTEM_PROCESSES, RogueWatch
 from .store import Store
 
 _JOB = r"(?P<job_id>j-[0-9]+)"
@@ -163,6 +163,12 @@ class GPUSchedService(Application):
     rogue_check_interval = Float(
         30.0, help="Seconds between checks of the local GPUs for rogue processes."
     ).tag(config=True)
+    rogue_ignore_processes = List(
+        Unicode(),
+        default_value=list(SYSTEM_PROCESSES),
+        help="""Names of GPU processes that are the machine's, not a user's, and never reported
+        or killed as rogue (a display server, DCGM, the MPS daemon ...).""",
+    ).tag(config=True)
     rogue_kill_grace = Float(
         10.0,
         help="With rogue_processes=kill: seconds between SIGTERM and SIGKILL of a rogue process.",
@@ -242,6 +248,13 @@ class GPUSchedService(Application):
         return live
 
     def _rogue_watch(self, live, cluster) -> RogueWatch | None:
+        if live.node_sync is not None:  # the Slurm launcher
+            if self.local_gpu_nodes:
+                self.log.warning(
+                    "not checking for rogue GPU processes: the GPU indices of Slurm jobs are "
+                    "Slurm's, not the engine's"
+                )
+            return None
         names = self.local_gpu_nodes
         if names is None:
             host = short_hostname()
@@ -257,7 +270,12 @@ class GPUSchedService(Application):
             return None
         self.log.info("checking the GPUs of %s for rogue processes", ", ".join(telemetries))
         return RogueWatch(
-            live, telemetries, self.rogue_check_interval, self.rogue_kill_grace, self.metrics
+            live,
+            telemetries,
+            self.rogue_check_interval,
+            self.rogue_kill_grace,
+            self.metrics,
+            ignore=self.rogue_ignore_processes,
         )
 
     def make_app(self) -> web.Application:
@@ -293,6 +311,7 @@ class GPUSchedService(Application):
             loop.add_signal_handler(signum, stop.set)
         await stop.wait()
         poller.stop()
+        self.live.close()
         server.stop()
         self.store.close()
         self.log.info("stopped; running jobs keep running and are re-attached at the next start")

@@ -233,6 +233,11 @@ class LiveScheduler:
             self._forget(job)  # again (core/claims.py _drop_claim), and must still be there
         return job
 
+    def close(self) -> None:
+        """Stop the timers of its own (the reaper's); the poll loop is the caller's."""
+        if self.reaper is not None:
+            self.reaper.close()
+
     def stopping(self, job_id: str) -> str | None:
         """Why a running job has been signalled to stop (``cancelled``, ``preempted``), while
         its processes are still going; else None."""

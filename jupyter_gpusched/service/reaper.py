@@ -73,6 +73,7 @@ class Reaper:
         self.metrics = metrics
         self._culling: dict[str, str] = {}  # job id -> why the reaper is stopping its server
         self._timer: asyncio.TimerHandle | None = None  # the next tick due before the poll's
+        self._closed = False
 
     # -- settings ----------------------------------------------------------------------------
     def overrides(self) -> dict:
@@ -246,13 +247,20 @@ class Reaper:
             self._timer.cancel()
             self._timer = None
         due = next_moment(sessions, settings, now)
-        if due is None:
+        if due is None or self._closed:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # called outside the service's event loop (a unit test)
             return
         self._timer = loop.call_later(max(0.0, due - now) + 0.01, self._on_timer)
+
+    def close(self) -> None:
+        """No more ticks of its own (the service is stopping)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._closed = True
 
     def _on_timer(self) -> None:
         self._timer = None

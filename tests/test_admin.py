@@ -786,6 +786,7 @@ class AdminHarness:
         self.held: set[str] = set()  # what the engine should hold: hold/submit(held) - release
         self.victims: set[str] = set()
         self.retry_at: dict[str, float] = {}  # refused launches: not started before then
+        self.launched: set[str] = set()  # jobs whose Start decision schedule() returned
 
     def pick(self, i: int, pool: str) -> str | None:
         s = self.scheduler
@@ -817,9 +818,9 @@ class AdminHarness:
                 preempted = s.jobs[job_id].preempted_by is not None
                 s.job_ended(job_id, self.now, "preempted" if preempted else "completed")
                 self.victims.discard(job_id)
-        elif kind == "refuse":
+        elif kind == "refuse":  # only a launched job can be refused: its Start was delivered
             job_id = self.pick(op[1], "running")
-            if job_id is not None:
+            if job_id is not None and job_id in self.launched:
                 s.job_ended(job_id, self.now, "refused", "no such node")
                 self.victims.discard(job_id)
                 if s.jobs[job_id].state == JobState.PENDING:
@@ -864,6 +865,7 @@ class AdminHarness:
                 assert decision.job_id not in self.held, "a held job was started"
                 retry_at = self.retry_at.pop(decision.job_id, -1.0)
                 assert now >= retry_at, "a refused job was started before its back-off ended"
+                self.launched.add(decision.job_id)
             elif isinstance(decision, Preempt):
                 self.victims.add(decision.job_id)
             elif isinstance(decision, Stop) and decision.job_id in s.running:

@@ -116,6 +116,8 @@ class AdminSteps:
         if conflict is not None:
             raise ValueError(f"job {job.id}: {conflict}")
         self.jobs[job.id] = job
+        if self.state.fgd is not None:
+            self.state.fgd.workload.observe(job)
         self._start(job, placement, now, restored=True)
         return job
 
@@ -138,6 +140,6 @@ class AdminSteps:
     def position(self, job_id: str) -> int | None:
         """How many pending jobs are ahead of ``job_id`` (None if it is not waiting in line)."""
         job = self.jobs.get(job_id)
-        if job is None or job.state != JobState.PENDING or job.held:
+        if job is None or job.state != JobState.PENDING or job.held or job.retry_at is not None:
             return None
         return self.pending.ahead_of(self._key(job_id))

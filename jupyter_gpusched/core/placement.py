@@ -6,6 +6,11 @@ candidates it takes the best fit (the node or leaf with the fewest free GPUs lef
 fill partly used nodes and leave whole nodes and whole leaves to the gangs that need them.
 ``topology=False`` is the topology-blind first fit of a default scheduler (the ``fifo`` baseline).
 
+With a fragmentation model on the state (``state.fgd``, the ``gpusched`` policy), a share of a
+GPU, and while the workload shares GPUs (:data:`SHARING_FOR_FGD`) any job that fits on one node,
+goes where the cluster's expected fragmentation grows least (FGD, see :mod:`.fragmentation`); the
+topology order above decides among equally good nodes.
+
 Every function here reads a :class:`ClusterState` and returns a :class:`Placement` or None; none
 changes anything.
 """
@@ -14,8 +19,14 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
+from .fragmentation import place_fractional
 from .jobs import Job
 from .state import ClusterState, Part, Placement
+
+#: FGD places whole-GPU jobs only while at least this share of the workload shares GPUs: without
+#: shared GPUs there is little fragmentation for it to avoid, and best fit's consolidation frees
+#: whole nodes and leaves for gangs (on Philly, FGD for every job made waits and locality worse).
+SHARING_FOR_FGD = 0.05
 
 
 def lowest_bits(mask: int, k: int) -> int:
@@ -63,6 +74,8 @@ def _fractional(state, job, exclude, topology) -> Placement | None:
     """A share of one GPU. Topology (best fit): the shared GPU with the least room that holds
     it; else a free GPU on the fullest node (see :func:`_single_node`), which becomes shared.
     Blind: the lowest node index, shared or free."""
+    if topology and state.fgd is not None:
+        return place_fractional(state, state.fgd, job, exclude, pick_gpus)
     fraction = job.gpu_fraction
     best = None  # (key, node, bit)
     for model in models_for(state, job):
@@ -116,21 +129,49 @@ def level_floor(node, k: int) -> int:
 
 def _single_node(state, job, exclude, topology) -> Placement | None:
     """Best single node. Topology order: (level, GPUs left free on the node, free GPUs of its leaf,
-    leaf, node index); blind order: node index."""
+    leaf, node index); blind order: node index. With FGD: (level, fragmentation cost, ...): the
+    classes of equal cost are tried cheapest first, until one offers the tightest level."""
+    fgd = state.fgd if topology else None
+    if fgd is not None and fgd.workload.sharing < SHARING_FOR_FGD:
+        fgd = None  # whole GPUs only: best fit keeps nodes and leaves whole for the gangs
+    if fgd is None:
+        best = _best_node(state, job, exclude, topology)
+    else:
+        best, floor = None, fgd.min_level(job.gpus, level_floor)
+        for tier in fgd.tiers(state, job):
+            classes = {cid for _, _, cid in tier}
+            counts = {fgd.free_count(cid) for cid in classes}
+            found = _best_node(state, job, exclude, topology, classes, counts)
+            if found is not None and (best is None or found[0][0] < best[0][0]):
+                best = found
+                if found[0][0] <= floor:
+                    break
+    if best is None:
+        return None
+    idx = best[0][-1]
+    return Placement((_part(state, job, idx, best[1], 1.0),))
+
+
+def _best_node(state, job, exclude, topology, classes=None, counts=None):
+    """(key, mask) of the best node, or None; with ``classes`` (FGD classes of equal cost, with
+    ``counts`` whole free GPUs) only nodes of those classes count."""
     k = job.gpus
     nodes = state.cluster.nodes
+    class_of = state.fgd.class_of if classes is not None else None
     best = None  # (key, mask)
     for model in models_for(state, job):
         buckets = state.index[model]
         for count in range(k, len(buckets)):
             by_leaf = buckets[count]
-            if not by_leaf:
+            if not by_leaf or (counts is not None and count not in counts):
                 continue
             found_tightest = False
             leaves = sorted(by_leaf, key=lambda leaf: (state.leaf_free[leaf], leaf))
             for leaf in leaves if topology else by_leaf:
                 for idx in sorted(by_leaf[leaf]):
                     if idx in exclude or not node_fits(state, job, idx, 1.0):
+                        continue
+                    if classes is not None and class_of[idx] not in classes:
                         continue
                     if not topology:
                         if best is None or idx < best[0][0]:
@@ -147,10 +188,7 @@ def _single_node(state, job, exclude, topology) -> Placement | None:
                     break  # the fullest leaf with a single-domain fit wins this bucket
             if topology and best is not None and best[0][0] == 0:
                 break  # a single-domain fit in the tightest bucket: nothing later is better
-    if best is None:
-        return None
-    idx = best[0][-1]
-    return Placement((_part(state, job, idx, best[1], 1.0),))
+    return best
 
 
 def _candidates(state, job, exclude, minimum: int, share: float | None):

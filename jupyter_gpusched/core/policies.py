@@ -1,7 +1,8 @@
 """Scheduling policies: the switches that tell the engine which steps of a pass to run.
 
-``gpusched`` is the full design. The others are the baselines a platform lead compares it with,
-replayed through the same engine and harness:
+``gpusched`` is the full design (its single-node jobs placed by fragmentation gradient descent,
+:mod:`.fragmentation`). The others are the baselines a platform lead compares it with, replayed
+through the same engine and harness:
 
 - ``fifo``: the default scheduler of the seeds: arrival order, first fit, topology-blind, no
   quotas, no pre-emption and no reservation (so a big job can starve).
@@ -42,10 +43,12 @@ class Policy:
     backfill: bool = True  # the top blocked job reserves; others start only if they don't delay it
     topology: bool = True  # tightest-domain, best-fit placement (else first fit)
     leaf_patience: bool = True  # a gang waits for one leaf switch (placement.leaf_patience)
+    # single-node jobs go where the expected fragmentation grows least (FGD, core.fragmentation)
+    fragmentation: bool = False
 
 
 POLICIES = {
-    "gpusched": Policy("gpusched"),
+    "gpusched": Policy("gpusched", fragmentation=True),
     "fifo": Policy(
         "fifo",
         order="arrival",

@@ -30,6 +30,7 @@ from .cluster import Cluster
 from .decisions import Start, Stop
 from .errors import ConfigError
 from .fairshare import fair_share_factors
+from .fragmentation import Fragmentation
 from .jobs import Job, JobState, Reason
 from .ordering import PendingQueue
 from .placement import find_placement
@@ -40,6 +41,7 @@ from .reservation import Reservation, may_backfill, reserve
 from .retries import RetrySteps
 from .settings import PolicySettings
 from .state import ClusterState, Placement
+from .workload import Workload
 
 PREEMPTION_TRIES_PER_PASS = 8  # successful pre-emptions per pass; the first failure ends them
 
@@ -103,6 +105,9 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             sum(cluster.nodes[i].gpus for i in members) for members in cluster.leaves.values()
         )
         self._victims = VictimSearch(self.state, self.tree, self.settings, self.policy.topology)
+        if self.policy.fragmentation and self.policy.topology and self.settings.fragmentation:
+            workload = Workload(cluster.max_node_gpus, self.settings.workload_half_life)
+            self.state.fgd = Fragmentation(cluster, workload)
 
     # -- events ------------------------------------------------------------------------------
     def submit(self, job: Job, now: float) -> Job:
@@ -121,6 +126,8 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             return job
         if self.policy.quotas:
             job.queue = self.tree.get(job.queue).path
+        if self.state.fgd is not None:
+            self.state.fgd.workload.observe(job)
         job.state, job.pending_since = JobState.PENDING, now
         if job.held:  # submitted on hold
             self._set_reason(job, HELD)
@@ -240,13 +247,18 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
                     self._wake = min(self._wake, self._last_deep + interval)
             # new jobs: all of them after submissions only; after a full pass, the ones it
             # stopped before reaching (so that every pending job has a reason)
-            fresh = [j for j in new if j in self.jobs and self.jobs[j].state == JobState.PENDING]
+            fresh = [j for j in new if j in self.jobs and self._waiting_in_line(self.jobs[j])]
             if full:
                 fresh = [j for j in fresh if self.jobs[j].reason is None]
             if fresh:
                 self._pass(sorted(fresh, key=self._key), now, None)
         out, self._outbox = self._outbox, []
         return out
+
+    @staticmethod
+    def _waiting_in_line(job: Job) -> bool:
+        """Pending and neither held nor waiting out a refused launch's back-off."""
+        return job.state == JobState.PENDING and not job.held and job.retry_at is None
 
     def _pass(self, candidates, now, skip=None, deep=True, previous=None) -> bool:
         """Examine ``candidates`` in priority order; True if it stopped at a blocked job.

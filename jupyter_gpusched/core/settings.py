@@ -25,9 +25,14 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
     placement:
       leaf_patience: 3h            # a gang that fits one leaf switch waits this long for one
                                    # before it may span leaves
+      fragmentation: true          # gpusched: single-node jobs go where the expected GPU
+                                   # fragmentation grows least (FGD); false: best fit
+      workload_half_life: 2000     # FGD's histogram of job shapes: a job's weight halves
+                                   # after this many later submissions
     launch:
       retry_delay: 30s             # a placement the launcher refused (e.g. Slurm) is retried
       max_retry_delay: 15m         # after this, doubled at each refusal up to the maximum
+      max_refusals: 5              # refusals in a row after which the job fails
     reaper: {...}                  # idle-session timeouts, see jupyter_gpusched.reaper
 """
 
@@ -69,8 +74,11 @@ class PolicySettings:
     backfill_depth: int = 200
     backfill_interval: float = 30.0
     leaf_patience: float = 3 * 3600.0
+    fragmentation: bool = True
+    workload_half_life: float = 2000.0
     launch_retry_delay: float = 30.0
     launch_max_retry_delay: float = 900.0
+    launch_max_refusals: int = 5
     reaper: dict = field(default_factory=dict)
 
     def default_walltime(self, kind: str) -> float:
@@ -115,8 +123,13 @@ class PolicySettings:
         age = reader.section("age", {"weight", "max_age"})
         walltime = reader.section("walltime", {"batch", "notebook"})
         backfill = reader.section("backfill", {"depth", "interval"})
-        placement = reader.section("placement", {"leaf_patience"})
-        launch = reader.section("launch", {"retry_delay", "max_retry_delay"})
+        placement = reader.section(
+            "placement", {"leaf_patience", "fragmentation", "workload_half_life"}
+        )
+        fragmentation = placement.get("fragmentation", True)
+        if not isinstance(fragmentation, bool):
+            reader.fail(f"must be true or false, got {fragmentation!r}", "placement.fragmentation")
+        launch = reader.section("launch", {"retry_delay", "max_retry_delay", "max_refusals"})
         signal_name = str(data.get("preemption_signal", defaults.preemption_signal)).upper()
         if not signal_name.startswith("SIG"):
             signal_name = "SIG" + signal_name
@@ -158,8 +171,11 @@ class PolicySettings:
             backfill_depth=int(reader.number(backfill, "depth", 200, "backfill")),
             backfill_interval=reader.duration(backfill, "interval", 30.0, "backfill"),
             leaf_patience=reader.duration(placement, "leaf_patience", 3 * 3600.0, "placement"),
+            fragmentation=fragmentation,
+            workload_half_life=reader.number(placement, "workload_half_life", 2000, "placement"),
             launch_retry_delay=reader.duration(launch, "retry_delay", 30.0, "launch"),
             launch_max_retry_delay=reader.duration(launch, "max_retry_delay", 900.0, "launch"),
+            launch_max_refusals=int(reader.number(launch, "max_refusals", 5, "launch")),
             reaper=dict(reaper),
         )
         if settings.fair_share_half_life <= 0:
@@ -170,6 +186,8 @@ class PolicySettings:
             reader.fail("must be longer than 0", "launch.retry_delay")
         if settings.launch_max_retry_delay < settings.launch_retry_delay:
             reader.fail("must not be shorter than launch.retry_delay", "launch.max_retry_delay")
+        if settings.workload_half_life < 1:
+            reader.fail("must be at least 1 (jobs)", "placement.workload_half_life")
         if settings.checkpoint_interval <= 0:
             reader.fail("must be longer than 0", "checkpoint.interval")
         return settings

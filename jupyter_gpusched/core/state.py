@@ -68,6 +68,8 @@ class ClusterState:
         }
         self.shared_room = dict.fromkeys(cluster.gpu_models, 0.0)
         self.shared_room_total = 0.0
+        self.fgd = None  # a fragmentation model (core.fragmentation), for FGD placement
+        self.touched: set[int] = set(range(len(nodes)))  # nodes changed since fgd last looked
         for node in nodes:
             if node.state == "up":
                 self._add(node.index)
@@ -169,6 +171,7 @@ class ClusterState:
         return placement
 
     def _change(self, idx: int, mask: int, cpus: float, memory: float, give: bool = False):
+        self.touched.add(idx)
         up = self.schedulable(idx)
         if up:
             self._remove(idx)
@@ -200,6 +203,7 @@ class ClusterState:
             self.shared_room_total -= room
 
     def set_node_state(self, idx: int, state: str) -> None:
+        self.touched.add(idx)
         on_node = list(self.shared[idx].items())
         if self.schedulable(idx):
             self._remove(idx)

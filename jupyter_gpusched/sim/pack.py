@@ -13,8 +13,9 @@ Policies:
 - ``firstfit``: the lowest-numbered node (and GPU) that fits (the engine's topology-blind mode);
 - ``bestfit``: the tightest node: the node with the least GPU capacity left (free GPUs plus room
   on shared GPUs) that fits; on it the fullest shared GPU that holds a fraction;
-- ``gpusched``: the engine's own placement (best fit on shared GPUs, then on nodes by free GPUs,
-  leaves and NVLink domains).
+- ``gpusched``: the engine itself (a :class:`Scheduler` with the ``gpusched`` policy): each task is
+  submitted and scheduled at once, and cancelled if it does not start. Its placement is FGD
+  (:mod:`..core.fragmentation`), on the task shapes the engine has seen so far.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import Cluster, Job
+from ..core import Cluster, Job, JobState, Scheduler
 from ..core.placement import find_placement, node_fits
 from ..core.state import ClusterState, Part, Placement
 from .trace import TraceError, TraceJob
@@ -136,7 +137,8 @@ def pack(tasks: list[TraceJob], cluster: Cluster, policy: str, seed: int = 0) ->
     if not gpu_tasks:
         raise ValueError("no task asks for a GPU")
     started = time.perf_counter()
-    state = ClusterState(cluster)
+    engine = Scheduler(cluster, policy="gpusched") if policy == "gpusched" else None
+    state = engine.state if engine is not None else ClusterState(cluster)
     rng = random.Random(seed)
     total = float(cluster.total_gpus)
     arrived = allocated = 0.0
@@ -157,12 +159,17 @@ def pack(tasks: list[TraceJob], cluster: Cluster, policy: str, seed: int = 0) ->
             memory_gb=task.memory_gb,
             gpu_fraction=task.gpu_fraction,
         )
-        placement = _place(state, job, policy)
-        if placement is None:
-            failed += 1
+        if engine is not None:
+            placed = _submit(engine, job)
         else:
-            state.take(job.id, placement)
+            placement = _place(state, job, policy)
+            placed = placement is not None
+            if placed:
+                state.take(job.id, placement)
+        if placed:
             allocated += demand
+        else:
+            failed += 1
         arrived += demand
         while step < len(STEPS) and arrived >= total * STEPS[step] / 100 - 1e-9:
             rates[str(STEPS[step])] = round(allocated / arrived, 4)
@@ -179,9 +186,18 @@ def pack(tasks: list[TraceJob], cluster: Cluster, policy: str, seed: int = 0) ->
     )
 
 
+def _submit(engine: Scheduler, job: Job) -> bool:
+    """Submit ``job`` and run a pass; a job that does not start is cancelled (it fails)."""
+    engine.submit(job, 0.0)
+    engine.schedule(0.0)
+    if job.state == JobState.RUNNING:
+        return True
+    if job.state == JobState.PENDING:
+        engine.cancel(job.id, 0.0)
+    return False
+
+
 def _place(state: ClusterState, job: Job, policy: str) -> Placement | None:
-    if policy == "gpusched":
-        return find_placement(state, job, topology=True)
     if policy == "firstfit":
         return find_placement(state, job, topology=False)
     return _best_fit(state, job)

@@ -5,7 +5,7 @@ cancels and priority changes during the back-off leave one copy of it in the que
 from __future__ import annotations
 
 import pytest
-from helpers import cluster, job, started
+from helpers import cluster, job, preempted, started
 
 from jupyter_gpusched.core import ConfigError, JobState, Scheduler
 from jupyter_gpusched.core.settings import PolicySettings
@@ -107,3 +107,49 @@ def test_bad_launch_settings_name_their_field(launch, field):
     with pytest.raises(ConfigError) as error:
         PolicySettings.from_dict({"launch": launch})
     assert field in str(error.value)
+
+
+def test_a_job_backing_off_is_listed_apart_and_has_no_position():
+    scheduler = Scheduler(cluster(("n1", 8, "leaf")), settings=SETTINGS)
+    scheduler.submit(job("a", 4), 0)
+    scheduler.schedule(0)
+    _refuse(scheduler, "a", 1)
+    scheduler.submit(job("b", 8, t=2), 2)
+    assert "b" in started(scheduler.schedule(2))
+    scheduler.submit(job("c", 4, t=3), 3)
+    scheduler.schedule(3)
+    assert scheduler.position("a") is None and scheduler.position("c") == 0
+    assert [j.id for j in scheduler.retrying_jobs()] == ["a"]
+    scheduler.job_ended("b", 5)
+    assert set(started(scheduler.schedule(11))) == {"a", "c"}
+    assert scheduler.retrying_jobs() == []
+
+
+def test_refused_too_often_the_job_fails():
+    settings = PolicySettings.from_dict({"launch": {"retry_delay": "1s", "max_refusals": 2}})
+    scheduler = Scheduler(cluster(("n1", 8, "leaf")), settings=settings)
+    scheduler.submit(job("a", 4), 0)
+    t = 0.0
+    for refusal in (1, 2, 3):
+        assert "a" in started(scheduler.schedule(t))
+        _refuse(scheduler, "a", t + 0.5)
+        t += 10
+        expected = JobState.FAILED if refusal == 3 else JobState.PENDING
+        assert scheduler.jobs["a"].state == expected
+    assert scheduler.retrying_jobs() == [] and len(scheduler.pending) == 0
+    assert scheduler.state.free_total == 8
+
+
+def test_a_refused_job_does_not_preempt():
+    scheduler = Scheduler(cluster(("n1", 8, "leaf")), settings=SETTINGS)
+    scheduler.submit(job("low", 8, tier=3), 0)
+    scheduler.schedule(0)
+    scheduler.submit(job("high", 8, t=1, tier=1), 1)
+    scheduler.schedule(1)  # it pre-empts "low" ...
+    scheduler.job_ended("low", 2, "preempted")
+    assert "high" in started(scheduler.schedule(2))
+    _refuse(scheduler, "high", 3)  # ... then its launch is refused
+    assert "low" in started(scheduler.schedule(4))  # low is back (requeued) and runs
+    decisions = scheduler.schedule(20)  # high's back-off is over: it waits, no pre-emption
+    assert preempted(decisions) == [] and "high" not in started(decisions)
+    assert scheduler.jobs["high"].state == JobState.PENDING

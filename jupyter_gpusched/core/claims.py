@@ -43,7 +43,7 @@ class PreemptionSteps:
     def _try_preempt(self, job: Job, now: float, pass_, limit_node=None) -> bool:
         """Pre-emption is tried in priority order and stops for the rest of the pass (``pass_``,
         the scheduler's ``_Pass``) at the first job it cannot help, or after a few successes."""
-        if pass_.tries <= 0:
+        if pass_.tries <= 0 or job.refusals:  # a refused launch would stop its victims again
             return False
         attempted = self._preempt(job, now, limit_node)
         if attempted is None:

@@ -6,8 +6,11 @@ the cluster file and the backend disagree, not that the job is bad, so a batch j
 failed for it: it goes back to pending, keeps its place in the queue (submit time), and waits
 ``launch.retry_delay`` before it is considered again, doubled at each refusal in a row up to
 ``launch.max_retry_delay`` (without the wait it would be placed on the same nodes at once).
-Its reason says why and when it is retried. A notebook job fails instead: the spawner that
-asked for it reports the error to its user.
+Its reason says why and when it is retried. After ``launch.max_refusals`` refusals in a row it
+fails with the launcher's message: a refusal that lasts is about the job or its user (no Slurm
+account, a QOS or partition limit), not a passing disagreement. A job that was refused does not
+pre-empt others (each retry would stop them again). A notebook job fails at once: the spawner
+that asked for it reports the error to its user.
 
 :class:`RetrySteps` is part of :class:`~jupyter_gpusched.core.scheduler.Scheduler` (a mixin);
 it uses the scheduler's ``pending``, ``settings``, ``_backing_off``, ``_new`` and ``_wake``.
@@ -27,6 +30,9 @@ class RetrySteps:
         """Put ``job`` (just ended with outcome ``refused``) back to pending, out of the queue
         until its retry time."""
         job.refusals += 1
+        if job.refusals > self.settings.launch_max_refusals:  # not a passing disagreement
+            job.state = JobState.FAILED
+            return
         delay = min(
             self.settings.launch_retry_delay * 2 ** (job.refusals - 1),
             self.settings.launch_max_retry_delay,
@@ -48,6 +54,16 @@ class RetrySteps:
         )
         self._backing_off[job.id] = job
         self._wake = min(self._wake, job.retry_at)
+
+    def retrying_jobs(self) -> list[Job]:
+        """Pending jobs waiting out a back-off after a refused launch (not in the queue's
+        order until then), soonest retry first."""
+        jobs = [
+            job
+            for job in self._backing_off.values()
+            if job.state == JobState.PENDING and not job.held and job.retry_at is not None
+        ]
+        return sorted(jobs, key=lambda job: (job.retry_at, job.id))
 
     def _retry_due(self, now: float) -> None:
         """Put back in the queue the jobs whose back-off is over (when the engine wakes)."""

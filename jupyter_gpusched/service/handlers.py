@@ -214,8 +214,16 @@ class QueueHandler(APIHandler):
             out.append(self._entry(job, position, me))
         held = [job for job in engine.jobs.values() if job.held and job.state == JobState.PENDING]
         held = [self._entry(job, None, me) for job in held[:limit]]
-        running = len(engine.running)
-        self.send({"pending": len(engine.pending), "running": running, "jobs": out, "held": held})
+        retrying = [self._entry(job, None, me) for job in engine.retrying_jobs()[:limit]]
+        self.send(
+            {
+                "pending": len(engine.pending),
+                "running": len(engine.running),
+                "jobs": out,
+                "held": held,
+                "retrying": retrying,  # a refused launch's back-off: reason and ETA say when
+            }
+        )
 
     def _entry(self, job, position, me) -> dict:
         visible = self.admin or job.user == me

@@ -40,3 +40,13 @@ def _running(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def process_created(pid: int) -> float | None:
+    """When process ``pid`` started (psutil's create time), or None if there is none."""
+    if not pid:
+        return None
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None

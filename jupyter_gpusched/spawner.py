@@ -49,7 +49,7 @@ import time
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Bool, Dict, Float, List, Unicode, default, validate
 
-from .process_tree import descendants, wait_gone
+from .process_tree import descendants, process_created, wait_gone
 from .profiles import (  # noqa: F401 (importable from here too)
     PROFILE_KEYS,
     TIERS,
@@ -143,6 +143,7 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
     lifetime = Float(0.0)  # the profile's max_lifetime (0: none)
     job_tier = Float(0.0)
     job_gpus = Float(0.0)
+    pid_created = Float(0.0)  # the server process's start time (0: unknown)
 
     @validate("profiles")
     def _check_profiles(self, proposal):
@@ -328,10 +329,18 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
     async def launch_server(self):
         """Start the single-user server on ``self.allocation``; returns what start() returns
         (the server's URL, or ``(ip, port)``)."""
-        return await LocalProcessSpawner.start(self)
+        url = await LocalProcessSpawner.start(self)
+        self.pid_created = process_created(self.pid) or 0.0
+        return url
 
     async def poll_server(self):
-        """None while the server runs; else its exit status, with its state cleared."""
+        """None while the server runs; else its exit status, with its state cleared. A PID
+        restored from the hub's database that now names another process (the server is gone
+        and the PID was reused, e.g. after a reboot) is taken for the server's end, so that no
+        one else's process is ever signalled as the server."""
+        if self.pid and self.pid_created and process_created(self.pid) != self.pid_created:
+            self.log.warning("%s: pid %s is no longer the server", self._log_name, self.pid)
+            self.pid = 0
         return await LocalProcessSpawner.poll(self)
 
     async def stop_server(self, now: bool = False) -> None:
@@ -343,8 +352,9 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         while the scheduler hands the GPUs to the next job. SIGKILL after ``term_timeout``; then
         every process of the server's tree left (kernels run in their own sessions) is waited
         for, and killed after ``kill_timeout``, before this returns and the GPUs are released."""
-        tree = descendants(self.pid)
-        if not now and await self.poll_server() is None:
+        running = await self.poll_server() is None  # also: the PID is still the server's
+        tree = descendants(self.pid) if running else []
+        if not now and running:
             await self._signal(signal.SIGTERM)
             # every 50 ms (JupyterHub's wait_for_death backs off to seconds): the GPUs go back
             # as soon as the server is gone
@@ -426,6 +436,7 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
                 "gpus": self.job_gpus,
                 "placed_at": self.placed_at,
                 "max_lifetime": self.lifetime,
+                "pid_created": self.pid_created,  # the server process's start time
             }
         return state
 
@@ -440,8 +451,10 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
             self.job_gpus = float(saved.get("gpus") or 0)
             self.placed_at = float(saved.get("placed_at") or 0)
             self.lifetime = float(saved.get("max_lifetime") or 0)
+            self.pid_created = float(saved.get("pid_created") or 0)
 
     def clear_state(self):
         super().clear_state()
         self.job_id, self.allocation, self.profile_slug = "", [], ""
         self.placed_at = self.lifetime = self.job_tier = self.job_gpus = 0.0
+        self.pid_created = 0.0

@@ -206,6 +206,36 @@ def test_the_state_keeps_the_job_beside_the_pid():
     assert restored.get_state() == {} and restored.job_id == ""
 
 
+async def test_a_reused_pid_is_never_taken_for_the_server():
+    """After a hub restart the state's PID may name another process: with a different start
+    time it is the server's end, and that process is neither signalled nor waited for."""
+    import subprocess
+    import sys
+
+    from jupyter_gpusched.process_tree import process_created
+    from jupyter_gpusched.spawner import GPUSchedSpawner
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        spawner = GPUSchedSpawner(user=FakeUser())
+        spawner.pid, spawner.job_id = other.pid, "j-000007"
+        spawner.pid_created = process_created(other.pid) - 100.0  # the server started earlier
+        state = json.loads(json.dumps(spawner.get_state()))
+        restored = GPUSchedSpawner(user=FakeUser())
+        restored.load_state(state)
+        assert restored.pid_created == spawner.pid_created
+        assert await restored.poll_server() == 0  # gone, as far as the server goes
+        assert restored.pid == 0 and restored.job_id == ""
+        await restored.stop_server()  # nothing left to signal
+        assert other.poll() is None  # the other process was left alone
+        same = GPUSchedSpawner(user=FakeUser())
+        same.pid, same.pid_created = other.pid, process_created(other.pid)
+        assert await same.poll_server() is None  # the real server: still running
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_the_pending_message_says_position_reason_and_eta():
     from jupyter_gpusched.spawner import GPUSchedSpawner
 

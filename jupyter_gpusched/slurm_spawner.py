@@ -253,7 +253,7 @@ class GPUSchedSlurmSpawner(GPUSchedSpawner, SlurmOptions):
             home = env.get("HOME") or (account.pw_dir if account else "/")
         log_dir = self.log_dir.format(home=home, username=self.user.name)
         log = os.path.join(os.path.abspath(log_dir), f"{self.job_id}.log")
-        self._prepare_log(log, account)
+        await asyncio.to_thread(self._prepare_log, log, account)  # a child process: off the loop
         argv = self.sbatch_args(node, gpus, log, home if os.path.isdir(home) else "/")
         try:
             done = await self._slurm(

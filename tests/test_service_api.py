@@ -733,10 +733,14 @@ async def test_cancelling_a_job_that_is_preempting(service_factory):
     alice, bob = service.client("alice"), service.client("bob")
     # victims that sit out the grace period (tier 3: 1 min), so the claim is still waiting
     # when the DELETE comes, however slow the machine
-    stubborn = "trap '' TERM; sleep 60"
+    stubborn = "trap '' TERM; echo ready; sleep 60"
+    victims = []
     for model, gpus in (("H100", 8), ("H100", 8), ("L40S", 4), ("L40S", 4)):
         body = {"gpus": gpus, "gpu_model": model, "tier": 3, "command": stubborn}
-        assert (await submit(bob, body))["state"] == "running"
+        victims.append(await submit(bob, body))
+        assert victims[-1]["state"] == "running"
+    for victim in victims:  # their trap is set (a signal before it would end them at once)
+        await wait_log(bob, victim["id"], "ready")
     job = await submit(alice, h100())
     assert job["state"] == "pending"
     assert job["reason"]["detail"] == "preempting", job["reason"]

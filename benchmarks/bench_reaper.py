@@ -30,10 +30,8 @@ round), 1 otherwise, 2 if the hub cannot be run here.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -268,23 +266,7 @@ def main() -> int:
         }
         failed = False
     finally:
-        hub = runner.hub
-        if hub and hub.process.poll() is None:
-            with contextlib.suppress(Exception):
-                ts.stop_every_server(hub)
-        left = hub_harness._stop(hub) if hub else []
-        for process in psutil.process_iter(["cmdline", "environ"]):  # a server the hub forgot
-            with contextlib.suppress(psutil.Error):
-                if ts._is_notebook_server(process) and str(runner.state_dir) in json.dumps(
-                    process.info["environ"] or {}
-                ):
-                    left.append(f"notebook server pid {process.pid}")
-                    process.kill()
-        if left or failed:
-            tail = hub.log_tail(200) if hub else ""
-            print(f"--- hub log ({runner.state_dir}) ---\n{tail}", file=sys.stderr)
-        elif not os.environ.get("GPUSCHED_KEEP_HUB_STATE"):
-            shutil.rmtree(runner.state_dir, ignore_errors=True)
+        _, left = runner.shut_down(failed)
     result["wall_s"] = round(time.monotonic() - began, 1)
     print(json.dumps(result, indent=2))
     if left:

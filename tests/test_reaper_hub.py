@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import shutil
 import time
 import uuid
 
@@ -81,21 +79,7 @@ def reaper_hub():
         yield runner.hub
         failed = False
     finally:
-        if runner.hub and runner.hub.process.poll() is None:
-            with contextlib.suppress(Exception):
-                ts.stop_every_server(runner.hub)
-        left = hub_harness._stop(runner.hub) if runner.hub else []
-        for process in psutil.process_iter(["cmdline", "environ"]):  # a server the hub forgot
-            with contextlib.suppress(psutil.Error):
-                if ts._is_notebook_server(process) and str(runner.state_dir) in json.dumps(
-                    process.info["environ"] or {}
-                ):
-                    left.append(f"notebook server pid {process.pid}")
-                    process.kill()
-        if left or failed:
-            print(f"--- {runner.hub.log_path} (tail) ---\n{runner.hub.log_tail(300)}")
-        elif not os.environ.get("GPUSCHED_KEEP_HUB_STATE"):
-            shutil.rmtree(runner.state_dir, ignore_errors=True)
+        _, left = runner.shut_down(failed)
     assert not left, "processes left after the hub stopped:\n" + "\n".join(left)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import shutil
 import time
 from pathlib import Path
 
@@ -118,15 +117,7 @@ def slurm_hub(slurm_cluster):
         yield runner
         failed = False
     finally:
-        servers = []
-        if runner.hub and runner.hub.process.poll() is None:
-            with contextlib.suppress(Exception):
-                servers = stop_every_server(runner.hub)
-        left = hub_harness._stop(runner.hub) if runner.hub else []
-        if left or failed or servers:
-            print(f"--- {runner.hub.log_path} (tail) ---\n{runner.hub.log_tail(300)}")
-        elif not os.environ.get("GPUSCHED_KEEP_HUB_STATE"):
-            shutil.rmtree(runner.state_dir, ignore_errors=True)
+        servers, left = runner.shut_down(failed, scan=False)
     assert not servers, f"servers still running after the tests: {servers}"
     assert not left, "processes left after the hub stopped:\n" + "\n".join(left)
 

@@ -17,6 +17,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -376,6 +377,28 @@ class HubRunner:
         _, alive = psutil.wait_procs(watched, timeout=hub_harness.STOP_TIMEOUT)
         assert not alive, f"left after the hub stopped: {alive}"
 
+    def shut_down(self, failed: bool, scan: bool = True) -> tuple[list, list[str]]:
+        """Stop every server and the hub; with ``scan``, kill notebook servers of this hub that
+        the hub forgot. Returns (servers that were still running, processes left behind);
+        prints the hub's log when anything went wrong, else removes the state directory."""
+        servers: list = []
+        if self.hub and self.hub.process.poll() is None:
+            with contextlib.suppress(Exception):
+                servers = stop_every_server(self.hub)
+        left = hub_harness._stop(self.hub) if self.hub else []
+        for process in psutil.process_iter(["cmdline", "environ"]) if scan else ():
+            with contextlib.suppress(psutil.Error):
+                if _is_notebook_server(process) and str(self.state_dir) in json.dumps(
+                    process.info["environ"] or {}
+                ):
+                    left.append(f"notebook server pid {process.pid}")
+                    process.kill()
+        if (left or failed or servers) and self.hub:
+            print(f"--- {self.hub.log_path} (tail) ---\n{self.hub.log_tail(300)}", file=sys.stderr)
+        elif not os.environ.get("GPUSCHED_KEEP_HUB_STATE"):
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+        return servers, left
+
 
 def _is_notebook_server(process: psutil.Process) -> bool:
     with contextlib.suppress(psutil.Error):
@@ -395,22 +418,7 @@ def test_hub():
         yield th
         failed = False
     finally:
-        servers = []
-        if th.hub and th.hub.process.poll() is None:
-            with contextlib.suppress(Exception):
-                servers = stop_every_server(th.hub)
-        left = hub_harness._stop(th.hub) if th.hub else []
-        for process in psutil.process_iter(["cmdline", "environ"]):  # a server the hub forgot
-            with contextlib.suppress(psutil.Error):
-                if _is_notebook_server(process) and str(th.state_dir) in json.dumps(
-                    process.info["environ"] or {}
-                ):
-                    left.append(f"notebook server pid {process.pid}")
-                    process.kill()
-        if left or failed or servers:
-            print(f"--- {th.hub.log_path} (tail) ---\n{th.hub.log_tail(300)}")
-        elif not os.environ.get("GPUSCHED_KEEP_HUB_STATE"):
-            shutil.rmtree(th.state_dir, ignore_errors=True)
+        servers, left = th.shut_down(failed)
     assert not servers, f"servers still running after the tests: {servers}"
     assert not left, "processes left after the hub stopped:\n" + "\n".join(left)
 

@@ -290,19 +290,8 @@ class Reaper:
             f"{time.strftime('%H:%M:%S UTC', time.gmtime(action.idle_since))}. It will be "
             f"stopped in {minutes:.0f} min unless its GPUs are used; save your work."
         )
-        job = self.live.engine.jobs[session.job_id]
-        event = self.live._event("reaper-warning", job, "reaper", message)
-        event["data"] = self._evidence(session, action, settings, now)
-        self.live.store.add_event(event)
-        hub = self.live.hub
-        if hub is not None:
-            notice = {
-                "kind": "idle",
-                "job_id": session.job_id,
-                "deadline": action.deadline,
-                "message": message,
-            }
-            self.live._spawn(hub.post_notice(session.user, session.server_name, notice))
+        data = self._evidence(session, action, settings, now)
+        self._tell(session, "reaper-warning", message, data, kind="idle", deadline=action.deadline)
 
     def _shutdown_kernels(
         self, session: Session, action: ShutdownKernels, settings: dict, now: float
@@ -315,22 +304,27 @@ class Reaper:
             f"{'were' if count > 1 else 'was'} shut down. The server will be stopped in "
             f"{max(0.0, action.deadline - now) / 60:.0f} min unless its GPUs are used."
         )
+        kernels = list(action.kernel_ids)
+        data = {**self._evidence(session, action, settings, now), "kernel_ids": kernels}
+        self._tell(
+            session,
+            "reaper-kernels",
+            message,
+            data,
+            kind="shutdown-kernels",
+            kernel_ids=kernels,
+            deadline=action.deadline,
+        )
+
+    def _tell(self, session: Session, event_kind: str, message: str, data: dict, **notice):
+        """Audit ``event_kind`` with its evidence, and post the notice to the server."""
         job = self.live.engine.jobs[session.job_id]
-        event = self.live._event("reaper-kernels", job, "reaper", message)
-        event["data"] = {
-            **self._evidence(session, action, settings, now),
-            "kernel_ids": list(action.kernel_ids),
-        }
+        event = self.live._event(event_kind, job, "reaper", message)
+        event["data"] = data
         self.live.store.add_event(event)
         hub = self.live.hub
         if hub is not None:
-            notice = {
-                "kind": "shutdown-kernels",
-                "job_id": session.job_id,
-                "kernel_ids": list(action.kernel_ids),
-                "deadline": action.deadline,
-                "message": message,
-            }
+            notice = {**notice, "job_id": session.job_id, "message": message}
             self.live._spawn(hub.post_notice(session.user, session.server_name, notice))
 
     def _cull(self, session: Session, action: Cull, settings: dict, now: float) -> None:

@@ -1,6 +1,7 @@
 """FGD placement: the fragmentation measure, the workload it is weighed by, and the choices it
 makes on hand-made nodes where the right one is known."""
 
+import math
 import random
 
 import pytest
@@ -47,6 +48,20 @@ def test_usable_share_for_gangs_of_whole_gpus():
     assert usable_by(two, (0.5, 1.0, 1.0), 2.0, 0.0) == 0.0  # CPUs
 
 
+def test_usable_share_counts_the_tasks_the_cpus_and_memory_hold():
+    """Eight free GPUs with CPUs for one more task are one usable GPU, not eight (the paper
+    counts all eight once a single task fits)."""
+    hungry = TaskType(1, 1.0, None, (), 12.0, 0.0)
+    assert usable_by(hungry, (1.0,) * 8, 20.0, 0.0) == 1.0
+    assert usable_by(hungry, (1.0,) * 8, 96.0, 0.0) == 8.0
+    # shares: two 0.47s fit on each GPU (0.06 left over on each), CPUs for three
+    share = TaskType(1, 0.47, None, (), 10.0, 4.0)
+    assert usable_by(share, (1.0, 1.0), 35.0, 64.0) == pytest.approx(3 * 0.47)
+    assert usable_by(share, (1.0, 1.0), 99.0, 64.0) == pytest.approx(4 * 0.47)
+    assert usable_by(share, (1.0, 1.0), 99.0, 8.0) == pytest.approx(2 * 0.47)  # memory
+    assert usable_by(share, (1.0, 1.0), math.inf, math.inf) == pytest.approx(4 * 0.47)
+
+
 def test_the_engine_scores_nodes_as_the_definition_says():
     """The cached, grouped sums the engine uses equal sum_m p_m A_n(m) (no model constraints,
     so the weights are the popularities)."""
@@ -65,6 +80,8 @@ def test_the_engine_scores_nodes_as_the_definition_says():
     for _ in range(200):
         rooms = tuple(sorted(rng.choice([0.0, 0.1, 0.3, 0.5, 0.75, 1.0]) for _ in range(8)))
         cpus, memory = rng.uniform(0, 64), rng.uniform(0, 256)
+        if rng.random() < 0.1:
+            cpus = memory = math.inf  # a node that does not say
         expected = sum(p * usable_by(k, rooms, cpus, memory) for k, p in workload.types)
         assert fgd.usable(0, rooms, cpus, memory) == pytest.approx(expected)
 
@@ -145,6 +162,26 @@ def test_a_cpu_hungry_job_goes_where_it_strands_no_gpu():
     placement = started(scheduler.schedule(1))["hungry"]
     # on lean it would leave a GPU without CPUs for anyone; on fat nothing is lost but itself
     assert names(scheduler, placement) == ["fat"]
+
+
+def test_a_job_pays_for_the_gpus_it_leaves_without_cpus_to_feed_them():
+    """On either node the job costs the popular types the same usable GPU; on the lean node it
+    also leaves a GPU with 4 CPUs, less than the workload asks per GPU on average: it goes to
+    the fat node, where nothing is stranded (best fit alone would take the first, lean)."""
+    c = cluster(("lean", 2, "leaf", {"cpus": 14}), ("fat", 2, "leaf", {"cpus": 100}))
+    scheduler = Scheduler(c)
+    for i in range(20):
+        _hold(scheduler, 1, cpus=2)
+        _hold(scheduler, 1, cpus=10)
+        _hold(scheduler, 1, cpus=2, gpu_fraction=0.5)
+    fgd = scheduler.state.fgd
+    x = job("x", 1, cpus=10, t=1)
+    (fat_cost, _, _), (lean_cost, _, _) = [run[0] for run in fgd.tiers(scheduler.state, x)]
+    stranded = fgd.stranded(0, (1.0,), 4.0)  # lean after it: one GPU, 4 CPUs
+    assert stranded > 0 and fgd.stranded(0, (1.0,), 90.0) == 0
+    assert lean_cost - fat_cost == pytest.approx(stranded)  # the only difference
+    scheduler.submit(x, 1)
+    assert names(scheduler, started(scheduler.schedule(1))["x"]) == ["fat"]
 
 
 def test_whole_gpu_workloads_keep_best_fit():

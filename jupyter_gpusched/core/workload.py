@@ -35,6 +35,11 @@ class TaskType:
             return False
         return all(labels.get(k) == v for k, v in self.labels)
 
+    @property
+    def demand(self) -> float:
+        """The GPU share one task of this type takes."""
+        return self.gpus * self.share
+
     def order(self) -> tuple:
         """A total order (``models`` None sorts first)."""
         models = (0,) if self.models is None else (1, *self.models)
@@ -74,7 +79,7 @@ class Workload:
         coverage: float = 1.0,
         max_types: int = 256,
         check_every: int = 32,
-        drift: float = 0.05,
+        drift: float = 0.1,
     ):
         self.max_node_gpus = max_node_gpus
         self.coverage, self.max_types = coverage, max_types
@@ -130,6 +135,7 @@ class Workload:
             chosen.append((kind, weight))
             covered += weight
         types = tuple((kind, weight / covered) for kind, weight in chosen)
+        self.sharing = sum(p for kind, p in types if kind.share < 1.0)  # always up to date
         if not force:
             new, old = dict(types), dict(self.types)
             moved = sum(abs(p - old.get(k, 0.0)) for k, p in types)
@@ -137,5 +143,4 @@ class Workload:
             if moved / 2 <= self.drift:
                 return
         self.types = types
-        self.sharing = sum(p for kind, p in types if kind.share < 1.0)
         self.version += 1

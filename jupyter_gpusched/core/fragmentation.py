@@ -37,56 +37,16 @@ deterministic (no hashing of strings decides an order).
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
+from itertools import groupby
+from operator import itemgetter
 
-import numpy
-
+from .fragmentation_scores import CACHE_LIMIT, EPS, FragmentationScores, fragmentation, usable_by
 from .jobs import Job
 from .state import Part, Placement
-from .workload import TaskType, Workload
+from .workload import Workload
 
-EPS = 1e-9
-INF = float("inf")
-TINY = 1e-12  # the CPUs (memory) of a type that asks for none
-CACHE_LIMIT = 100_000  # entries per score cache; a full one is emptied
-
-
-def gpu_room_for(gpus: int, share: float, rooms: tuple[float, ...]) -> float:
-    """The GPU share that tasks of ``gpus`` GPUs of ``share`` each could take from GPUs with
-    free shares ``rooms``, with no limit on their number: whole multiples of ``share`` on each
-    GPU for a fraction, whole sets of ``gpus`` free GPUs otherwise."""
-    if share < 1.0 - EPS:
-        return sum(((r + EPS) // share) * share for r in rooms if r >= share - EPS)
-    full = sum(1 for r in rooms if r >= 1.0 - EPS)
-    return float(full // gpus * gpus)
-
-
-def usable_by(kind: TaskType, rooms: tuple[float, ...], cpus: float, memory_gb: float) -> float:
-    """``A_n(m)``: the GPU share of a node (free share of each GPU in ``rooms``, CPUs and memory
-    free) that tasks of type ``kind`` could take: as many as its GPUs, CPUs and memory hold.
-    (Model and labels are the caller's to check.)"""
-    tasks = min(_how_many(cpus, kind.cpus), _how_many(memory_gb, kind.memory_gb))
-    return min(gpu_room_for(kind.gpus, kind.share, rooms), tasks * kind.demand)
-
-
-def _how_many(free: float, need: float) -> float:
-    """How many needs of ``need`` fit in ``free`` (infinitely many when nothing is needed or
-    the node does not say what it has)."""
-    if need <= 0 or free == INF:
-        return INF
-    return (free + EPS) // need
-
-
-def fragmentation(model, labels, rooms, cpus, memory_gb, types) -> float:
-    """The expected fragmentation of one node for ``types`` ((TaskType, popularity) pairs):
-    ``sum_m p_m F_n(m)``, where ``F_n(m)`` is the node's unallocated GPU share that tasks of
-    type ``m`` could not take (all of it if ``m`` cannot run there)."""
-    free = sum(rooms)
-    total = 0.0
-    for kind, p in types:
-        use = usable_by(kind, rooms, cpus, memory_gb) if kind.accepts(model, labels) else 0.0
-        total += p * (free - use)
-    return total
+__all__ = ["Fragmentation", "fragmentation", "place_fractional", "usable_by"]
 
 
 class Fragmentation:
@@ -119,142 +79,21 @@ class Fragmentation:
         self._generation = 0  # + 1 whenever a class comes or goes, or the scores change
         self._ranked: dict[tuple, tuple] = {}  # job constraints and shape -> (generation, ranking)
         self._min_level: dict[int, int] = {}
+        self.scores = FragmentationScores(cluster, workload, self._kinds, self._kind_of)
 
-    # -- scoring -----------------------------------------------------------------------------
-    def _tables(self) -> None:
-        """Per node kind: the weighted types that may run there, as arrays (which (GPUs, share)
-        group each is in, its weight, CPUs, memory and GPU demand per task), and the CPUs per
-        GPU share those types ask for on average."""
-        gpus_of_kind = [0] * len(self._kinds)
-        for node in self.cluster.nodes:
-            gpus_of_kind[self._kind_of[node.index]] += node.gpus
-        kinds = [(model, dict(labels)) for model, labels in self._kinds]
-        total = float(self.cluster.total_gpus)
-        weighted = []  # (type, weight, the kinds it may run on)
-        for kind, p in self.workload.types:
-            where = [i for i, (model, labels) in enumerate(kinds) if kind.accepts(model, labels)]
-            reach = sum(gpus_of_kind[i] for i in where)
-            if reach:
-                weighted.append((kind, p * total / reach, set(where)))
-        self._rows, self._cpus_per_share = [], []
-        for kind_index in range(len(kinds)):
-            here = sorted(
-                ((kind, w) for kind, w, where in weighted if kind_index in where),
-                key=lambda kw: kw[0].order(),
-            )
-            groups: dict[tuple, int] = {}
-            for kind, _ in here:
-                groups.setdefault((kind.gpus, kind.share), len(groups))
-            # a type that asks for no CPUs (memory) is never short of them: a tiny need stands in
-            columns = numpy.array(
-                [
-                    (groups[(k.gpus, k.share)], w, k.cpus or TINY, k.memory_gb or TINY, k.demand)
-                    for k, w in here
-                ],
-                dtype=float,
-            ).reshape(-1, 5)
-            group, weight, cpus, memory, demand = columns.T
-            group_gpus = numpy.array([g for g, _ in groups], dtype=float)
-            group_share = numpy.array([share for _, share in groups], dtype=float)
-            self._rows.append(
-                (group_gpus, group_share, group.astype(int), weight, cpus, memory, demand)
-            )
-            wanted = float(weight @ demand)
-            self._cpus_per_share.append(
-                float(weight @ numpy.where(cpus > TINY, cpus, 0.0)) / wanted if wanted else 0.0
-            )
-        self._usable_cache: dict[tuple, float] = {}
+    def _refresh(self) -> None:
+        """The workload's types changed: new weights, and every class's scores are forgotten."""
+        self.scores.refresh()
         self._kept.clear()  # scores of conditions seen before
         for kind_and_key, cid in self._ids.items():
             self._scores[cid] = self._kept[kind_and_key] = {}
         self._generation += 1
         self._version = self.workload.version
 
-    def usable(self, kind_index: int, rooms: tuple, cpus: float, memory_gb: float) -> float:
-        """``sum_m w_m A_n(m)`` over the types that may run on this kind of node: the GPU share
-        the type's tasks could take there, given the free share of each GPU (``rooms``, sorted)
-        and the CPUs and memory free (as many tasks as those hold, no more)."""
-        value = self._usable_cache.get((kind_index, rooms, cpus, memory_gb))
-        if value is None:
-            self.prepare(kind_index, [(rooms, cpus, memory_gb)])
-            value = self._usable_cache[(kind_index, rooms, cpus, memory_gb)]
-        return value
-
-    def prepare(self, kind_index: int, conditions) -> None:
-        """Compute :meth:`usable` for many node conditions ((rooms, CPUs, memory)) of one kind
-        at once (one vectorised sum over conditions and types) and cache it."""
-        cache = self._usable_cache
-        todo = list(dict.fromkeys(c for c in conditions if (kind_index, *c) not in cache))
-        if not todo:
-            return
-        group_gpus, group_share, group, weight, need_cpus, need_memory, demand = self._rows[
-            kind_index
-        ]
-        width = max(len(rooms) for rooms, _, _ in todo)
-        rooms = numpy.array([r + (0.0,) * (width - len(r)) for r, _, _ in todo])[:, :, None]
-        # gpu_room_for, for every (GPUs, share) group: whole multiples of a share on each GPU,
-        # whole sets of free GPUs
-        shares = (numpy.floor((rooms + EPS) / group_share) * group_share).sum(axis=1)
-        full = (rooms >= 1.0 - EPS).sum(axis=1)
-        room = numpy.where(group_share < 1.0 - EPS, shares, full // group_gpus * group_gpus)
-        cpus = numpy.array([c for _, c, _ in todo])[:, None] + EPS
-        memory = numpy.array([m for _, _, m in todo])[:, None] + EPS
-        # as many tasks as the CPUs and memory hold (any number where the node does not say)
-        tasks = numpy.minimum(numpy.floor(cpus / need_cpus), numpy.floor(memory / need_memory))
-        values = numpy.minimum(room[:, group], tasks * demand) @ weight
-        if len(cache) + len(todo) > CACHE_LIMIT:
-            cache.clear()
-        for condition, value in zip(todo, values.tolist(), strict=True):
-            cache[(kind_index, *condition)] = value
-
-    def stranded(self, kind_index: int, rooms: tuple, cpus: float) -> float:
-        """The GPU share of a node its free CPUs cannot feed, at the CPUs per GPU share the
-        workload asks for on this kind of node on average."""
-        per_share = self._cpus_per_share[kind_index]
-        if not per_share:
-            return 0.0
-        return max(0.0, sum(rooms) - cpus / per_share)
-
-    def _stranding(self, kind_index, rooms, cpus, rooms_after, cpus_after) -> float:
-        """How much more GPU share a placement leaves without CPUs to feed it (never less)."""
-        more = self.stranded(kind_index, rooms_after, cpus_after)
-        return max(0.0, more - self.stranded(kind_index, rooms, cpus))
-
-    @staticmethod
-    def _outcomes(key: tuple, job: Job) -> list[tuple]:
-        """The ways ``job`` can go on a node of class ``key``: (free share of the GPU used,
-        rooms after, CPUs after, memory after); for a share, one per distinct room that fits."""
-        rooms, cpu_free, mem_free = key
-        cpus, memory = cpu_free - (job.cpus or 0.0), mem_free - (job.memory_gb or 0.0)
-        if not job.fractional:
-            return [(1.0, (0.0,) * job.gpus + rooms[: len(rooms) - job.gpus], cpus, memory)]
-        out = []
-        for room in sorted(set(rooms)):
-            if room >= job.gpu_fraction - EPS:
-                after = list(rooms)
-                after.remove(room)
-                insort(after, max(0.0, round(room - job.gpu_fraction, 6)))
-                out.append((room, tuple(after), cpus, memory))
-        return out
-
-    def loss(self, kind_index: int, key: tuple, job: Job, outcomes=None) -> tuple[float, float]:
-        """(usable capacity lost, free share of the GPU used) for ``job`` on a node of class
-        ``key``, on its best GPU: rounded so that equal losses tie exactly."""
-        rooms, cpu_free, mem_free = key
-        before = self.usable(kind_index, rooms, cpu_free, mem_free)
-        best = None
-        for room, after, cpu_after, mem_after in outcomes or self._outcomes(key, job):
-            lost = before - self.usable(kind_index, after, cpu_after, mem_after)
-            lost += self._stranding(kind_index, rooms, cpu_free, after, cpu_after)
-            candidate = (round(lost, 9), room)
-            if best is None or candidate < best:
-                best = candidate
-        return best
-
     # -- node classes ------------------------------------------------------------------------
     def sync(self, state) -> None:
         if self.workload.version != self._version:
-            self._tables()
+            self._refresh()
         touched = state.touched
         if not touched:
             return
@@ -324,18 +163,37 @@ class Fragmentation:
             return None
         return rooms, round(state.cpu_free[idx], 6), round(state.mem_free[idx], 6)
 
-    def tiers(self, state, job: Job) -> list[tuple]:
+    def tiers(self, state, job: Job) -> list[list[tuple]]:
         """The classes that can take ``job`` now in runs of equal loss, cheapest first: lists of
         (loss, room, class id)."""
         if state.touched or self.workload.version != self._version:
             self.sync(state)
         wanted = (job.gpu_models, frozenset(job.labels.items()) if job.labels else None)
         cpus, memory = (job.cpus or 0.0) - EPS, (job.memory_gb or 0.0) - EPS
-        k = job.gpus
-        shape = (k, job.gpu_fraction, cpus, memory)
+        shape = (job.gpus, job.gpu_fraction, cpus, memory)
         last = self._ranked.get((wanted, shape))
         if last is not None and last[0] == self._generation:
             return last[1]  # no class came or went since: the same ranking
+        share = job.gpu_fraction - EPS
+        lowest = _bucket((job.gpu_fraction,)) if job.fractional else FULL + job.gpus
+        out = []
+        for kind_index in self._accepting_kinds(wanted, job):
+            buckets = self._classes[kind_index]
+            found = [
+                (key, cid)
+                for bucket in sorted(b for b in buckets if b >= lowest)
+                for key, cid in buckets[bucket].items()
+                if key[1] >= cpus and key[2] >= memory and key[0][-1] >= share
+            ]
+            out.extend(self._scored(kind_index, found, shape, job))
+        out.sort()
+        runs = [list(group) for _, group in groupby(out, key=itemgetter(0))]
+        if len(self._ranked) > CACHE_LIMIT // 100:
+            self._ranked.clear()
+        self._ranked[(wanted, shape)] = (self._generation, runs)
+        return runs
+
+    def _accepting_kinds(self, wanted: tuple, job: Job) -> list[int]:
         kinds = self._accepting.get(wanted)
         if kinds is None:
             kinds = self._accepting[wanted] = [
@@ -344,50 +202,33 @@ class Fragmentation:
                 if (job.gpu_models is None or model in job.gpu_models)
                 and all(dict(labels).get(k) == v for k, v in job.labels.items())
             ]
-        share = job.gpu_fraction - EPS
-        fractional = job.fractional
+        return kinds
+
+    def _scored(self, kind_index: int, found: list, shape: tuple, job: Job) -> list[tuple]:
+        """(loss, room, class id) of the classes ``found`` ((key, class id)) for ``shape``;
+        those not scored yet are scored together (one vectorised sum)."""
         scores = self._scores
-        lowest = _bucket((job.gpu_fraction,)) if fractional else FULL + k
-        out = []
-        for kind_index in kinds:
-            buckets = self._classes[kind_index]
-            unscored = []
-            for bucket in sorted(b for b in buckets if b >= lowest):
-                for key, cid in buckets[bucket].items():
-                    rooms, cpu_free, mem_free = key
-                    if cpu_free < cpus or mem_free < memory or rooms[-1] < share:
-                        continue
-                    found = scores[cid].get(shape)
-                    if found is None:
-                        unscored.append((key, cid))
-                    else:
-                        out.append((found[0], found[1], cid))
-            if unscored:  # score the new classes together: one vectorised sum
-                outcomes = [self._outcomes(key, job) for key, _ in unscored]
-                self.prepare(
-                    kind_index,
-                    [key for key, _ in unscored]
-                    + [(rooms, c, m) for ways in outcomes for _, rooms, c, m in ways],
-                )
-                for (key, cid), ways in zip(unscored, outcomes, strict=True):
-                    known = scores[cid]
-                    if len(known) > CACHE_LIMIT // 100:
-                        known.clear()
-                    found = known[shape] = self.loss(kind_index, key, job, ways)
-                    out.append((found[0], found[1], cid))
-        out.sort()
-        runs = []
-        start = 0
-        while start < len(out):
-            end = start + 1
-            while end < len(out) and out[end][0] == out[start][0]:
-                end += 1
-            runs.append(out[start:end])
-            start = end
-        if len(self._ranked) > CACHE_LIMIT // 100:
-            self._ranked.clear()
-        self._ranked[(wanted, shape)] = (self._generation, runs)
-        return runs
+        out, unscored = [], []
+        for key, cid in found:
+            score = scores[cid].get(shape)
+            if score is None:
+                unscored.append((key, cid))
+            else:
+                out.append((score[0], score[1], cid))
+        if unscored:
+            outcomes = [self.scores.outcomes(key, job) for key, _ in unscored]
+            self.scores.prepare(
+                kind_index,
+                [key for key, _ in unscored]
+                + [(rooms, c, m) for ways in outcomes for _, rooms, c, m in ways],
+            )
+            for (key, cid), ways in zip(unscored, outcomes, strict=True):
+                known = scores[cid]
+                if len(known) > CACHE_LIMIT // 100:
+                    known.clear()
+                score = known[shape] = self.scores.loss(kind_index, key, job, ways)
+                out.append((score[0], score[1], cid))
+        return out
 
     def members(self, cid: int) -> set[int]:
         return self._members[cid]

@@ -1,9 +1,12 @@
 """The packing experiment (FGD): tasks arrive until demand reaches the cluster's GPUs."""
 
+from pathlib import Path
+
 import pytest
 from helpers import cluster, trace_job
 
-from jupyter_gpusched.sim.pack import STEPS, pack
+from jupyter_gpusched.sim.loaders import load_cluster_spec
+from jupyter_gpusched.sim.pack import STEPS, pack, read_tasks
 
 
 def tasks():
@@ -53,3 +56,17 @@ def test_pack_is_deterministic_with_a_seed():
 def test_unknown_pack_policy_is_refused():
     with pytest.raises(ValueError, match="unknown packing policy"):
         pack(tasks(), cluster(("n1", 1, "leaf")), "magic")
+
+
+ALIBABA = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "alibaba2023"
+
+
+def test_on_the_alibaba_trace_fgd_leaves_at_most_0_6_of_best_fits_unallocated_gpus():
+    """The issue's packing figure, on the real pod and node lists (shared/traces)."""
+    pods, nodes = ALIBABA / "openb_pod_list_default.csv", ALIBABA / "openb_node_list_gpu_node.csv"
+    if not pods.exists() or not nodes.exists():
+        pytest.skip(f"real traces not found under {ALIBABA} (see ../shared/traces/README.md)")
+    pod_list, node_list = read_tasks(pods), load_cluster_spec(str(nodes)).cluster
+    fgd, best = pack(pod_list, node_list, "gpusched"), pack(pod_list, node_list, "bestfit")
+    assert fgd.unallocated_gpu_fraction <= 0.6 * best.unallocated_gpu_fraction
+    assert fgd.tasks_failed < best.tasks_failed

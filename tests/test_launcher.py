@@ -147,6 +147,21 @@ def test_notebook_with_a_failing_cell_fails(notebook_jobs):
     assert executed.cells[1].outputs == []
 
 
+def test_a_failing_notebook_fails_even_when_its_kernel_must_be_killed_afterwards(tmp_path):
+    """After a cell raises, nbclient shuts the kernel down, and kills it when it does not go
+    within 5 s (here: an exit handler that sleeps; on a busy machine, a slow kernel). The job
+    failed because of its cell, not because of that signal."""
+    stubborn = write_notebook(
+        tmp_path / "stubborn.ipynb",
+        "import atexit, time; atexit.register(time.sleep, 60)",
+        "raise ValueError('boom')",
+    )
+    launcher = LocalLauncher()
+    handle = launcher.start(spec(tmp_path, notebook=stubborn, job_id="stubborn"))
+    exit = wait_exit(launcher, handle, timeout=60)
+    assert (exit.code, exit.outcome) == (1, "failed"), read_log(launcher, handle)
+
+
 async def test_stopping_a_notebook_signals_its_kernel(notebook_jobs):
     launcher, handles = notebook_jobs
     handle = handles["slow"]

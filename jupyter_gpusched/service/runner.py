@@ -97,12 +97,14 @@ def run_notebook(path: str, output: str) -> dict:
     one, after a failure) to ``output``.
 
     Returns ``{"code": 0}`` when every cell ran, ``{"code": 1}`` when a cell raised or the
-    kernel could not run, ``{"signal": n}`` when the kernel was ended by signal ``n``. The
+    kernel could not run, ``{"signal": n}`` when the kernel was ended by signal ``n`` while it
+    ran a cell. The
     kernel is the one named in the notebook's metadata (``python3`` if none) and runs in the
     job's working directory.
     """
     import nbformat
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
 
     _keep_kernels_in_our_group()
 
@@ -140,6 +142,10 @@ def run_notebook(path: str, output: str) -> dict:
         return {"code": 0}
     exc = failure[0]
     print("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), file=sys.stderr)
+    if isinstance(exc, CellExecutionError):
+        # A cell raised. nbclient then shut the kernel down, and signalled it if it was slow to
+        # go: that signal is not how the job ended.
+        return {"code": 1}
     process = client.kernel_process
     returncode = process.poll() if process is not None else None
     if returncode is not None and returncode < 0:

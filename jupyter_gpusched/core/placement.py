@@ -169,9 +169,9 @@ def _best_node(state, job, exclude, topology, classes=None, counts=None):
             leaves = sorted(by_leaf, key=lambda leaf: (state.leaf_free[leaf], leaf))
             for leaf in leaves if topology else by_leaf:
                 for idx in sorted(by_leaf[leaf]):
-                    if idx in exclude or not node_fits(state, job, idx, 1.0):
-                        continue
                     if classes is not None and class_of[idx] not in classes:
+                        continue
+                    if idx in exclude or not node_fits(state, job, idx, 1.0):
                         continue
                     if not topology:
                         if best is None or idx < best[0][0]:

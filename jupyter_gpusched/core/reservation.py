@@ -49,14 +49,21 @@ def reserve(state: ClusterState, job: Job, ends, jobs: dict, now: float) -> Rese
         if avail[idx] >= threshold:
             ready.add(idx)
 
-    for model, buckets in state.index.items():
+    node_state, labels = state.node_state, tuple(job.labels.items())
+    for model, buckets in state.index.items():  # (the index holds the nodes with free GPUs)
         if job.gpu_models is not None and model not in job.gpu_models:
             continue
         for count in range(1, len(buckets)):
             for members in buckets[count].values():
                 for idx in members:
-                    if eligible(idx):
-                        add(idx, count)
+                    if node_state[idx] != "up":
+                        continue
+                    if labels and not all(cluster.nodes[idx].labels.get(k) == v for k, v in labels):
+                        continue
+                    avail[idx] = count  # (the first time this node is seen)
+                    total += count
+                    if count >= threshold:
+                        ready.add(idx)
 
     def chosen() -> frozenset[int] | None:
         if single:

@@ -5,8 +5,9 @@
 
 Philly: the 52,849-job Sep-Oct log on ``philly:768`` with ``philly:768`` queues and tier mix
 10/60/30, replayed with the gpusched policy (target ``sim_wall_s`` <= 20 s on a 2-core machine).
-Alibaba: ``pack`` of the default pod list on the full node list with the gpusched placement
-(target <= 5 s). ``peak_memory_mb`` is the process's ru_maxrss (target <= 1,024 MB).
+Alibaba: ``pack`` of the default pod list on the full node list with the gpusched placement,
+three times, the median wall time (target <= 5 s). ``peak_memory_mb`` is the process's
+ru_maxrss (target <= 1,024 MB).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import io
 import json
 import pstats
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,6 +41,7 @@ PHILLY = TRACES / "philly" / "philly_2017_sep_oct.csv"
 ALIBABA_TASKS = TRACES / "alibaba2023" / "openb_pod_list_default.csv"
 ALIBABA_NODES = TRACES / "alibaba2023" / "openb_node_list_gpu_node.csv"
 TARGETS = {"philly_sim_wall_s": 20, "pack_wall_s": 5, "peak_memory_mb": 1024}
+PACK_RUNS = 3
 
 
 def bench_philly(profile: bool) -> dict:
@@ -69,14 +72,19 @@ def bench_philly(profile: bool) -> dict:
     }
 
 
-def bench_pack() -> dict:
+def bench_pack(runs: int = PACK_RUNS) -> dict:
+    """``pack`` a few times (the runs are identical but for time; this machine's speed drifts
+    by 20-30% from minute to minute): the median is the figure, every run is shown."""
     tasks = read_tasks(ALIBABA_TASKS)
     cluster = load_cluster_spec(str(ALIBABA_NODES)).cluster
-    result = pack(tasks, cluster, "gpusched")
+    results = [pack(tasks, cluster, "gpusched") for _ in range(runs)]
+    assert len({r.unallocated_gpu_fraction for r in results}) == 1, "pack is not deterministic"
     return {
         "tasks": len(tasks),
-        "wall_s": result.wall_s,
-        "unallocated_gpu_fraction": result.unallocated_gpu_fraction,
+        "wall_s": statistics.median(r.wall_s for r in results),
+        "wall_s_runs": [r.wall_s for r in results],
+        "unallocated_gpu_fraction": results[0].unallocated_gpu_fraction,
+        "tasks_failed": results[0].tasks_failed,
     }
 
 

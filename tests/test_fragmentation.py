@@ -75,15 +75,15 @@ def test_the_engine_scores_nodes_as_the_definition_says():
     weights = [rng.random() for _ in shapes]
     workload.types = tuple((k, w / sum(weights)) for k, w in zip(shapes, weights, strict=True))
     workload.version += 1
-    scores = Fragmentation(c, workload).scores
-    scores.refresh()
+    measure = Fragmentation(c, workload).measure
+    measure.refresh()
     for _ in range(200):
         rooms = tuple(sorted(rng.choice([0.0, 0.1, 0.3, 0.5, 0.75, 1.0]) for _ in range(8)))
         cpus, memory = rng.uniform(0, 64), rng.uniform(0, 256)
         if rng.random() < 0.1:
             cpus = memory = math.inf  # a node that does not say
         expected = sum(p * usable_by(k, rooms, cpus, memory) for k, p in workload.types)
-        assert scores.usable(0, rooms, cpus, memory) == pytest.approx(expected)
+        assert measure.usable(0, rooms, cpus, memory) == pytest.approx(expected)
 
 
 # -- the workload -------------------------------------------------------------------------------
@@ -177,8 +177,8 @@ def test_a_job_pays_for_the_gpus_it_leaves_without_cpus_to_feed_them():
     fgd = scheduler.state.fgd
     x = job("x", 1, cpus=10, t=1)
     (fat_cost, _, _), (lean_cost, _, _) = [run[0] for run in fgd.tiers(scheduler.state, x)]
-    stranded = fgd.scores.stranded(0, (1.0,), 4.0)  # lean after it: one GPU, 4 CPUs
-    assert stranded > 0 and fgd.scores.stranded(0, (1.0,), 90.0) == 0
+    stranded = fgd.measure.stranded(0, (1.0,), 4.0)  # lean after it: one GPU, 4 CPUs
+    assert stranded > 0 and fgd.measure.stranded(0, (1.0,), 90.0) == 0
     assert lean_cost - fat_cost == pytest.approx(stranded)  # the only difference
     scheduler.submit(x, 1)
     assert names(scheduler, started(scheduler.schedule(1))["x"]) == ["fat"]

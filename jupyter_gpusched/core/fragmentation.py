@@ -79,11 +79,12 @@ class Fragmentation:
         self._generation = 0  # + 1 whenever a class comes or goes, or the scores change
         self._ranked: dict[tuple, tuple] = {}  # job constraints and shape -> (generation, ranking)
         self._min_level: dict[int, int] = {}
-        self.scores = FragmentationScores(cluster, workload, self._kinds, self._kind_of)
+        # the measure: what a job costs on a node in a given condition
+        self.measure = FragmentationScores(cluster, workload, self._kinds, self._kind_of)
 
     def _refresh(self) -> None:
         """The workload's types changed: new weights, and every class's scores are forgotten."""
-        self.scores.refresh()
+        self.measure.refresh()
         self._kept.clear()  # scores of conditions seen before
         for kind_and_key, cid in self._ids.items():
             self._scores[cid] = self._kept[kind_and_key] = {}
@@ -216,8 +217,8 @@ class Fragmentation:
             else:
                 out.append((score[0], score[1], cid))
         if unscored:
-            outcomes = [self.scores.outcomes(key, job) for key, _ in unscored]
-            self.scores.prepare(
+            outcomes = [self.measure.outcomes(key, job) for key, _ in unscored]
+            self.measure.prepare(
                 kind_index,
                 [key for key, _ in unscored]
                 + [(rooms, c, m) for ways in outcomes for _, rooms, c, m in ways],
@@ -226,7 +227,7 @@ class Fragmentation:
                 known = scores[cid]
                 if len(known) > CACHE_LIMIT // 100:
                     known.clear()
-                score = known[shape] = self.scores.loss(kind_index, key, job, ways)
+                score = known[shape] = self.measure.loss(kind_index, key, job, ways)
                 out.append((score[0], score[1], cid))
         return out
 

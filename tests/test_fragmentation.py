@@ -62,28 +62,93 @@ def test_usable_share_counts_the_tasks_the_cpus_and_memory_hold():
     assert usable_by(share, (1.0, 1.0), math.inf, math.inf) == pytest.approx(4 * 0.47)
 
 
-def test_the_engine_scores_nodes_as_the_definition_says():
-    """The cached, grouped sums the engine uses equal sum_m p_m A_n(m) (no model constraints,
-    so the weights are the popularities)."""
-    rng = random.Random(7)
-    c = cluster(("n1", 8, "leaf", {"cpus": 64, "memory_gb": 256}))
+def _random_measure(rng):
+    """A measure over nodes of 1 to 8 GPUs (one kind) and a random workload, with types that
+    ask no CPUs or no memory and tiny shares among them."""
+    c = cluster(*[(f"n{g}", g, "leaf", {"cpus": 64, "memory_gb": 256}) for g in (1, 2, 4, 7, 8)])
     workload = Workload(8)
-    shapes = [
-        TaskType(rng.choice([1, 1, 2, 4]), 1.0, None, (), rng.choice([2.0, 6.0]), 16.0)
-        for _ in range(6)
-    ] + [TaskType(1, rng.choice([0.25, 0.5, 0.7]), None, (), 4.0, 8.0) for _ in range(6)]
+    shapes = (
+        [
+            TaskType(rng.choice([1, 1, 2, 4]), 1.0, None, (), rng.choice([0.0, 2.0, 6.0]), 16.0)
+            for _ in range(6)
+        ]
+        + [
+            TaskType(1, rng.choice([0.001, 0.1, 0.25, 0.7]), None, (), rng.choice([0.0, 4.0]), 8.0)
+            for _ in range(6)
+        ]
+        + [TaskType(1, 0.001, None, (), 0.0, 0.0), TaskType(1, 0.1, None, (), 0.0, 0.0)]
+    )
     weights = [rng.random() for _ in shapes]
     workload.types = tuple((k, w / sum(weights)) for k, w in zip(shapes, weights, strict=True))
     workload.version += 1
     measure = Fragmentation(c, workload).measure
     measure.refresh()
-    for _ in range(200):
-        rooms = tuple(sorted(rng.choice([0.0, 0.1, 0.3, 0.5, 0.75, 1.0]) for _ in range(8)))
-        cpus, memory = rng.uniform(0, 64), rng.uniform(0, 256)
+    return measure, workload
+
+
+def _random_conditions(rng, count):
+    out = []
+    for _ in range(count):
+        gpus = rng.choice([1, 2, 4, 8])
+        rooms = tuple(
+            sorted(rng.choice([0.0, 0.1, 0.3, 0.47, 0.5, 0.75, 1.0]) for _ in range(gpus))
+        )
+        cpus, memory = rng.choice([0.0, -1e-10, rng.uniform(0, 64)]), rng.uniform(0, 256)
         if rng.random() < 0.1:
             cpus = memory = math.inf  # a node that does not say
+        out.append((rooms, cpus, memory))
+    return out
+
+
+def test_the_engine_scores_nodes_as_the_definition_says():
+    """The vectorised sums the engine uses equal sum_m p_m A_n(m) (no model constraints, so the
+    weights are the popularities), CPUs and memory free or not, on nodes of any size."""
+    rng = random.Random(7)
+    measure, workload = _random_measure(rng)
+    # a type that asks no CPUs fits any number of times, also where no CPUs are left
+    conditions = [((1.0,) * 8, 0.0, 0.0), ((1.0,) * 8, -1e-10, 256.0)]
+    for rooms, cpus, memory in conditions + _random_conditions(rng, 300):
         expected = sum(p * usable_by(k, rooms, cpus, memory) for k, p in workload.types)
         assert measure.usable(0, rooms, cpus, memory) == pytest.approx(expected)
+
+
+def _single_type_measure(_rng):
+    c = cluster(*[(f"n{g}", g, "leaf", {"cpus": 64, "memory_gb": 256}) for g in (1, 2, 4, 7, 8)])
+    workload = Workload(8)
+    workload.types = ((TaskType(1, 0.1, None, (), 4.0, 0.0), 1.0),)
+    workload.version += 1
+    measure = Fragmentation(c, workload).measure
+    measure.refresh()
+    return measure, workload
+
+
+@pytest.mark.parametrize("make", [_random_measure, _single_type_measure])
+def test_a_condition_scores_the_same_alone_and_in_any_batch(make):
+    """A condition's value never depends on what it was computed with (nodes of other sizes),
+    so a cache emptied and filled again gives the same choices."""
+    rng = random.Random(11)
+    batched, _ = make(random.Random(3))
+    alone, _ = make(random.Random(3))
+    # a 7-GPU node's sum is the sum of 8 numbers when an 8-GPU node is in the batch: summed in
+    # another order, 5.000000000000001 became 5.0
+    conditions = [((0.1, 0.6, 0.7, 0.9, 0.9, 0.9, 0.9), 64.0, 256.0), ((1.0,) * 8, 64.0, 256.0)]
+    conditions += _random_conditions(rng, 200)
+    batched.prepare(0, conditions)
+    for condition in conditions:
+        alone.prepare(0, [condition])
+        assert batched.usable(0, *condition) == alone.usable(0, *condition)
+
+
+def test_a_tiny_share_does_not_break_the_scores():
+    c = cluster(("n1", 8, "leaf"), ("n2", 8, "leaf"))
+    scheduler = Scheduler(c)
+    _hold(scheduler, 40, gpu_fraction=0.0004)  # a type of share 0.001 (never 0)
+    costs = [
+        cost
+        for run in scheduler.state.fgd.tiers(scheduler.state, job("x", 1, gpu_fraction=0.5))
+        for cost, _, _ in run
+    ]
+    assert costs and all(math.isfinite(cost) for cost in costs)
 
 
 # -- the workload -------------------------------------------------------------------------------

@@ -1,13 +1,18 @@
 """The measure of :mod:`.fragmentation`, and its fast form.
 
 :func:`usable_by` and :func:`fragmentation` are the definitions, one type and one node at a time.
-:class:`FragmentationScores` computes the same for the engine: per kind of node (GPU model and
-labels), the types that may run there are arrays, and the usable capacity of many node conditions
-is one vectorised sum (numpy), cached per condition until the workload's types change.
+:class:`FragmentationScores` is what the engine uses: per kind of node (GPU model and labels) the
+types that may run there are arrays, and ``sum_m w_m A_n(m)`` (``usable_by`` for ``A_n(m)``, with
+the weights ``w_m`` of :mod:`.fragmentation`) of many node conditions is one vectorised sum
+(numpy), cached per condition until the workload's types change. Its shares are summed GPU by GPU
+in the definition's order, so a condition's value never depends on the batch it was computed in.
+A job's cost is the usable capacity it takes away plus the GPU share it strands (see
+:mod:`.fragmentation`).
 """
 
 from __future__ import annotations
 
+import math
 from bisect import insort
 
 import numpy
@@ -17,7 +22,6 @@ from .workload import TaskType, Workload
 
 EPS = 1e-9
 INF = float("inf")
-TINY = 1e-12  # the CPUs (memory) of a type that asks for none
 CACHE_LIMIT = 100_000  # entries per cache; a full one is emptied
 
 
@@ -26,7 +30,7 @@ def gpu_room_for(gpus: int, share: float, rooms: tuple[float, ...]) -> float:
     free shares ``rooms``, with no limit on their number: whole multiples of ``share`` on each
     GPU for a fraction, whole sets of ``gpus`` free GPUs otherwise."""
     if share < 1.0 - EPS:
-        return sum(((r + EPS) // share) * share for r in rooms if r >= share - EPS)
+        return sum(math.floor((r + EPS) / share) * share for r in rooms if r >= share - EPS)
     full = sum(1 for r in rooms if r >= 1.0 - EPS)
     return float(full // gpus * gpus)
 
@@ -44,7 +48,7 @@ def _how_many(free: float, need: float) -> float:
     the node does not say what it has)."""
     if need <= 0 or free == INF:
         return INF
-    return (free + EPS) // need
+    return math.floor((free + EPS) / need)
 
 
 def fragmentation(model, labels, rooms, cpus, memory_gb, types) -> float:
@@ -57,6 +61,20 @@ def fragmentation(model, labels, rooms, cpus, memory_gb, types) -> float:
         use = usable_by(kind, rooms, cpus, memory_gb) if kind.accepts(model, labels) else 0.0
         total += p * (free - use)
     return total
+
+
+class _Need:
+    """What each type asks of one resource (CPUs or memory) per task, 0 for nothing."""
+
+    def __init__(self, need: numpy.ndarray):
+        self.asks = need > 0
+        self.need = numpy.where(self.asks, need, 1.0)
+
+    def tasks(self, free: list[float]) -> numpy.ndarray:
+        """How many tasks of each type ``free`` holds, per condition (as :func:`_how_many`:
+        any number when a type asks nothing or the node does not say)."""
+        held = numpy.floor((numpy.array(free)[:, None] + EPS) / self.need)
+        return numpy.where(self.asks, held, INF)
 
 
 class FragmentationScores:
@@ -95,26 +113,17 @@ class FragmentationScores:
             groups: dict[tuple, int] = {}
             for kind, _ in here:
                 groups.setdefault((kind.gpus, kind.share), len(groups))
-            # a type that asks for no CPUs (memory) is never short of them: a tiny need stands in
             columns = numpy.array(
-                [
-                    (groups[(k.gpus, k.share)], w, k.cpus or TINY, k.memory_gb or TINY, k.demand)
-                    for k, w in here
-                ],
+                [(groups[(k.gpus, k.share)], w, k.cpus, k.memory_gb, k.demand) for k, w in here],
                 dtype=float,
             ).reshape(-1, 5)
             group, weight, cpus, memory, demand = columns.T
             group_gpus = numpy.array([g for g, _ in groups], dtype=float)
             group_share = numpy.array([share for _, share in groups], dtype=float)
-            self._rows.append(
-                (group_gpus, group_share, group.astype(int), weight, cpus, memory, demand)
-            )
+            asked = (_Need(cpus), _Need(memory))
+            self._rows.append((group_gpus, group_share, group.astype(int), weight, *asked, demand))
             wanted = float((weight * demand).sum())
-            self._cpus_per_share.append(
-                float((weight * numpy.where(cpus > TINY, cpus, 0.0)).sum()) / wanted
-                if wanted
-                else 0.0
-            )
+            self._cpus_per_share.append(float((weight * cpus).sum()) / wanted if wanted else 0.0)
         self._usable_cache.clear()
 
     def usable(self, kind_index: int, rooms: tuple, cpus: float, memory_gb: float) -> float:
@@ -138,17 +147,18 @@ class FragmentationScores:
             kind_index
         ]
         width = max(len(rooms) for rooms, _, _ in todo)
-        rooms = numpy.array([r + (0.0,) * (width - len(r)) for r, _, _ in todo])[:, :, None]
-        # gpu_room_for, for every (GPUs, share) group: whole multiples of a share on each GPU,
-        # whole sets of free GPUs
-        shares = (numpy.floor((rooms + EPS) / group_share) * group_share).sum(axis=1)
-        full = (rooms >= 1.0 - EPS).sum(axis=1)
+        rooms = numpy.array([r + (0.0,) * (width - len(r)) for r, _, _ in todo])
+        # gpu_room_for, for every (GPUs, share) group: whole multiples of a share on each GPU
+        # (summed GPU by GPU, as the definition does), whole sets of free GPUs
+        shares = numpy.zeros((len(todo), len(group_share)))
+        for gpu in range(width):
+            room = rooms[:, gpu : gpu + 1] + EPS
+            shares += numpy.floor(room / group_share) * group_share
+        full = (rooms >= 1.0 - EPS).sum(axis=1, keepdims=True)
         room = numpy.where(group_share < 1.0 - EPS, shares, full // group_gpus * group_gpus)
-        cpus = numpy.array([c for _, c, _ in todo])[:, None] + EPS
-        memory = numpy.array([m for _, _, m in todo])[:, None] + EPS
-        # as many tasks as the CPUs and memory hold (any number where the node does not say)
-        tasks = numpy.minimum(numpy.floor(cpus / need_cpus), numpy.floor(memory / need_memory))
-        # (numpy's own sums, not BLAS: the same on every machine)
+        tasks = numpy.minimum(
+            need_cpus.tasks([c for _, c, _ in todo]), need_memory.tasks([m for _, _, m in todo])
+        )
         values = (numpy.minimum(room[:, group], tasks * demand) * weight).sum(axis=1)
         if len(cache) + len(todo) > CACHE_LIMIT:
             cache.clear()
@@ -186,8 +196,9 @@ class FragmentationScores:
         return out
 
     def loss(self, kind_index: int, key: tuple, job: Job, outcomes=None) -> tuple[float, float]:
-        """(usable capacity lost, free share of the GPU used) for ``job`` on a node of class
-        ``key``, on its best GPU: rounded so that equal losses tie exactly."""
+        """(cost, free share of the GPU used) for ``job`` on a node of class ``key``, on its best
+        GPU. The cost is the usable capacity lost plus the GPU share newly stranded, rounded so
+        that equal costs tie exactly."""
         rooms, cpu_free, mem_free = key
         before = self.usable(kind_index, rooms, cpu_free, mem_free)
         best = None

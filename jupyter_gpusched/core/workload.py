@@ -48,7 +48,8 @@ class TaskType:
 
 def task_type(job: Job, max_node_gpus: int) -> TaskType:
     """The per-node shape of ``job``: a gang counts once, as one of its nodes (whole nodes when
-    it has no ``gpus_per_node``). CPUs are rounded to 0.1, memory to 0.25 GB."""
+    it has no ``gpus_per_node``). Shares are rounded to 0.001 (at least 0.001), CPUs to 0.1,
+    memory to 0.25 GB."""
     per_node = job.gpus_per_node or job.gpus
     if per_node > max_node_gpus:
         per_node = max_node_gpus
@@ -56,7 +57,7 @@ def task_type(job: Job, max_node_gpus: int) -> TaskType:
     models = None if job.gpu_models is None else tuple(sorted(job.gpu_models))
     return TaskType(
         gpus=per_node,
-        share=round(job.gpu_fraction, 3),
+        share=max(round(job.gpu_fraction, 3), 0.001),  # (never 0: a share of nothing)
         models=models,
         labels=tuple(sorted(job.labels.items())),
         cpus=round((job.cpus or 0.0) / nodes, 1),

@@ -4,10 +4,10 @@
 :class:`FragmentationScores` is what the engine uses: per kind of node (GPU model and labels) the
 types that may run there are arrays, and ``sum_m w_m A_n(m)`` (``usable_by`` for ``A_n(m)``, with
 the weights ``w_m`` of :mod:`.fragmentation`) of many node conditions is one vectorised sum
-(numpy), cached per condition until the workload's types change. Its shares are summed GPU by GPU
-in the definition's order, so a condition's value never depends on the batch it was computed in.
-A job's cost is the usable capacity it takes away plus the GPU share it strands (see
-:mod:`.fragmentation`).
+(numpy), cached per condition until the workload's types change. A node's GPUs are padded to
+the most GPUs of its kind, always, so that a condition's sums run in the same order, and its
+value is the same, whatever batch it is computed in. A job's cost is the usable capacity it takes
+away plus the GPU share it strands (see :mod:`.fragmentation`).
 """
 
 from __future__ import annotations
@@ -88,6 +88,10 @@ class FragmentationScores:
         self._rows: list[tuple] = []
         self._cpus_per_share: list[float] = []
         self._usable_cache: dict[tuple, float] = {}
+        self._widths = [0] * len(kinds)  # per kind: the most GPUs of its nodes
+        for node in cluster.nodes:
+            kind = kind_of[node.index]
+            self._widths[kind] = max(self._widths[kind], node.gpus)
 
     def refresh(self) -> None:
         """Per node kind: the weighted types that may run there, as arrays (which (GPUs, share)
@@ -146,14 +150,12 @@ class FragmentationScores:
         group_gpus, group_share, group, weight, need_cpus, need_memory, demand = self._rows[
             kind_index
         ]
-        width = max(len(rooms) for rooms, _, _ in todo)
+        width = self._widths[kind_index]  # the same for every batch: see the module docstring
         rooms = numpy.array([r + (0.0,) * (width - len(r)) for r, _, _ in todo])
-        # gpu_room_for, for every (GPUs, share) group: whole multiples of a share on each GPU
-        # (summed GPU by GPU, as the definition does), whole sets of free GPUs
-        shares = numpy.zeros((len(todo), len(group_share)))
-        for gpu in range(width):
-            room = rooms[:, gpu : gpu + 1] + EPS
-            shares += numpy.floor(room / group_share) * group_share
+        # gpu_room_for, for every (GPUs, share) group: whole multiples of a share on each GPU,
+        # whole sets of free GPUs
+        room = (rooms[:, :, None] + EPS) / group_share
+        shares = (numpy.floor(room) * group_share).sum(axis=1)
         full = (rooms >= 1.0 - EPS).sum(axis=1, keepdims=True)
         room = numpy.where(group_share < 1.0 - EPS, shares, full // group_gpus * group_gpus)
         tasks = numpy.minimum(

@@ -124,19 +124,18 @@ def _single_type_measure(_rng):
 
 @pytest.mark.parametrize("make", [_random_measure, _single_type_measure])
 def test_a_condition_scores_the_same_alone_and_in_any_batch(make):
-    """A condition's value never depends on what it was computed with (nodes of other sizes),
-    so a cache emptied and filled again gives the same choices."""
+    """A condition's value never depends on what it is computed with (nodes of other sizes), so
+    choices do not depend on which classes happen to be scored together."""
     rng = random.Random(11)
-    batched, _ = make(random.Random(3))
-    alone, _ = make(random.Random(3))
+    measure, _ = make(random.Random(3))
     # a 7-GPU node's sum is the sum of 8 numbers when an 8-GPU node is in the batch: summed in
     # another order, 5.000000000000001 became 5.0
     conditions = [((0.1, 0.6, 0.7, 0.9, 0.9, 0.9, 0.9), 64.0, 256.0), ((1.0,) * 8, 64.0, 256.0)]
     conditions += _random_conditions(rng, 200)
-    batched.prepare(0, conditions)
-    for condition in conditions:
-        alone.prepare(0, [condition])
-        assert batched.usable(0, *condition) == alone.usable(0, *condition)
+    usable, stranded = measure._evaluate(0, conditions)
+    for condition, value, strand in zip(conditions, usable, stranded, strict=True):
+        assert measure.usable(0, *condition) == value
+        assert measure.stranded(0, *condition[:2]) == strand
 
 
 def test_a_tiny_share_does_not_break_the_scores():

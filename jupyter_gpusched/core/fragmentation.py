@@ -217,17 +217,12 @@ class Fragmentation:
             else:
                 out.append((score[0], score[1], cid))
         if unscored:
-            outcomes = [self.measure.outcomes(key, job) for key, _ in unscored]
-            self.measure.prepare(
-                kind_index,
-                [key for key, _ in unscored]
-                + [(rooms, c, m) for ways in outcomes for _, rooms, c, m in ways],
-            )
-            for (key, cid), ways in zip(unscored, outcomes, strict=True):
+            costs = self.measure.losses(kind_index, [key for key, _ in unscored], job)
+            for (_, cid), score in zip(unscored, costs, strict=True):
                 known = scores[cid]
                 if len(known) > CACHE_LIMIT // 100:
                     known.clear()
-                score = known[shape] = self.measure.loss(kind_index, key, job, ways)
+                known[shape] = score
                 out.append((score[0], score[1], cid))
         return out
 

@@ -4,8 +4,8 @@
 :class:`FragmentationScores` is what the engine uses: per kind of node (GPU model and labels) the
 types that may run there are arrays, and ``sum_m w_m A_n(m)`` (``usable_by`` for ``A_n(m)``, with
 the weights ``w_m`` of :mod:`.fragmentation`) of many node conditions is one vectorised sum
-(numpy), cached per condition until the workload's types change. A node's GPUs are padded to
-the most GPUs of its kind, always, so that a condition's sums run in the same order, and its
+(numpy): the classes a ranking has not scored yet are scored together. A node's GPUs are padded
+to the most GPUs of its kind, always, so that a condition's sums run in the same order, and its
 value is the same, whatever batch it is computed in. A job's cost is the usable capacity it takes
 away plus the GPU share it strands (see :mod:`.fragmentation`).
 """
@@ -87,7 +87,6 @@ class FragmentationScores:
         self.kinds, self.kind_of = kinds, kind_of
         self._rows: list[tuple] = []
         self._cpus_per_share: list[float] = []
-        self._usable_cache: dict[tuple, float] = {}
         self._widths = [0] * len(kinds)  # per kind: the most GPUs of its nodes
         for node in cluster.nodes:
             kind = kind_of[node.index]
@@ -128,30 +127,27 @@ class FragmentationScores:
             self._rows.append((group_gpus, group_share, group.astype(int), weight, *asked, demand))
             wanted = float((weight * demand).sum())
             self._cpus_per_share.append(float((weight * cpus).sum()) / wanted if wanted else 0.0)
-        self._usable_cache.clear()
 
     def usable(self, kind_index: int, rooms: tuple, cpus: float, memory_gb: float) -> float:
         """``sum_m w_m A_n(m)`` over the types that may run on this kind of node: the GPU share
         the type's tasks could take there, given the free share of each GPU (``rooms``, sorted)
         and the CPUs and memory free (as many tasks as those hold, no more)."""
-        value = self._usable_cache.get((kind_index, rooms, cpus, memory_gb))
-        if value is None:
-            self.prepare(kind_index, [(rooms, cpus, memory_gb)])
-            value = self._usable_cache[(kind_index, rooms, cpus, memory_gb)]
-        return value
+        return float(self._evaluate(kind_index, [(rooms, cpus, memory_gb)])[0][0])
 
-    def prepare(self, kind_index: int, conditions) -> None:
-        """Compute :meth:`usable` for many node conditions ((rooms, CPUs, memory)) of one kind
-        at once (one vectorised sum over conditions and types) and cache it."""
-        cache = self._usable_cache
-        todo = list(dict.fromkeys(c for c in conditions if (kind_index, *c) not in cache))
-        if not todo:
-            return
+    def stranded(self, kind_index: int, rooms: tuple, cpus: float) -> float:
+        """The GPU share of a node its free CPUs cannot feed, at the CPUs per GPU share the
+        workload asks for on this kind of node on average."""
+        return float(self._evaluate(kind_index, [(rooms, cpus, INF)])[1][0])
+
+    def _evaluate(self, kind_index: int, conditions: list) -> tuple:
+        """(:meth:`usable`, :meth:`stranded`) of many node conditions ((rooms, CPUs, memory)) of
+        one kind at once: vectorised over conditions and types."""
         group_gpus, group_share, group, weight, need_cpus, need_memory, demand = self._rows[
             kind_index
         ]
         width = self._widths[kind_index]  # the same for every batch: see the module docstring
-        rooms = numpy.array([r + (0.0,) * (width - len(r)) for r, _, _ in todo])
+        rooms = numpy.array([r + (0.0,) * (width - len(r)) for r, _, _ in conditions])
+        cpus = [c for _, c, _ in conditions]
         # gpu_room_for, for every (GPUs, share) group: whole multiples of a share on each GPU,
         # whole sets of free GPUs
         room = (rooms[:, :, None] + EPS) / group_share
@@ -159,26 +155,33 @@ class FragmentationScores:
         full = (rooms >= 1.0 - EPS).sum(axis=1, keepdims=True)
         room = numpy.where(group_share < 1.0 - EPS, shares, full // group_gpus * group_gpus)
         tasks = numpy.minimum(
-            need_cpus.tasks([c for _, c, _ in todo]), need_memory.tasks([m for _, _, m in todo])
+            need_cpus.tasks(cpus), need_memory.tasks([m for _, _, m in conditions])
         )
-        values = (numpy.minimum(room[:, group], tasks * demand) * weight).sum(axis=1)
-        if len(cache) + len(todo) > CACHE_LIMIT:
-            cache.clear()
-        for condition, value in zip(todo, values.tolist(), strict=True):
-            cache[(kind_index, *condition)] = value
-
-    def stranded(self, kind_index: int, rooms: tuple, cpus: float) -> float:
-        """The GPU share of a node its free CPUs cannot feed, at the CPUs per GPU share the
-        workload asks for on this kind of node on average."""
+        usable = (numpy.minimum(room[:, group], tasks * demand) * weight).sum(axis=1)
         per_share = self._cpus_per_share[kind_index]
-        if not per_share:
-            return 0.0
-        return max(0.0, sum(rooms) - cpus / per_share)
+        if per_share:
+            stranded = numpy.maximum(0.0, rooms.sum(axis=1) - numpy.array(cpus) / per_share)
+        else:
+            stranded = numpy.zeros(len(conditions))
+        return usable, stranded
 
-    def _stranding(self, kind_index, rooms, cpus, rooms_after, cpus_after) -> float:
-        """How much more GPU share a placement leaves without CPUs to feed it (never less)."""
-        more = self.stranded(kind_index, rooms_after, cpus_after)
-        return max(0.0, more - self.stranded(kind_index, rooms, cpus))
+    def losses(self, kind_index: int, keys: list, job: Job) -> list[tuple[float, float]]:
+        """(cost, free share of the GPU used) of ``job`` on a node of each class in ``keys``
+        (of one kind), on its best GPU. The cost is the usable capacity lost plus the GPU share
+        newly stranded, rounded so that equal costs tie exactly."""
+        ways = [self.outcomes(key, job) for key in keys]
+        after = [(rooms, c, m) for options in ways for _, rooms, c, m in options]
+        usable, stranded = self._evaluate(kind_index, list(keys) + after)
+        count = len(keys)
+        owner = numpy.repeat(numpy.arange(count), [len(options) for options in ways])
+        lost = usable[owner] - usable[count:]
+        lost += numpy.maximum(0.0, stranded[count:] - stranded[owner])  # (never a gain)
+        costs = [round(cost, 9) for cost in lost.tolist()]
+        out, start = [], 0
+        for options in ways:
+            out.append(min((costs[start + i], room) for i, (room, *_) in enumerate(options)))
+            start += len(options)
+        return out
 
     @staticmethod
     def outcomes(key: tuple, job: Job) -> list[tuple]:
@@ -196,18 +199,3 @@ class FragmentationScores:
                 insort(after, max(0.0, round(room - job.gpu_fraction, 6)))
                 out.append((room, tuple(after), cpus, memory))
         return out
-
-    def loss(self, kind_index: int, key: tuple, job: Job, outcomes=None) -> tuple[float, float]:
-        """(cost, free share of the GPU used) for ``job`` on a node of class ``key``, on its best
-        GPU. The cost is the usable capacity lost plus the GPU share newly stranded, rounded so
-        that equal costs tie exactly."""
-        rooms, cpu_free, mem_free = key
-        before = self.usable(kind_index, rooms, cpu_free, mem_free)
-        best = None
-        for room, after, cpu_after, mem_after in outcomes or self.outcomes(key, job):
-            lost = before - self.usable(kind_index, after, cpu_after, mem_after)
-            lost += self._stranding(kind_index, rooms, cpu_free, after, cpu_after)
-            candidate = (round(lost, 9), room)
-            if best is None or candidate < best:
-                best = candidate
-        return best

@@ -98,9 +98,8 @@ def run_notebook(path: str, output: str) -> dict:
 
     Returns ``{"code": 0}`` when every cell ran, ``{"code": 1}`` when a cell raised or the
     kernel could not run, ``{"signal": n}`` when the kernel was ended by signal ``n`` while it
-    ran a cell. The
-    kernel is the one named in the notebook's metadata (``python3`` if none) and runs in the
-    job's working directory.
+    ran a cell. The kernel is the one named in the notebook's metadata (``python3`` if none)
+    and runs in the job's working directory.
     """
     import nbformat
     from nbclient import NotebookClient

@@ -8,7 +8,8 @@ import pytest
 from helpers import cluster, job, names, started, trace_job
 
 from jupyter_gpusched.core import ConfigError, PolicySettings, Scheduler
-from jupyter_gpusched.core.fragmentation import Fragmentation, fragmentation, usable_by
+from jupyter_gpusched.core.fragmentation import Fragmentation
+from jupyter_gpusched.core.fragmentation_scores import fragmentation, usable_by
 from jupyter_gpusched.core.state import Part, Placement
 from jupyter_gpusched.core.workload import TaskType, Workload, task_type
 from jupyter_gpusched.sim.pack import pack

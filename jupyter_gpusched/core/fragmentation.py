@@ -41,12 +41,10 @@ from bisect import bisect_left
 from itertools import groupby
 from operator import itemgetter
 
-from .fragmentation_scores import CACHE_LIMIT, EPS, FragmentationScores, fragmentation, usable_by
+from .fragmentation_scores import CACHE_LIMIT, EPS, FragmentationScores
 from .jobs import Job
 from .state import Part, Placement
 from .workload import Workload
-
-__all__ = ["Fragmentation", "fragmentation", "place_fractional", "usable_by"]
 
 
 class Fragmentation:

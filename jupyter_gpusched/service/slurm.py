@@ -81,8 +81,7 @@ import uuid
 
 from traitlets import Bool, Float, Unicode
 
-from ..slurm_commands import (  # noqa: F401 (ACTIVE_STATES: importable from here too)
-    ACTIVE_STATES,
+from ..slurm_commands import (
     SlurmCommandError,
     SlurmOptions,
     export_lines,

@@ -35,6 +35,36 @@ JOB_FIELDS = {
     "server_name": "kind notebook: the hub's name of the server ('' for the default server)",
 }
 
+# -- bounds: what one request may ask for -----------------------------------------------------
+# The server enforces these (RequestError, 400, naming the field) and the OpenAPI document
+# (service/openapi.py) declares the same numbers, so a schema-driven tool sends what we accept.
+MAX_BODY_BYTES = 1 << 20  # the default of GPUSchedService.max_body_bytes: the whole body
+MAX_NAME = 200  # 'name': characters
+MAX_COMMAND = 65_536  # 'command': characters (a shell command line, not a script file)
+MAX_PATH = 4096  # 'notebook' and 'cwd': characters (PATH_MAX)
+MAX_QUEUE = 500  # 'queue': characters of a queue path
+MAX_SERVER_NAME = 255  # 'server_name': characters, as JupyterHub allows
+MAX_ENV_VARS = 256  # 'env': variables
+MAX_ENV_NAME = 128  # 'env': characters of one name
+MAX_ENV_BYTES = 65_536  # 'env': characters of all names and values together
+MAX_LABELS = 32  # 'labels': entries
+MAX_LABEL_KEY = 63  # 'labels': characters of a key (as Kubernetes label names)
+MAX_LABEL_VALUE = 253  # 'labels': characters of a value
+MAX_GPU_MODELS = 16  # 'gpu_model': alternatives
+MAX_GPU_MODEL = 100  # 'gpu_model': characters of one model name
+MIN_GPU_FRACTION = 0.01  # 'gpu_fraction': the smallest share of a GPU
+MAX_WALLTIME = 365 * 86_400.0  # 'walltime': seconds (one year)
+MAX_CPUS = 65_536.0  # 'cpus' for one job
+MAX_MEMORY_GB = 1_048_576.0  # 'memory_gb' for one job (1 PB)
+QUOTE = 80  # error messages quote at most this many characters of bad input
+
+
+def quote(value) -> str:
+    """``repr(value)``, cut to :data:`QUOTE` characters: an error never echoes a whole body."""
+    text = repr(value)
+    return text if len(text) <= QUOTE else text[: QUOTE - 3] + "..."
+
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "GPUSCHED_")
 

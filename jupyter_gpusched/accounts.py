@@ -42,13 +42,18 @@ class AccountPolicy(Configurable):
         help="""Account names no job or notebook server ever runs as, whatever their uid.""",
     ).tag(config=True)
 
-    def account(self, name: str) -> pwd.struct_passwd:
-        """The account named ``name``, or :class:`AccountRefused` saying why not."""
+    def check_name(self, name: str) -> None:
+        """:class:`AccountRefused` when ``name`` is denied whatever account work runs as (the
+        deny list alone: also where work runs as the service's own account)."""
         if name in self.denied_users:
             raise AccountRefused(
                 f"work may not run as the account {name!r}: it is in the scheduler's list of "
                 "denied accounts (AccountPolicy.denied_users)"
             )
+
+    def account(self, name: str) -> pwd.struct_passwd:
+        """The account named ``name``, or :class:`AccountRefused` saying why not."""
+        self.check_name(name)
         try:
             entry = pwd.getpwnam(name)
         except KeyError:

@@ -46,8 +46,12 @@ TOKENS = {
     "carol": "carol-token-00000000000001",
     "dave": "dave-token-000000000000001",
     "admin": "admin-token-00000000000001",
-    "gpusched-alice": "gpusched-alice-token-000001",  # a Unix account (see test_service_api)
     "gpusched-nobody": "gpusched-nobody-token-00001",  # never a Unix account
+    # tests/test_security_accounts.py: a hub user named like root, Unix accounts it creates
+    "root": "root-token-000000000000001",
+    "gpusched-ann": "gpusched-ann-token-0000001",
+    "gpusched-ben": "gpusched-ben-token-0000001",
+    "gpusched-sys": "gpusched-sys-token-0000001",
 }
 ADMINS = {"admin"}
 

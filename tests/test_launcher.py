@@ -1,6 +1,5 @@
 """LocalLauncher with real processes: environment, logs, notebooks, stopping, restarts, accounts."""
 
-import getpass
 import json
 import os
 import pwd
@@ -14,11 +13,20 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from jupyter_gpusched.service.launcher import LaunchError, LaunchSpec, LocalLauncher
 
-ME = getpass.getuser()
+#: The hub user of most jobs here. They run as our own account, as the service's jobs do with
+#: run_as_submitting_user = False; a hub user named like us would be refused when we are root
+#: (AccountPolicy.denied_users).
+HUB_USER = "gpusched-test"
+
+
+def own_launcher(**traits) -> LocalLauncher:
+    """A launcher whose jobs run as this process's account."""
+    return LocalLauncher(run_as_submitting_user=False, **traits)
 
 
 def spec(tmp_path, command=None, notebook=None, *, job_id="j1", gpus=(), env=None, **more):
-    fields = dict(job_id=job_id, user=ME, command=command, notebook=notebook, gpus=list(gpus))
+    fields = dict(job_id=job_id, user=HUB_USER, command=command, notebook=notebook)
+    fields["gpus"] = list(gpus)
     fields.update(env=env or {}, cwd=None, log_dir=str(tmp_path / "logs"))
     fields.update(more)
     return LaunchSpec(**fields)
@@ -65,7 +73,7 @@ def read_log(launcher, handle):
 
 def test_command_gets_its_gpus_and_env_but_not_the_services(tmp_path, monkeypatch):
     monkeypatch.setenv("SERVICE_SECRET", "s3cret")
-    launcher = LocalLauncher()
+    launcher = own_launcher()
     command = (
         'echo "cvd=[$CUDA_VISIBLE_DEVICES] job=$GPUSCHED_JOB_ID '
         'secret=${SERVICE_SECRET-unset} mine=$MINE home=$HOME"'
@@ -81,14 +89,14 @@ def test_command_gets_its_gpus_and_env_but_not_the_services(tmp_path, monkeypatc
 
 
 def test_no_gpus_means_an_empty_cuda_visible_devices(tmp_path):
-    launcher = LocalLauncher()
+    launcher = own_launcher()
     handle = launcher.start(spec(tmp_path, 'echo "cvd=[${CUDA_VISIBLE_DEVICES-unset}]"'))
     assert wait_exit(launcher, handle).outcome == "completed"
     assert "cvd=[]" in read_log(launcher, handle)
 
 
 def test_nonzero_exit_is_failed_and_a_requeued_run_appends(tmp_path):
-    launcher = LocalLauncher()
+    launcher = own_launcher()
     first = launcher.start(spec(tmp_path, "echo first-run; exit 3"))
     exit = wait_exit(launcher, first)
     assert (exit.code, exit.outcome, exit.message) == (3, "failed", "exit code 3")
@@ -115,7 +123,7 @@ def notebook_jobs(tmp_path_factory):
     )
     bad = write_notebook(tmp_path / "bad.ipynb", "raise ValueError('boom')", "print('never')")
     slow = write_notebook(tmp_path / "slow.ipynb", "import time; time.sleep(60)")
-    launcher = LocalLauncher()
+    launcher = own_launcher()
     handles = {
         "good": launcher.start(spec(tmp_path, notebook=good, job_id="good", gpus=[2])),
         "bad": launcher.start(spec(tmp_path, notebook=bad, job_id="bad")),
@@ -156,7 +164,7 @@ def test_a_failing_notebook_fails_even_when_its_kernel_must_be_killed_afterwards
         "import atexit, time; atexit.register(time.sleep, 60)",
         "raise ValueError('boom')",
     )
-    launcher = LocalLauncher()
+    launcher = own_launcher()
     handle = launcher.start(spec(tmp_path, notebook=stubborn, job_id="stubborn"))
     exit = wait_exit(launcher, handle, timeout=60)
     assert (exit.code, exit.outcome) == (1, "failed"), read_log(launcher, handle)
@@ -177,7 +185,7 @@ async def test_stopping_a_notebook_signals_its_kernel(notebook_jobs):
 
 
 async def test_stop_lets_a_job_that_traps_the_signal_finish(tmp_path):
-    launcher = LocalLauncher()
+    launcher = own_launcher()
     command = "trap 'echo got-term; exit 0' TERM; echo ready; sleep 60 & wait"
     handle = launcher.start(spec(tmp_path, command))
     wait_for(lambda: "ready" in read_log(launcher, handle))
@@ -190,7 +198,7 @@ async def test_stop_lets_a_job_that_traps_the_signal_finish(tmp_path):
 
 
 async def test_stop_kills_what_ignores_the_signal_grandchildren_included(tmp_path):
-    launcher = LocalLauncher()
+    launcher = own_launcher()
     command = "trap '' TERM; sleep 300 & echo $! > grandchild.pid; sleep 60"
     handle = launcher.start(spec(tmp_path, command, cwd=str(tmp_path)))
     pid_file = tmp_path / "grandchild.pid"
@@ -207,14 +215,14 @@ async def test_stop_kills_what_ignores_the_signal_grandchildren_included(tmp_pat
 
 
 def test_background_processes_do_not_outlive_their_job(tmp_path):
-    launcher = LocalLauncher()
+    launcher = own_launcher()
     handle = launcher.start(spec(tmp_path, "sleep 300 & echo $! > bg.pid", cwd=str(tmp_path)))
     assert wait_exit(launcher, handle).outcome == "completed"
     wait_for(lambda: gone(int((tmp_path / "bg.pid").read_text())))
 
 
 async def test_a_job_killed_by_its_signal_is_killed(tmp_path):
-    launcher = LocalLauncher()
+    launcher = own_launcher()
     handle = launcher.start(spec(tmp_path, "echo ready; sleep 60"))
     wait_for(lambda: "ready" in read_log(launcher, handle))
     exit = await launcher.stop(handle, "SIGUSR1", grace=5)
@@ -222,9 +230,9 @@ async def test_a_job_killed_by_its_signal_is_killed(tmp_path):
 
 
 def test_a_new_launcher_instance_takes_over_after_a_restart(tmp_path):
-    old = LocalLauncher()
+    old = own_launcher()
     handle = old.start(spec(tmp_path, "sleep 0.5; exit 5"))
-    new = LocalLauncher()
+    new = own_launcher()
     stored = json.loads(json.dumps(handle))
     assert new.alive(stored)
     assert new.poll(stored) is None
@@ -240,18 +248,18 @@ def test_a_new_launcher_instance_takes_over_after_a_restart(tmp_path):
 
 def test_alive_checks_the_create_time_not_just_the_pid():
     process = psutil.Process()
-    assert LocalLauncher().alive({"pid": os.getpid(), "create_time": process.create_time()})
+    assert own_launcher().alive({"pid": os.getpid(), "create_time": process.create_time()})
     stale = {"pid": os.getpid(), "create_time": process.create_time() - 3600}
-    assert not LocalLauncher().alive(stale)
+    assert not own_launcher().alive(stale)
 
 
 def test_a_runner_killed_behind_the_launchers_back_is_lost(tmp_path):
-    launcher = LocalLauncher()
+    launcher = own_launcher()
     handle = launcher.start(spec(tmp_path, "echo ready; sleep 60"))
     wait_for(lambda: "ready" in read_log(launcher, handle))
     assert launcher.poll(handle) is None
     os.killpg(handle["pgid"], signal.SIGKILL)
-    after_restart = wait_exit(LocalLauncher(), json.loads(json.dumps(handle)))
+    after_restart = wait_exit(own_launcher(), json.loads(json.dumps(handle)))
     assert (after_restart.code, after_restart.outcome) == (None, "lost")
     exit = wait_exit(launcher, handle)
     assert (exit.code, exit.outcome) == (None, "lost")
@@ -259,13 +267,24 @@ def test_a_runner_killed_behind_the_launchers_back_is_lost(tmp_path):
 
 
 def test_bad_specs_are_refused(tmp_path):
-    launcher = LocalLauncher()
+    launcher = own_launcher()
     with pytest.raises(LaunchError, match="exactly one"):
         launcher.start(spec(tmp_path, "true", notebook="x.ipynb"))
     with pytest.raises(LaunchError, match="cannot name a log file"):
         launcher.start(spec(tmp_path, "true", job_id="../escape"))
-    with pytest.raises(LaunchError, match="could not start"):
-        launcher.start(spec(tmp_path, "true", cwd=str(tmp_path / "missing")))
+
+
+def test_a_working_directory_that_cannot_be_entered_fails_the_job_before_it_runs(tmp_path):
+    launcher = own_launcher()
+    mark = tmp_path / "ran"
+    job = spec(tmp_path, 'touch "$MARK"', env={"MARK": str(mark)}, cwd=str(tmp_path / "missing"))
+    handle = launcher.start(job)
+    exit = wait_exit(launcher, handle)
+    assert (exit.code, exit.outcome) == (1, "failed")
+    assert exit.message.startswith("could not enter the working directory"), exit.message
+    assert str(tmp_path / "missing") in exit.message
+    assert "the job did not run" in read_log(launcher, handle)
+    assert not mark.exists()
 
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")

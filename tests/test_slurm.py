@@ -447,7 +447,7 @@ async def test_launcher_gang_of_uneven_shares_signal_and_stop(slurm, tmp_path):
     def spec(job_id, command, nodes):
         return LaunchSpec(
             job_id=job_id,
-            user="root",
+            user="gpusched-test",  # any hub user but root: jobs run as the service's account
             command=command,
             notebook=None,
             gpus=nodes[0][1],

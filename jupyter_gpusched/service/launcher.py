@@ -24,14 +24,24 @@ can pick up the jobs its predecessor started.
   nvidia-smi does), the user-supplied ``spec.env`` (GPUSCHED_* included), and last
   ``CUDA_VISIBLE_DEVICES`` from ``spec.gpus`` (``""``: no GPU), which ``spec.env`` cannot
   override.
-* **Accounts.** When the service runs as root, a job runs as the hub user who submitted it
-  (looked up with :func:`pwd.getpwnam`; an unknown user is a :class:`LaunchError`, never a job
-  run as root), as JupyterHub's LocalProcessSpawner does. When the service is not root, or
-  :attr:`LocalLauncher.run_as_submitting_user` is False, jobs run as the service's own user.
-  Either way the interpreter (:attr:`LocalLauncher.python`) with this package must be usable
-  by that account, and so must the working directory (by default the account's home directory,
-  or / where it has none). The log directory is the launcher's: it gives the user only the files
-  it creates there.
+* **Accounts.** When the service runs as root, a job runs as the Unix account named like the
+  hub user who submitted it, as JupyterHub's LocalProcessSpawner does, but only an account that
+  :class:`~jupyter_gpusched.accounts.AccountPolicy` allows (``c.AccountPolicy.min_uid``,
+  ``denied_users``): never root, a system account or an unknown user. :meth:`Launcher.job_account`
+  is asked at submit (a refusal is a 403, nothing stored) and again at launch (a
+  :class:`LaunchError`: the account may have changed meanwhile). When the service is not root,
+  or :attr:`LocalLauncher.run_as_submitting_user` is False, jobs run as the service's own user;
+  the deny list still refuses the hub users named in it. Either way the interpreter
+  (:attr:`LocalLauncher.python`) with this package must be usable by that account.
+* **Working directory.** The runner starts in ``/`` and enters the working directory itself,
+  with the job's uid, gids and groups (``Popen(cwd=...)`` would enter it as root, before the
+  privileges are dropped): a directory the user cannot enter fails the job with a message saying
+  so, before anything of it runs. At submit, :meth:`LocalLauncher.cwd_problem` tries the same as
+  the user (``cd`` in a shell run with their ids), so a directory they cannot enter is a 400.
+  The default is the account's home directory (``/`` where it has none).
+* **Files.** The log directory is the launcher's, 0700: the user gets only the file descriptors
+  of the files it creates there (the log as stdout and stderr, the executed notebook as
+  ``--output-fd``), never a path they could open, and reads the log through the API.
 """
 
 from __future__ import annotations
@@ -53,8 +63,10 @@ import uuid
 from dataclasses import dataclass
 
 import psutil
-from traitlets import Bool, Float, List, Unicode
+from traitlets import Bool, Float, Instance, List, Unicode, default
 from traitlets.config import LoggingConfigurable
+
+from ..accounts import AccountPolicy, AccountRefused
 
 #: A handle's create_time and the process's may differ by this much and still be the same process.
 CREATE_TIME_TOLERANCE = 1e-2
@@ -101,6 +113,31 @@ class Exit:
 
 class Launcher(LoggingConfigurable):
     """The interface the service drives. Handles are plain dicts; see :class:`LocalLauncher`."""
+
+    #: The log directory's mode (GPUSchedService sets it at start): the service's alone.
+    log_dir_mode = 0o700
+
+    account_policy = Instance(
+        AccountPolicy,
+        help="Which accounts jobs may run as (configured as c.AccountPolicy.*).",
+    )
+
+    @default("account_policy")
+    def _account_policy_default(self):
+        return AccountPolicy(parent=self)
+
+    def job_account(self, user: str) -> pwd.struct_passwd | None:
+        """The account jobs of hub user ``user`` run as (None: the service's own), or
+        :class:`~jupyter_gpusched.accounts.AccountRefused` saying why none may. Asked at submit
+        and at every launch."""
+        as_user = getattr(self, "run_as_submitting_user", False)
+        return submitting_account(user, as_user, self.account_policy)
+
+    def cwd_problem(self, account: pwd.struct_passwd | None, cwd: str) -> str | None:
+        """Why a job of ``account`` (None: the service's) could not enter ``cwd``, checked at
+        submit; None when it can, or when this backend cannot tell here (Slurm: the node
+        enters it, as the user)."""
+        return None
 
     def _interpreter(self, account: pwd.struct_passwd | None) -> tuple[str, dict]:
         """The interpreter for jobs of ``account`` and the environment it needs (cached)."""
@@ -189,23 +226,63 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def submitting_account(user: str, run_as_submitting_user: bool) -> pwd.struct_passwd | None:
+def submitting_account(
+    user: str, run_as_submitting_user: bool, policy: AccountPolicy
+) -> pwd.struct_passwd | None:
     """The account a job of ``user`` runs as: theirs when the service is root (and the setting
-    allows), else None (the service's own). An unknown user is a LaunchError, never root."""
+    allows), else None (the service's own). :class:`AccountRefused` where ``policy`` refuses
+    it (an unknown user, a system account: never root); the deny list also applies when jobs
+    run as the service's account, so that its names are refused alike everywhere."""
     if os.geteuid() != 0 or not run_as_submitting_user:
+        policy.check_name(user)
         return None
+    return policy.account(user)
+
+
+def _ids(account: pwd.struct_passwd | None) -> dict:
+    """Popen's arguments that run a child as ``account`` (its uid, gid and groups)."""
+    if account is None:
+        return {}
+    groups = os.getgrouplist(account.pw_name, account.pw_gid)
+    return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": groups}
+
+
+def cwd_problem_for(account: pwd.struct_passwd | None, cwd: str) -> str | None:
+    """Why ``account`` (None: this process's) cannot enter ``cwd``, or None. Tried with the
+    account's own rights, in a shell run as the account, never judged by root: root may enter
+    any directory. The message does not say whether the directory exists: only that this user
+    cannot enter it."""
+    who = account.pw_name if account is not None else "the service's user"
+    cannot = f"the working directory {cwd[:200]!r} does not exist or {who} may not enter it"
+    if account is None:
+        return None if os.path.isdir(cwd) and os.access(cwd, os.X_OK) else cannot
     try:
-        return pwd.getpwnam(user)
-    except KeyError:
-        raise LaunchError(f"user {user!r} does not exist on this host") from None
+        done = subprocess.run(
+            ["/bin/sh", "-c", 'cd -- "$1"', "sh", cwd],
+            cwd="/",
+            env={"PATH": os.defpath},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=10,
+            **_ids(account),
+        )
+    except subprocess.TimeoutExpired:
+        return f"the working directory {cwd[:200]!r} could not be checked (no answer in 10 s)"
+    except OSError as exc:
+        return f"the working directory {cwd[:200]!r} could not be checked: {exc.strerror}"
+    return None if done.returncode == 0 else cannot
 
 
 def _can_import_runner(account: pwd.struct_passwd, python: str, env: dict) -> bool:
     probe = [python, "-c", "import jupyter_gpusched.service.runner"]
-    ids = {"user": account.pw_uid, "group": account.pw_gid}
     try:
         done = subprocess.run(
-            probe, cwd="/", env={"PATH": os.defpath, **env}, capture_output=True, timeout=60, **ids
+            probe,
+            cwd="/",
+            env={"PATH": os.defpath, **env},
+            capture_output=True,
+            timeout=60,
+            **_ids(account),
         )
     except (OSError, subprocess.SubprocessError):
         return False
@@ -216,7 +293,8 @@ def _exit_from_record(record: dict) -> Exit:
     if record.get("signal") is not None:
         return Exit(None, "killed", f"killed by {_signame(record['signal'])}")
     code = int(record["code"])
-    return Exit(code, "completed" if code == 0 else "failed", f"exit code {code}")
+    message = str(record.get("message") or f"exit code {code}")  # the runner's, if it failed
+    return Exit(code, "completed" if code == 0 else "failed", message)
 
 
 class LocalLauncher(Launcher):
@@ -260,7 +338,13 @@ class LocalLauncher(Launcher):
     # -- start --------------------------------------------------------------------------------
 
     def _account(self, user: str) -> pwd.struct_passwd | None:
-        return submitting_account(user, self.run_as_submitting_user)
+        try:
+            return self.job_account(user)
+        except AccountRefused as exc:
+            raise LaunchError(exc.message) from None
+
+    def cwd_problem(self, account: pwd.struct_passwd | None, cwd: str) -> str | None:
+        return cwd_problem_for(account, cwd)
 
     def _environment(self, spec: LaunchSpec, account: pwd.struct_passwd | None) -> dict:
         env = {name: os.environ[name] for name in self.env_keep if name in os.environ}
@@ -285,29 +369,26 @@ class LocalLauncher(Launcher):
         account = self._account(spec.user)
         env = self._environment(spec, account)
         run_as = account.pw_name if account else env.get("USER", str(os.geteuid()))
-        ids = {}
-        if account is not None:
-            groups = os.getgrouplist(account.pw_name, account.pw_gid)
-            ids = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": groups}
+        cwd = spec.cwd or (env["HOME"] if os.path.isdir(env["HOME"]) else "/")
         base = os.path.join(os.path.abspath(spec.log_dir), spec.job_id)
         log, record = base + ".log", base + ".exit"
         output = base + ".out.ipynb" if spec.notebook is not None else None
         run = uuid.uuid4().hex
-        log_fd = record_fd = -1
+        log_fd = record_fd = output_fd = -1
         try:
-            os.makedirs(spec.log_dir, exist_ok=True)
+            os.makedirs(spec.log_dir, mode=0o700, exist_ok=True)
             log_fd = _open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, account)
             record_fd = _open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, None)
             python, extra_env = self._interpreter(account)
             env.update(extra_env)
             argv = [python, "-m", "jupyter_gpusched.service.runner"]
-            argv += [f"--exit-fd={record_fd}", f"--run={run}"]
+            argv += [f"--exit-fd={record_fd}", f"--run={run}", f"--cwd={cwd}"]
             if spec.command is not None:
                 argv.append(f"--command={spec.command}")
             else:
-                argv += [f"--notebook={spec.notebook}", f"--output={output}"]
-                # Created here, so that the user may write it in a directory they cannot.
-                os.close(_open(output, os.O_WRONLY | os.O_CREAT, account))
+                # Opened here and passed on: the user writes it, in a directory they cannot.
+                output_fd = _open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, account)
+                argv += [f"--notebook={spec.notebook}", f"--output-fd={output_fd}"]
             stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             header = f"===== {stamp} job {spec.job_id} on {socket.gethostname()} as {run_as}"
             cvd = env["CUDA_VISIBLE_DEVICES"]
@@ -317,18 +398,18 @@ class LocalLauncher(Launcher):
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=log_fd,
-                cwd=spec.cwd or (env["HOME"] if os.path.isdir(env["HOME"]) else "/"),
+                cwd="/",  # the runner enters the job's directory as the user (see above)
                 env=env,
                 start_new_session=True,
-                pass_fds=(record_fd,),
-                **ids,
+                pass_fds=tuple(fd for fd in (record_fd, output_fd) if fd >= 0),
+                **_ids(account),
             )
         except OSError as exc:
             if log_fd >= 0:
                 os.write(log_fd, f"===== could not start: {exc}\n".encode())
             raise LaunchError(f"could not start job {spec.job_id}: {exc}") from exc
         finally:
-            for fd in (log_fd, record_fd):
+            for fd in (log_fd, record_fd, output_fd):
                 if fd >= 0:
                     os.close(fd)
         create_time = psutil.Process(process.pid).create_time()  # a zombie still has one

@@ -22,6 +22,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from ..accounts import AccountRefused
 from ..core.decisions import Preempt, Start, Stop
 from ..core.errors import ConfigError
 from ..core.jobs import Job, JobState
@@ -84,6 +85,7 @@ class LiveScheduler:
 
     # -- what users and admins do ------------------------------------------------------------
     def submit(self, who: Identity, request: JobRequest) -> Job:
+        self._check_account(who, request)
         tree = self.engine.tree
         allowed = tree.queues_for(who.name, who.groups)
         if request.queue is None:
@@ -174,6 +176,18 @@ class LiveScheduler:
             self._batch_of[job.id] = self._saved
         self.run_pass()
         return job
+
+    def _check_account(self, who: Identity, request: JobRequest) -> None:
+        """The account ``who``'s work would run as may be used (a 403 if not: AccountPolicy),
+        and a batch job's working directory is one that account may enter (a 400)."""
+        try:
+            account = self.launcher.job_account(who.name)
+        except AccountRefused as exc:
+            raise RequestError(exc.message, "user", status=403) from None
+        if request.kind == "batch" and request.cwd is not None:
+            problem = self.launcher.cwd_problem(account, request.cwd)
+            if problem is not None:
+                raise RequestError(problem, "cwd")
 
     async def saved(self, job_id: str) -> None:
         """Wait until the submission of ``job_id`` is committed (raises if it was not).

@@ -4,9 +4,15 @@
 starts ``python -m jupyter_gpusched.service.runner`` as the leader of a new process group, and this
 module then
 
+0. enters the job's working directory (``--cwd``). The launcher starts the runner in ``/``
+   with the job's uid and groups already in place, so the directory is entered with the
+   user's rights only (``Popen(cwd=...)`` would enter it as root, before the privileges are
+   dropped). If it cannot, nothing of the job runs and the exit record says why
+   (``{"run": ..., "code": 1, "message": "could not enter ..."}``);
 1. runs the job: a shell command (``/bin/sh -c COMMAND``) or a notebook (executed with nbclient,
-   the executed copy saved to ``--output``); both run in the runner's process group, so a signal
-   to the group reaches every process of the job, the notebook's kernel included;
+   the executed copy written to the file descriptor ``--output-fd``); both run in the runner's
+   process group, so a signal to the group reaches every process of the job, the notebook's
+   kernel included;
 2. waits for it, and ignores the polite signals itself (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1,
    SIGUSR2, SIGALRM). The launcher signals the whole group, so the job has already had the signal;
    the runner only has to live long enough to see how the job ended;
@@ -92,9 +98,9 @@ def _keep_kernels_in_our_group() -> None:
     launcher.Popen = popen
 
 
-def run_notebook(path: str, output: str) -> dict:
+def run_notebook(path: str, output) -> dict:
     """Execute the notebook at ``path`` with nbclient and save the executed copy (also a partial
-    one, after a failure) to ``output``.
+    one, after a failure) to ``output`` (a path or a file open for writing).
 
     Returns ``{"code": 0}`` when every cell ran, ``{"code": 1}`` when a cell raised or the
     kernel could not run, ``{"signal": n}`` when the kernel was ended by signal ``n`` while it
@@ -171,27 +177,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--command", help="shell command, run with /bin/sh -c")
     what.add_argument("--notebook", help="notebook to execute with nbclient")
-    parser.add_argument("--output", help="where to save the executed notebook")
+    parser.add_argument("--output-fd", type=int, help="where to write the executed notebook")
+    parser.add_argument("--cwd", help="the working directory, entered as the job's user")
     args = parser.parse_args(argv)
-    if args.notebook is not None and not args.output:
-        parser.error("--notebook needs --output")
+    if args.notebook is not None and args.output_fd is None:
+        parser.error("--notebook needs --output-fd")
     return args
+
+
+def enter(directory: str) -> str | None:
+    """chdir to ``directory`` with this process's rights; None, or why it could not."""
+    try:
+        os.chdir(directory)
+    except OSError as exc:
+        return f"could not enter the working directory {directory}: {exc.strerror}"
+    os.environ["PWD"] = os.getcwd()
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     _ignore_polite_signals()
     args = parse_args(argv)
     os.set_inheritable(args.exit_fd, False)  # the job must not get (and write) the record's fd
+    if args.output_fd is not None:
+        os.set_inheritable(args.output_fd, False)  # nor the kernel the executed copy's
     runtime_dir = None
     try:
-        if args.command is not None:
+        problem = enter(args.cwd) if args.cwd else None
+        if problem is not None:
+            _note(problem + "; the job did not run")
+            result = {"code": 1, "message": problem}
+        elif args.command is not None:
             result = run_command(args.command)
         else:
             if "JUPYTER_RUNTIME_DIR" not in os.environ:
                 # Kernel connection files: private to this run, and no writable home needed.
                 runtime_dir = tempfile.mkdtemp(prefix="gpusched-runtime-")
                 os.environ["JUPYTER_RUNTIME_DIR"] = runtime_dir
-            result = run_notebook(args.notebook, args.output)
+            with open(args.output_fd, "w", encoding="utf-8") as output:
+                result = run_notebook(args.notebook, output)
     except Exception:
         _note("the runner itself failed:\n" + traceback.format_exc())
         result = {"code": 1}

@@ -22,9 +22,16 @@ and GPU counts) as one Slurm batch job, and adds no scheduling of its own:
   ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and the spec's variables (the request's ``env`` and
   GPUSCHED_*), and runs ``srun --export=ALL``.
 * **Accounts.** When the service runs as root, ``sbatch`` runs as the submitting hub user (their
-  uid, gid and groups; so munge vouches for them and the job is theirs in Slurm); an unknown
-  user is a :class:`LaunchError`. Not root, or ``run_as_submitting_user = False``: jobs are the
-  service user's.
+  uid, gid and groups; so munge vouches for them and the job is theirs in Slurm), if
+  :class:`~jupyter_gpusched.accounts.AccountPolicy` allows that account (checked at submit, a
+  403, and at launch, a :class:`LaunchError`: never root, a system account or an unknown
+  user). Not root, or ``run_as_submitting_user = False``: jobs are the service user's (the
+  deny list still refuses the hub names in it).
+* **Working directory.** ``--chdir`` (default: the account's home directory on this host), and
+  the job script enters it again (``cd``) before ``srun``: both run on the node, as the user, so
+  a directory the user cannot enter there fails the job with a line in its log instead of
+  running it in Slurm's fallback ``/tmp``. The nodes may not share this host's file systems, so
+  the service does not check the directory at submit.
 * **Refusals.** When ``sbatch`` fails (a node Slurm does not know, more GPUs than the node has
   in Slurm, a partition the user may not use ...), :meth:`SlurmLauncher.start` raises
   :class:`SlurmRefused` (a :class:`LaunchError`) with Slurm's message. A job that Slurm
@@ -81,6 +88,7 @@ import uuid
 
 from traitlets import Bool, Float, Unicode
 
+from ..accounts import AccountRefused
 from ..slurm_commands import (
     SlurmCommandError,
     SlurmOptions,
@@ -90,7 +98,7 @@ from ..slurm_commands import (
     run_slurm,
 )
 from ..slurm_inventory import engine_state, parse_oneliner
-from .launcher import Exit, Launcher, LaunchError, LaunchSpec, _open, submitting_account
+from .launcher import Exit, Launcher, LaunchError, LaunchSpec, _open
 
 #: Seconds a NODE_FAIL end is held back for the node sync (see poll) at most.
 NODE_FAIL_WAIT = 60.0
@@ -185,15 +193,36 @@ class SlurmLauncher(Launcher, SlurmOptions):
 
     # -- start --------------------------------------------------------------------------------
     def _account(self, user: str) -> pwd.struct_passwd | None:
-        return submitting_account(user, self.run_as_submitting_user)
+        try:
+            return self.job_account(user)
+        except AccountRefused as exc:
+            raise LaunchError(exc.message) from None
 
-    def script(self, spec: LaunchSpec, nodes: list[tuple[str, list[int]]], run: str) -> str:
-        """The batch script: environment, a header line, and srun."""
+    #: The log directory's mode (see GPUSchedService): Slurm writes each log on the node, as the
+    #: user, so its users must enter it (not list it) to reach their own directory in it.
+    log_dir_mode = 0o711
+
+    @staticmethod
+    def _user_log_dir(path: str, account: pwd.struct_passwd | None) -> None:
+        """``<log_dir>/<user>``: the user's alone (0700, theirs), for slurmd to write in as them."""
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        if account is not None:
+            os.chown(path, account.pw_uid, account.pw_gid)
+        os.chmod(path, 0o700)
+
+    def script(
+        self, spec: LaunchSpec, nodes: list[tuple[str, list[int]]], run: str, cwd: str | None = None
+    ) -> str:
+        """The batch script: the working directory, environment, a header line, and srun."""
         lines = [
             "#!/bin/sh",
             f"# jupyter_gpusched job {spec.job_id} (launch {run}), on {_describe(nodes)}",
-            "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
         ]
+        if cwd is not None:  # as the user, on the node; Slurm's own --chdir falls back to /tmp
+            where = shlex.quote(cwd)
+            fail = f"echo '===== the job did not run: could not enter the directory' {where}"
+            lines.append(f"cd -- {where} || {{ {fail}; exit 1; }}")
+        lines.append("export CUDA_DEVICE_ORDER=PCI_BUS_ID")
         try:
             lines += export_lines(spec.env)
         except ValueError as exc:
@@ -278,11 +307,11 @@ class SlurmLauncher(Launcher, SlurmOptions):
         base = os.path.join(os.path.abspath(spec.log_dir), spec.job_id)
         log = base + ".log"
         run = uuid.uuid4().hex
-        script = self.script(spec, nodes, run)
+        script = self.script(spec, nodes, run, cwd)
         argv = self.sbatch_args(spec, nodes, log, cwd)
         stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         try:
-            os.makedirs(spec.log_dir, exist_ok=True)
+            self._user_log_dir(spec.log_dir, account)
             fd = _open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, account)
             try:
                 header = f"===== {stamp} job {spec.job_id} to Slurm: {_describe(nodes)}"

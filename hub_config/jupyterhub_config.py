@@ -8,7 +8,9 @@ the tests start (``tests/hub_harness.py`` loads this file and adds to it).
   (``GPUSCHED_PROXY_API_PORT``). The proxy is configurable-http-proxy from ``./node_modules``
   (``make node_modules``; pinned in ``package.json``).
 * State (the hub's SQLite database and cookie secret, the scheduler's database and job logs)
-  lives in ``GPUSCHED_STATE_DIR`` (default ``./hub-state``).
+  lives in ``GPUSCHED_STATE_DIR`` (default ``./hub-state``): the scheduler's in ``STATE/gpusched``
+  (0700, the service's alone), the hub's files 0600. STATE itself is 0711: users' processes may
+  pass through it to their demo home directories in ``STATE/home`` (see below), not list it.
 * Users alice, bob, carol and admin log in with any one shared password,
   ``GPUSCHED_DEMO_PASSWORD`` (default ``gpusched-demo``): DummyAuthenticator, for demos only.
   admin is a hub admin; alice and bob are in the group ``research``.
@@ -56,9 +58,16 @@ ADMIN_SCOPE = "custom:gpusched:admin"
 ACCESS_SCOPE = f"access:services!service={SERVICE}"
 DEMO_USERS = ["alice", "bob", "carol", "admin"]
 
+SERVICE_STATE = os.path.join(STATE, SERVICE)  # the scheduler's database and job logs
+
 os.makedirs(STATE, exist_ok=True)
-# Jobs run as the demo users with their log directory (under STATE/logs) as working directory.
-os.chmod(STATE, 0o755)
+# Enterable, not listable: a batch job submitted from a notebook starts in the notebook's
+# directory, STATE/home/<user>, and runs as the Unix user (docs/security.md). What lies in STATE
+# is private by its own mode: the service makes STATE/gpusched 0700 at start, and the hub's
+# database is created 0600 here (SQLite takes an empty file as a new database).
+os.chmod(STATE, 0o711)
+os.close(os.open(os.path.join(STATE, "jupyterhub.sqlite"), os.O_CREAT | os.O_WRONLY, 0o600))
+os.chmod(os.path.join(STATE, "jupyterhub.sqlite"), 0o600)
 
 # -- the hub and the proxy ----------------------------------------------------------------------
 c.JupyterHub.bind_url = f"http://127.0.0.1:{HUB_PORT}"
@@ -123,8 +132,8 @@ c.JupyterHub.services = [
             *([f"--policy-file={POLICY_FILE}"] if POLICY_FILE else []),
             # pre-emption notices reach notebook servers through the proxy
             f"--GPUSchedService.proxy_url=http://127.0.0.1:{HUB_PORT}",
-            f"--db=sqlite:///{STATE}/gpusched.sqlite",
-            f"--log-dir={STATE}/logs",
+            f"--db=sqlite:///{SERVICE_STATE}/gpusched.sqlite",
+            f"--log-dir={SERVICE_STATE}/logs",
             *launcher_args,
             *rogue_args,
         ],

@@ -208,9 +208,9 @@ def running_hub():
     if not CHP.exists():
         pytest.skip(f"{CHP.relative_to(ROOT)} is missing: run `make node_modules` (npm ci)")
     _create_demo_users()
-    # Not under pytest's tmp dir (mode 0700): jobs run as the demo users in STATE/logs/<user>.
+    # Not under pytest's tmp dir (mode 0700): jobs run as the demo users, and pass through the
+    # state directory (0711, hub_config) to their demo homes in it.
     state_dir = Path(tempfile.mkdtemp(prefix="gpusched-hub-"))
-    state_dir.chmod(0o755)
     token = secrets.token_hex(32)
     config = state_dir / "jupyterhub_config.py"
     config.write_text(GENERATED_CONFIG.format(config=str(HUB_CONFIG), harness=HARNESS, token=token))

@@ -6,6 +6,11 @@ give it ``--GPUSchedService.token_file`` and ``--GPUSchedService.bind_url``.
 
 Policy settings live in the policy file (the schema ``replay --config`` reads); the traits here
 only say where the files are and how the service runs.
+
+The state is the service's alone (docs/security.md): at start the directory of a SQLite database
+and ``log_dir`` are made 0700 where they are the service's (a log line says so when it changes a
+mode), and the database file 0600 (``store.py``). Which accounts jobs run as is
+``c.AccountPolicy`` (``jupyter_gpusched/accounts.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import logging
 import os
 import signal
+import stat
 import sys
 from urllib.parse import urlparse
 
@@ -23,6 +29,7 @@ from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Dict, Float, Integer, List, Type, Unicode, default
 from traitlets.config import Application
 
+from ..accounts import AccountPolicy
 from ..core.errors import ConfigError
 from ..core.quotas import QueueTree
 from ..core.scheduler import Scheduler
@@ -39,7 +46,7 @@ from .metrics import Metrics
 from .reaper import Reaper, ReaperHandler, UsageSamplesHandler
 from .recovery import recover
 from .rogue import SYSTEM_PROCESSES, RogueWatch
-from .store import Store
+from .store import Store, sqlite_file
 
 _JOB = r"(?P<job_id>j-[0-9]+)"
 _NODE = r"(?P<name>[^/]+)"
@@ -80,6 +87,9 @@ ROUTES = [
 class GPUSchedService(Application):
     name = "jupyter-gpusched-serve"
     description = "The GPU scheduler service: queue, engine, launcher and REST API."
+    # Configurables the service creates: listed so that --help-all shows them and config and
+    # command line (--AccountPolicy.min_uid=...) reach them.
+    classes = [AccountPolicy, LocalLauncher]  # noqa: RUF012 (traitlets reads the class attribute)
 
     config_file = Unicode(
         "", help="A Python config file (c.GPUSchedService.* = ...) to load at start."
@@ -222,12 +232,22 @@ class GPUSchedService(Application):
         )
         settings = load_policy(self.policy_file) if self.policy_file else PolicySettings()
         engine = Scheduler(cluster, tree, settings, self.policy)
+        launcher = self.launcher_class(parent=self)
+        if os.geteuid() == 0 and not getattr(launcher, "run_as_submitting_user", True):
+            self.log.warning(
+                "jobs run as root: the service is root and run_as_submitting_user is False "
+                "(docs/security.md)"
+            )
+        database = sqlite_file(self.db_url)
+        if database is not None:
+            self._private_dir(os.path.dirname(database), 0o700, "the database's directory")
+        self._private_dir(os.path.abspath(self.log_dir), launcher.log_dir_mode, "the job logs")
         self.store = Store(self.db_url)
         self.metrics = Metrics()
         live = LiveScheduler(
             engine,
             self.store,
-            self.launcher_class(parent=self),
+            launcher,
             log_dir=os.path.abspath(self.log_dir),
             default_tier=self.default_tier,
             cancel_grace=self.cancel_grace,
@@ -246,6 +266,29 @@ class GPUSchedService(Application):
         counts = recover(live)
         self.log.info("recovered from the database: %s", counts)
         return live
+
+    def _private_dir(self, path: str, mode: int, what: str) -> None:
+        """Create ``path`` with ``mode``, or give it that mode where it is ours (with a log line).
+        A directory of another owner, or a shared one (sticky, like /tmp), is left alone, with a
+        warning if it is more open: the service would not take it from its owner."""
+        os.makedirs(path, mode=mode, exist_ok=True)
+        info = os.stat(path)
+        current = stat.S_IMODE(info.st_mode)
+        if (current & 0o077) == (mode & 0o077):
+            return
+        if info.st_uid != os.geteuid() or current & stat.S_ISVTX:
+            if not current & 0o077 & ~mode:  # closer than asked: not ours to open up
+                return
+            self.log.warning(
+                "%s, %s, is open to others (%o) and not the service's own: give the service a "
+                "directory of its own (docs/security.md)",
+                what,
+                path,
+                current,
+            )
+            return
+        os.chmod(path, mode)
+        self.log.warning("%s, %s: mode set to %o (it was %o)", what, path, mode, current)
 
     def _rogue_watch(self, live, cluster) -> RogueWatch | None:
         if live.node_sync is not None:  # the Slurm launcher

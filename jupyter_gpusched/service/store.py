@@ -13,8 +13,11 @@ Each public write method is one transaction: it all happens, or none of it does.
 statements built once, not ORM sessions: a submission costs well under a millisecond on SQLite.
 
 Backends: SQLite (``sqlite:///path``; the default) and PostgreSQL
-(``postgresql+psycopg://user@host/db``). The store is meant to be used from one thread (the
-tornado IO loop); its calls block briefly.
+(``postgresql+psycopg://user@host/db``). A SQLite file is the service's alone: created 0600 (or
+made so when opened), and SQLite gives its ``-wal`` and ``-shm`` files the database file's mode
+and owner; it holds every job's command and ``env`` (see docs/security.md).
+
+The store is meant to be used from one thread (the tornado IO loop); its calls block briefly.
 
 The schema is created and kept current by the Alembic migrations shipped in ``migrations/``:
 opening a store upgrades the database to the latest revision (a no-op when it is there).
@@ -22,6 +25,8 @@ opening a store upgrades the database to the latest revision (a no-op when it is
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -80,6 +85,34 @@ def _sqlite_on_begin(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN")
 
 
+#: Files SQLite keeps next to a database file (WAL, shared memory, rollback journal).
+SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
+
+
+def make_sqlite_file_private(path: str) -> None:
+    """Create the database file 0600 if missing (SQLite takes an empty file as an empty
+    database), else make it and its companion files 0600: other users of the host must not read
+    the jobs' commands and environments in it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in SQLITE_COMPANIONS:
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(path + suffix, 0o600)
+
+
+def sqlite_file(url: str) -> str | None:
+    """The database file of a SQLite URL; None for another backend or an in-memory database."""
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    if parsed.database.startswith("file:"):  # a URI filename: leave it to its author
+        return None
+    return os.path.abspath(parsed.database)
+
+
 def make_engine(url: str, echo: bool = False) -> Engine:
     """An engine for ``url``, with the SQLite settings above when it is SQLite."""
     parsed = sa.make_url(url)
@@ -106,6 +139,9 @@ class Store:
 
     def __init__(self, url: str = "sqlite:///gpusched.sqlite", echo: bool = False) -> None:
         self.url = url
+        path = sqlite_file(url)
+        if path is not None:
+            make_sqlite_file_private(path)
         self.engine = make_engine(url, echo=echo)
         j, a = jobs_table, allocations_table
         self._insert_job = j.insert()

@@ -183,6 +183,22 @@ def test_the_working_directory_is_checked_with_the_users_rights(people, shared_d
 
 
 @root_only
+def test_a_passed_check_is_remembered_briefly_and_the_launch_checks_again(people, shared_dir):
+    """The check costs a process; a success is reused for a few seconds (the runner enters the
+    directory as the user at launch anyway: see the test after the next)."""
+    ann = pwd.getpwnam(people[0])
+    theirs = shared_dir / "ann"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, ann.pw_uid, ann.pw_gid)
+    launcher = LocalLauncher(run_as_submitting_user=True)
+    assert launcher.cwd_problem(ann, str(theirs)) is None
+    os.chown(theirs, 0, 0)
+    assert launcher.cwd_problem(ann, str(theirs)) is None  # remembered
+    assert cwd_problem_for(ann, str(theirs)) is not None
+    assert LocalLauncher().cwd_problem(ann, str(theirs)) is not None  # not across launchers
+
+
+@root_only
 async def test_a_directory_the_user_cannot_enter_is_a_400_naming_cwd(
     service_factory, people, shared_dir
 ):

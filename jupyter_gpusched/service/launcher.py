@@ -70,6 +70,8 @@ from ..accounts import AccountPolicy, AccountRefused
 
 #: A handle's create_time and the process's may differ by this much and still be the same process.
 CREATE_TIME_TOLERANCE = 1e-2
+#: Seconds a working directory that passed the check at submit is taken as passed (same user).
+CWD_CHECK_TTL = 10.0
 
 
 class LaunchError(Exception):
@@ -330,6 +332,7 @@ class LocalLauncher(Launcher):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._interpreters: dict[int | None, tuple[str, dict]] = {}  # uid -> (python, env)
+        self._cwd_ok: dict[tuple[int | None, str], float] = {}  # (uid, cwd) -> when it passed
         self._children: dict[int, tuple[subprocess.Popen, float]] = {}  # not reaped yet
         self._ended: dict[int, tuple[float, int]] = {}  # reaped: pid -> (create_time, status)
         self._forget: set[int] = set()  # exit already reported: reap, keep no status
@@ -344,7 +347,19 @@ class LocalLauncher(Launcher):
             raise LaunchError(exc.message) from None
 
     def cwd_problem(self, account: pwd.struct_passwd | None, cwd: str) -> str | None:
-        return cwd_problem_for(account, cwd)
+        # A check as the user costs a process (~5 ms, on the IO loop). A success is remembered
+        # for CWD_CHECK_TTL: a directory closed meanwhile still fails the job at launch, where
+        # the runner enters it as the user, so a stale "yes" admits nothing.
+        key = (account.pw_uid if account is not None else None, cwd)
+        now = time.monotonic()
+        if now - self._cwd_ok.get(key, -CWD_CHECK_TTL) < CWD_CHECK_TTL:
+            return None
+        problem = cwd_problem_for(account, cwd)
+        if problem is None:
+            if len(self._cwd_ok) >= 4096:
+                self._cwd_ok.clear()
+            self._cwd_ok[key] = now
+        return problem
 
     def _environment(self, spec: LaunchSpec, account: pwd.struct_passwd | None) -> dict:
         env = {name: os.environ[name] for name in self.env_keep if name in os.environ}

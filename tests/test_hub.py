@@ -191,3 +191,26 @@ def test_browser_sessions_through_oauth(hub):
     # The hub's Services menu links to the service's root: a browser is logged in there too.
     response = session.get(hub.service_url, timeout=10)
     assert response.status_code == 200 and response.url == hub.service_url + "api/queue"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="jobs run as their users only as root")
+def test_bobs_job_cannot_read_alices_command_env_or_log(hub):
+    """The demo's state: the scheduler's database and logs are the service's (docs/security.md)."""
+    alice, bob = hub.token("alice"), hub.token("bob")
+    body = {"command": 'echo "key=$KEY"', "gpus": 1, "env": {"KEY": "alice-s3cr3t"}}
+    response = hub.service("POST", "api/jobs", alice, json=body)
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+    assert wait_for(hub, alice, job_id, {"completed", "failed"})["state"] == "completed"
+    state = hub.state_dir / "gpusched"
+    log = state / "logs" / "alice" / f"{job_id}.log"
+    assert "key=alice-s3cr3t" in log.read_text()
+    snoop = f"cat {state}/gpusched.sqlite {state}/gpusched.sqlite-wal {log}; ls {state}; true"
+    response = hub.service("POST", "api/jobs", bob, json={"command": snoop, "gpus": 1})
+    assert response.status_code == 201, response.text
+    spy = response.json()["id"]
+    assert wait_for(hub, bob, spy, {"completed", "failed"})["state"] == "completed"
+    seen = hub.service("GET", f"api/jobs/{spy}/log", bob).text
+    assert "alice-s3cr3t" not in seen
+    assert seen.count("Permission denied") >= 4, seen
+    assert oct(state.stat().st_mode & 0o777) == "0o700"

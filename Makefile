@@ -14,10 +14,16 @@ LAB_SOURCES := $(wildcard labextension/src/*.ts labextension/style/*) \
 	labextension/package.json labextension/package-lock.json labextension/tsconfig.json
 TRACES ?= ../shared/traces
 
-# The demo hub (hub_config/jupyterhub_config.py reads the same variables).
+# The demo hub (hub_config/jupyterhub_config.py reads the same variables; hub_config/README.md
+# lists them all). Two demos on one host: give each its own ports and state directory; each then
+# has its own simulated GPUs (GPUSCHED_SIM_GPU_DIR, beside its state directory).
 export GPUSCHED_HUB_PORT ?= 8000
+export GPUSCHED_HUB_API_PORT ?= 8081
+export GPUSCHED_PROXY_API_PORT ?= 8001
+export GPUSCHED_SERVICE_PORT ?= 8765
 export GPUSCHED_DEMO_PASSWORD ?= gpusched-demo
 export GPUSCHED_STATE_DIR ?= $(CURDIR)/hub-state
+export GPUSCHED_SIM_GPU_DIR ?= $(GPUSCHED_STATE_DIR)-sim-gpus
 HUB_URL := http://127.0.0.1:$(GPUSCHED_HUB_PORT)
 
 define DEMO_HELP
@@ -38,7 +44,8 @@ curl -s -H "Authorization: token $$TOKEN" $$H/services/gpusched/api/jobs/$$JOB
 curl -s -H "Authorization: token $$TOKEN" $$H/services/gpusched/api/jobs/$$JOB/log
 curl -s -H "Authorization: token $$TOKEN" $$H/services/gpusched/api/queue
 
-Ctrl-C stops the hub, the proxy and the scheduler. State: $(GPUSCHED_STATE_DIR)
+Ctrl-C stops the hub, the proxy and the scheduler. State: $(GPUSCHED_STATE_DIR); simulated
+GPUs' loads: $(GPUSCHED_SIM_GPU_DIR). As root, each user's server runs as their Unix account.
 
 endef
 export DEMO_HELP
@@ -80,7 +87,9 @@ $(LAB_STAMP): $(LAB_SOURCES) | $(STAMP) system
 	touch $(LAB_STAMP)
 
 ## make demo: JupyterHub on 127.0.0.1:8000 with the scheduler as a managed service (foreground;
-## Ctrl-C stops the hub, the proxy and the service). State is kept in hub-state/.
+## Ctrl-C stops the hub, the proxy and the service). State is kept in hub-state/, the simulated
+## GPUs' loads in hub-state-sim-gpus/. Variables: the exports above, and GPUSCHED_CLUSTER_FILE,
+## GPUSCHED_QUEUE_FILE, GPUSCHED_POLICY_FILE, GPUSCHED_GPU_BACKEND, GPUSCHED_JOB_PYTHON.
 demo: $(STAMP) $(NODE_STAMP) $(LAB_STAMP) | system
 	@scripts/demo-users.sh || echo "make demo: continuing without them: not root, so the" \
 		"service runs every job as $$(id -un)"
@@ -113,4 +122,4 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(STAMPS) node_modules labextension/node_modules labextension/lib \
-		jupyter_gpusched/labextension test-output demo-out hub-state .pytest_cache .ruff_cache .hypothesis
+		jupyter_gpusched/labextension test-output demo-out hub-state hub-state-sim-gpus .pytest_cache .ruff_cache .hypothesis

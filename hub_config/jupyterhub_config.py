@@ -9,20 +9,25 @@ the tests start (``tests/hub_harness.py`` loads this file and adds to it).
   (``make node_modules``; pinned in ``package.json``).
 * State (the hub's SQLite database and cookie secret, the scheduler's database and job logs)
   lives in ``GPUSCHED_STATE_DIR`` (default ``./hub-state``): the scheduler's in ``STATE/gpusched``
-  (0700, the service's alone), the hub's files 0600. STATE itself is 0711: users' processes may
-  pass through it to their demo home directories in ``STATE/home`` (see below), not list it.
+  (0700, the service's alone), the hub's files 0600. STATE itself is 0700: the users' servers
+  and jobs run in their own home directories and never enter it.
 * Users alice, bob, carol and admin log in with any one shared password,
   ``GPUSCHED_DEMO_PASSWORD`` (default ``gpusched-demo``): DummyAuthenticator, for demos only.
   admin is a hub admin; alice and bob are in the group ``research``.
 * The scheduler runs as the managed service ``gpusched`` at /services/gpusched/ (it listens on
   127.0.0.1:8765, ``GPUSCHED_SERVICE_PORT``) with ``hub_config/cluster.yaml`` and
   ``hub_config/queues.yaml``.
+* Simulated GPUs (``GPUSCHED_GPU_BACKEND=simulated``): the loads kernels and jobs put on them
+  are files in ``GPUSCHED_SIM_GPU_DIR``, by default ``STATE-sim-gpus`` beside the state directory:
+  this hub's own, so that two demos on one host never see (or kill) each other's processes.
 * The cluster, queue and policy files are ``hub_config/cluster.yaml``, ``hub_config/queues.yaml``
   and the documented policy defaults; ``GPUSCHED_CLUSTER_FILE``, ``GPUSCHED_QUEUE_FILE`` and
   ``GPUSCHED_POLICY_FILE`` choose others (the tests use a small cluster and short grace periods).
 * Notebook servers: ``GPUSchedSpawner`` (``c.JupyterHub.spawner_class = "gpusched"``) with three
-  profiles; every start asks the scheduler for GPUs and waits in its queue. For the demo the
-  servers run as the hub's own OS user (``run_as_hub_user``), each user with HOME in
+  profiles; every start asks the scheduler for GPUs and waits in its queue. A root hub (``make
+  demo``) runs each server as the user's own Unix account, HOME their home directory; a hub user
+  whose account is a system one (``root``, a uid below 1000: ``c.AccountPolicy``) gets no
+  server. A hub that is not root runs them as its own user (``run_as_hub_user``), HOME in
   ``STATE/home/<user>``. Named servers are on; the hub leaves servers running when it stops
   (``cleanup_servers = False``) and finds them, with their allocations, when it starts again.
 * Roles: every user may use the service (``access:services!service=gpusched`` added to the
@@ -38,6 +43,9 @@ as the Unix user who submitted it, so alice, bob, carol and admin must exist on 
 
 import os
 import sys
+
+from jupyter_gpusched.gpu.simulated import make_load_dir
+from jupyter_gpusched.singleuser_command import singleuser_command
 
 c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
 
@@ -61,13 +69,19 @@ DEMO_USERS = ["alice", "bob", "carol", "admin"]
 SERVICE_STATE = os.path.join(STATE, SERVICE)  # the scheduler's database and job logs
 
 os.makedirs(STATE, exist_ok=True)
-# Enterable, not listable: a batch job submitted from a notebook starts in the notebook's
-# directory, STATE/home/<user>, and runs as the Unix user (docs/security.md). What lies in STATE
-# is private by its own mode: the service makes STATE/gpusched 0700 at start, and the hub's
-# database is created 0600 here (SQLite takes an empty file as a new database).
-os.chmod(STATE, 0o711)
+# The state is the hub's and the service's alone (docs/security.md): servers run in their
+# users' own home directories, so no user needs to enter STATE. The service makes
+# STATE/gpusched 0700 at start; the hub's database is created 0600 here (SQLite takes an empty
+# file as a new database).
+os.chmod(STATE, 0o700)
 os.close(os.open(os.path.join(STATE, "jupyterhub.sqlite"), os.O_CREAT | os.O_WRONLY, 0o600))
 os.chmod(os.path.join(STATE, "jupyterhub.sqlite"), 0o600)
+# The simulated GPUs' loads (docs/gpu.md): beside the state directory, not in it (the users'
+# kernels write loads here). Made by the hub even with real GPUs (a kernel on the simulated
+# fallback must not make it, and own it), writable by all with the sticky bit; a load counts
+# only for a process of the file's owner.
+SIM_GPU_DIR = os.path.abspath(os.environ.get("GPUSCHED_SIM_GPU_DIR") or f"{STATE}-sim-gpus")
+make_load_dir(SIM_GPU_DIR)
 
 # -- the hub and the proxy ----------------------------------------------------------------------
 c.JupyterHub.bind_url = f"http://127.0.0.1:{HUB_PORT}"
@@ -101,17 +115,28 @@ c.JupyterHub.default_url = "/hub/home"
 launcher_args = []
 if os.environ.get("GPUSCHED_JOB_PYTHON"):
     launcher_args.append(f"--LocalLauncher.python={os.environ['GPUSCHED_JOB_PYTHON']}")
-GPU_ENV = ("GPUSCHED_GPU_BACKEND", "GPUSCHED_SIM_CLUSTER", "GPUSCHED_SIM_GPU_DIR")
+# The GPU telemetry's choice (docs/gpu.md), for the service, the servers' GPU monitor and the
+# jobs (LocalLauncher passes on only the variables of its env_keep).
+GPU_ENV = {
+    **{
+        name: os.environ[name]
+        for name in ("GPUSCHED_GPU_BACKEND", "GPUSCHED_SIM_CLUSTER")
+        if os.environ.get(name)
+    },
+    "GPUSCHED_SIM_GPU_DIR": SIM_GPU_DIR,
+}
+launcher_args += [f"--LocalLauncher.env_keep={name}" for name in ("PATH", "LANG", *GPU_ENV)]
 service_env = {
     # The hub passes its own environment on to services only through `environment`.
     "PATH": os.environ.get("PATH", os.defpath),
     "LANG": os.environ.get("LANG", "C.UTF-8"),
-    **{name: os.environ[name] for name in GPU_ENV if os.environ.get(name)},
+    **GPU_ENV,
 }
 rogue_args = []
 if os.environ.get("GPUSCHED_GPU_BACKEND") == "simulated":
     # Every simulated node lives on this machine: the service checks all of them for rogue GPU
-    # processes (docs/service.md). With real GPUs it checks the node named like this host.
+    # processes (docs/service.md), in this hub's own load folder only. With real GPUs it checks
+    # the node named like this host.
     from jupyter_gpusched.files import load_cluster
 
     rogue_args = [
@@ -190,16 +215,20 @@ c.GPUSchedSpawner.profiles = [
 # Queued starts wait at most this long; then the request leaves the queue with a message.
 # JupyterHub's own start timeout is raised to this plus Spawner.start_timeout for each start.
 c.GPUSchedSpawner.max_queue_wait = 30 * 60
-# The demo runs every server as the hub's own OS user, HOME in STATE/home/<user> (a production
-# hub runs them as the users' own OS accounts: see jupyterhub_config_production.py).
-c.GPUSchedSpawner.run_as_hub_user = True
+# As root (make demo, the tests) every server runs as the user's own Unix account, HOME their
+# home (scripts/demo-users.sh creates them); never as root: run_as_hub_user is refused for a
+# root hub. A hub that is not root (a laptop) runs them as its own user, HOME in STATE/home.
+c.GPUSchedSpawner.run_as_hub_user = os.geteuid() != 0
 c.GPUSchedSpawner.home_dir_template = os.path.join(STATE, "home", "{username}")
-# The single-user server of this virtual environment, whatever PATH the hub was started with.
-c.Spawner.cmd = [os.path.join(os.path.dirname(sys.executable), "jupyterhub-singleuser")]
+# The single-user server of this virtual environment, whatever PATH the hub was started with,
+# in a way its users can run (a system python3 when this one lives under /root: see
+# jupyter_gpusched/singleuser_command.py).
+SERVER_CMD, SERVER_ENV = singleuser_command()
+c.Spawner.cmd = SERVER_CMD
 c.Spawner.default_url = "/lab"  # JupyterLab, with the GPU panel (labextension/)
-# The servers' GPU monitor chooses its telemetry from these (docs/gpu.md); the hub passes its own
-# environment on to servers only through `environment`, so pass them on where they are set.
-c.Spawner.environment = {name: os.environ[name] for name in GPU_ENV if os.environ.get(name)}
+# The servers' GPU monitor chooses its telemetry from GPU_ENV (docs/gpu.md); the hub passes its
+# own environment on to servers only through `environment`.
+c.Spawner.environment = {**SERVER_ENV, **GPU_ENV}
 c.JupyterHub.allow_named_servers = True  # several GPU servers per user, within their quota
 c.JupyterHub.named_server_limit_per_user = 4
 # A hub restart keeps running servers and their allocations (the default stops them all).

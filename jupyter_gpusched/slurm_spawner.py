@@ -7,11 +7,12 @@ job on the node and GPU count the engine allocated:
 
 * ``sbatch --nodelist=<node> --nodes=1 --ntasks=1 --gres=gpu:<n> --no-requeue
   --export=NONE --job-name=gpusched-<job id> --output=<log_dir>/<job id>.log``, as the user's
-  OS account when the hub is root (``run_as_hub_user``: as the hub's own user). The script
-  exports the server's environment (``get_env()``: the hub's API token and URLs, ``GPUSCHED_*``)
-  and runs ``self.cmd + get_args()`` with ``srun`` (so ``scancel --signal`` reaches it).
-  ``CUDA_VISIBLE_DEVICES`` is Slurm's (the GPUs it bound to the job, which may differ from the
-  engine's indices), not the engine's.
+  OS account when the hub is root, never a system account (``AccountPolicy``, checked before
+  the scheduler is asked, as for GPUSchedSpawner); ``run_as_hub_user``, for a hub that is not
+  root: as the hub's own user. The script exports the server's environment (``get_env()``: the
+  hub's API token and URLs, ``GPUSCHED_*``) and runs ``self.cmd + get_args()`` with ``srun``
+  (so ``scancel --signal`` reaches it). ``CUDA_VISIBLE_DEVICES`` is Slurm's (the GPUs it
+  bound to the job, which may differ from the engine's indices), not the engine's.
 * The server listens on ``bind_ip`` (all addresses) and on a port chosen by the spawner; the
   hub's proxy reaches it at the node's address: ``node_addresses``, else Slurm's ``NodeAddr``.
 * A job Slurm keeps pending longer than ``pending_timeout`` (or for a reason Slurm never gets
@@ -36,7 +37,6 @@ from jupyterhub.utils import random_port
 from traitlets import Dict, Float, Unicode
 
 from .profiles import GPUSchedSpawnError, describe_duration
-from .service.launcher import LaunchError, submitting_account
 from .service.slurm import HOPELESS_REASONS
 from .slurm_commands import (
     SlurmCommandError,
@@ -156,14 +156,10 @@ class GPUSchedSlurmSpawner(GPUSchedSpawner, SlurmOptions):
         return self.slurm_job_name or f"gpusched-{self.job_id}"
 
     def _account(self) -> pwd.struct_passwd | None:
-        try:
-            return submitting_account(self.user.name, not self.run_as_hub_user)
-        except LaunchError as exc:
-            raise GPUSchedSpawnError(
-                f"Cannot start your server in Slurm: {exc.message}.",
-                reason="slurm",
-                status_code=500,
-            ) from None
+        """The account sbatch runs as: the user's (checked by the account policy, see
+        GPUSchedSpawner.server_account) when the hub is root; else None, the hub's own."""
+        account = self.server_account()
+        return account if account is not None and os.geteuid() == 0 else None
 
     def get_env(self):
         env = super().get_env()

@@ -31,6 +31,15 @@ as a Slurm job on the allocated node instead. The profiles and the options form 
 ``profiles.py``; the conversation with the service (token, submission, queue, progress) in
 ``spawner_queue.py``.
 
+Which OS account a server runs as: the hub user's own Unix account (LocalProcessSpawner's way:
+its uid, gid and groups, HOME its home directory, entered after the privileges are dropped),
+and never a system account: :class:`~jupyter_gpusched.accounts.AccountPolicy` (``min_uid``,
+``denied_users``) refuses a hub user named like one (a hub user ``root`` created by a hub admin)
+before anything is asked of the scheduler, with its message on the spawn page (HTTP 403).
+``run_as_hub_user`` runs every server as the hub's own user instead, for a hub that is not root
+(a laptop); set while the hub is root it is refused, since every server, kernel and job it
+submits would then run as root.
+
 JupyterHub's ``start_timeout`` and the queue: the hub cancels a start that takes longer than
 ``Spawner.start_timeout``. Before each start this spawner sets the start timeout the hub applies
 to ``max_queue_wait`` (of the chosen profile) plus the configured ``start_timeout``, which keeps
@@ -43,12 +52,14 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import pwd
 import signal
 import time
 
 from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Bool, Dict, Float, List, Unicode, default, validate
 
+from .accounts import AccountPolicy, AccountRefused
 from .process_tree import descendants, process_created, wait_gone
 from .profiles import (  # noqa: F401 (importable from here too)
     PROFILE_KEYS,
@@ -117,10 +128,11 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
 
     run_as_hub_user = Bool(
         False,
-        help="""Run single-user servers as the hub's own OS user (demos, a laptop), not as the
-        OS user named like the hub user (LocalProcessSpawner's way, which needs root and one
-        OS account per hub user). HOME is home_dir_template for each user; as root the server is
-        started with --ServerApp.allow_root.""",
+        help="""Run single-user servers as the hub's own OS user, for a hub that is not root (a
+        laptop, a demo without Unix accounts), not as the OS account named like the hub user
+        (the default, LocalProcessSpawner's way, which needs a root hub and one OS account per
+        hub user). HOME is home_dir_template for each user. Refused while the hub runs as root:
+        every server, every kernel and every job submitted from them would run as root.""",
     ).tag(config=True)
 
     home_dir_template = Unicode(
@@ -162,6 +174,8 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        # c.AccountPolicy.* in the hub's config: the same rule the service applies to jobs
+        self.account_policy = AccountPolicy(parent=self)
         self._launch_timeout = self.start_timeout  # the configured value: the launch alone
         self._profile: dict | None = None
         self._gpu_models: list[str] | None = None
@@ -196,7 +210,29 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         previous = _first((self.user_options or {}).get("profile"))
         return render_options_form(mine, previous)
 
+    def server_account(self) -> pwd.struct_passwd | None:
+        """The OS account the server runs as: the hub user's own, if the account policy allows
+        it; None with run_as_hub_user (the hub's own account, which is not root). Raises
+        GPUSchedSpawnError with the reason the user sees on the spawn page."""
+        if self.run_as_hub_user:
+            if os.geteuid() == 0:
+                raise GPUSchedSpawnError(
+                    "The hub runs as root with GPUSchedSpawner.run_as_hub_user set: your "
+                    "server, its kernels and its jobs would all run as root. An administrator "
+                    "must unset run_as_hub_user (servers then run as each user's own account).",
+                    reason="config",
+                    status_code=500,
+                )
+            return None
+        try:
+            return self.account_policy.account(self.user.name)
+        except AccountRefused as exc:
+            raise GPUSchedSpawnError(
+                f"Your server cannot start: {exc.message}.", reason="account", status_code=403
+            ) from None
+
     def run_pre_spawn_hook(self):
+        self.server_account()  # before the profile: a refused account gets nothing at all
         self.choose_profile(self.user_options)
         self._progress_event, self._progress_done = {}, False  # a new spawn: fresh progress
         wait = self._max_wait()
@@ -211,6 +247,7 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
 
     # -- start -------------------------------------------------------------------------------
     async def start(self):
+        self.server_account()  # also when start() is called without the pre-spawn hook
         if self._profile is None:
             self.choose_profile(self.user_options)
         profile = self._profile
@@ -294,8 +331,6 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
                 f"--MappingKernelManager.cull_interval={max(1, min(300, int(idle) // 4))}",
                 f"--ServerApp.shutdown_no_activity_timeout={int(idle)}",
             ]
-        if self.run_as_hub_user and os.geteuid() == 0:
-            args.append("--ServerApp.allow_root=True")
         return args
 
     def _home(self) -> str:

@@ -13,13 +13,15 @@ Set ``GPUSCHED_KEEP_HUB_STATE=1`` to keep the state directory (hub log, job logs
 
 Skips when ``node_modules/.bin/configurable-http-proxy`` is missing (``make node_modules``).
 As root it first creates the demo Unix users (``scripts/demo-users.sh``): the service runs each
-job as the user who submitted it.
+job, and the hub each notebook server, as the user's own account (:func:`user_home` says where
+their servers' HOME is).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import secrets
 import shutil
 import signal
@@ -137,6 +139,31 @@ def _create_demo_users() -> None:
         pytest.fail(f"scripts/demo-users.sh failed: {done.stderr or done.stdout}")
 
 
+def user_home(state_dir: Path, user: str) -> Path:
+    """HOME of ``user``'s notebook servers: their own home under a root hub, else
+    STATE/home/<user> (``run_as_hub_user``, the config's ``home_dir_template``)."""
+    if os.geteuid() == 0:
+        return Path(pwd.getpwnam(user).pw_dir)
+    return state_dir / "home" / user
+
+
+def write_as_user(user: str, path: Path, text: str) -> None:
+    """Write ``path`` (and its missing directories) as ``user`` would, so that their server
+    may change it later; as the hub's own user when not root."""
+    script = 'mkdir -p "$(dirname "$1")" && printf %s "$2" > "$1"'
+    ids = {}
+    if os.geteuid() == 0:
+        account = pwd.getpwnam(user)
+        ids = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+    subprocess.run(["/bin/sh", "-c", script, "sh", str(path), text], check=True, cwd="/", **ids)
+
+
+def remove_state(state_dir: Path) -> None:
+    """Remove a hub's state directory and its simulated GPUs' load folder beside it."""
+    shutil.rmtree(state_dir, ignore_errors=True)
+    shutil.rmtree(f"{state_dir}-sim-gpus", ignore_errors=True)
+
+
 def _wait_until_up(hub: Hub, deadline: float) -> None:
     last = "nothing yet"
     checks = [
@@ -203,22 +230,25 @@ def _stop(hub: Hub) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_hub():
-    """Start the hub; yield a :class:`Hub`; stop it and check that nothing is left."""
+def running_hub(env: dict | None = None, extra_config: str = ""):
+    """Start the hub; yield a :class:`Hub`; stop it and check that nothing is left. ``env``:
+    more variables for the hub (GPUSCHED_*); ``extra_config``: lines added to its config."""
     if not CHP.exists():
         pytest.skip(f"{CHP.relative_to(ROOT)} is missing: run `make node_modules` (npm ci)")
     _create_demo_users()
-    # Not under pytest's tmp dir (mode 0700): jobs run as the demo users, and pass through the
-    # state directory (0711, hub_config) to their demo homes in it.
+    # Not under pytest's tmp dir: its -sim-gpus sibling (hub_config) must be reachable by the
+    # demo users' kernels and jobs, which write their simulated GPU loads there.
     state_dir = Path(tempfile.mkdtemp(prefix="gpusched-hub-"))
     token = secrets.token_hex(32)
     config = state_dir / "jupyterhub_config.py"
-    config.write_text(GENERATED_CONFIG.format(config=str(HUB_CONFIG), harness=HARNESS, token=token))
+    generated = GENERATED_CONFIG.format(config=str(HUB_CONFIG), harness=HARNESS, token=token)
+    config.write_text(generated + extra_config)
     port = free_port()
     password = secrets.token_urlsafe(12)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "JPY_"))}
-    env.pop("CONFIGPROXY_AUTH_TOKEN", None)
-    env.update(
+    hub_env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "JPY_"))}
+    hub_env.pop("CONFIGPROXY_AUTH_TOKEN", None)
+    hub_env.update(env or {})
+    hub_env.update(
         GPUSCHED_STATE_DIR=str(state_dir),
         GPUSCHED_HUB_PORT=str(port),
         GPUSCHED_HUB_API_PORT=str(free_port()),
@@ -231,7 +261,7 @@ def running_hub():
         process = subprocess.Popen(
             [*_jupyterhub_command(), "-f", str(config)],
             cwd=state_dir,
-            env=env,
+            env=hub_env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -249,7 +279,7 @@ def running_hub():
         if left or failed:
             print(f"--- {log_path} (tail) ---\n{hub.log_tail(200)}", file=sys.stderr)
         elif not os.environ.get("GPUSCHED_KEEP_HUB_STATE"):
-            shutil.rmtree(state_dir, ignore_errors=True)
+            remove_state(state_dir)
     assert not left, "processes left after the hub stopped:\n" + "\n".join(left)
 
 

@@ -203,6 +203,78 @@ def test_nodes_sharing_one_host_are_kept_apart(sim_dir, holders):
     }
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="processes of two users need root")
+def test_no_user_fakes_a_load_of_another_users_process():
+    """In a hub's load folder (sticky, writable by all: its users' kernels write their loads),
+    bob's load for alice's process is not believed; alice's own and root's are. Nor can bob
+    remove alice's load, or take over a folder made first by someone else."""
+    import pwd
+    import shutil
+    import tempfile
+
+    from hub_harness import _create_demo_users
+
+    from jupyter_gpusched.gpu.simulated import make_load_dir
+    from jupyter_gpusched.singleuser_command import singleuser_command
+
+    _create_demo_users()
+    alice, bob = pwd.getpwnam("alice"), pwd.getpwnam("bob")
+    cmd, env = singleuser_command()  # a Python both can run, with this checkout importable
+    python = cmd[0] if len(cmd) == 2 else sys.executable
+    public = Path(tempfile.mkdtemp(prefix="gpusched-loads-"))  # not pytest's tmp: 0700 dirs
+    public.chmod(0o755)
+    started = []
+    try:
+        loads = make_load_dir(public / "sim-gpus")
+        assert loads.stat().st_mode & 0o7777 == 0o1777 and loads.stat().st_uid == 0
+
+        def as_user(account, code, wait=True):
+            run = subprocess.run if wait else subprocess.Popen
+            ids = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+            return run([python, "-c", code], env={"PATH": os.defpath, **env}, cwd="/", **ids)
+
+        def load(account, gpu, pid):
+            code = (
+                "from jupyter_gpusched.gpu import simulate_load; "
+                f"simulate_load(util=50, memory_gb=1, gpus=[{gpu}], pid={pid}, node='n1', "
+                f"state_dir={str(loads)!r})"
+            )
+            assert as_user(account, code).returncode == 0
+
+        started += [as_user(alice, "import time; time.sleep(60)", wait=False) for _ in "ab"]
+        started.append(as_user(bob, "import time; time.sleep(60)", wait=False))
+        kernel, other, bobs = started
+        deadline = time.monotonic() + 10
+        while not all(psutil.Process(p.pid).uids().real != 0 for p in started):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        load(bob, 0, kernel.pid)  # faked: keeps alice's kernel "busy", or gets it killed
+        load(alice, 1, kernel.pid)  # her own
+        load(bob, 2, bobs.pid)  # his own
+        simulate_load(util=50, memory_gb=1, gpus=[3], pid=other.pid, node="n1", state_dir=loads)
+        samples = by_index(SimulatedTelemetry(node="n1", gpus=4, state_dir=loads).sample())
+        assert samples[0].processes == [] and samples[0].utilization_percent == 0.0
+        assert procs(samples[1]) == {kernel.pid: (50.0, 1.0)}
+        assert procs(samples[2]) == {bobs.pid: (50.0, 1.0)}
+        assert procs(samples[3]) == {other.pid: (50.0, 1.0)}  # root may write anyone's
+
+        code = f"from jupyter_gpusched.gpu import stop_load; stop_load(pid={kernel.pid}, "
+        code += f"node='n1', state_dir={str(loads)!r})"
+        assert as_user(bob, code).returncode == 0
+        assert procs(by_index(SimulatedTelemetry(node="n1", gpus=4, state_dir=loads).sample())[1])
+
+        squatted = public / "squatted"
+        squatted.mkdir()
+        os.chown(squatted, bob.pw_uid, bob.pw_gid)
+        with pytest.raises(RuntimeError, match="is not a directory of this user"):
+            make_load_dir(squatted)
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+        shutil.rmtree(public, ignore_errors=True)
+
+
 def test_cuda_visible_devices_and_arguments(sim_dir, holders, monkeypatch):
     holder = holders()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{simulated_uuid('n1', 3)},1")

@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 
@@ -55,17 +54,14 @@ from test_spawner import (  # noqa: E402 (after the skips)
 
 
 def _no_news(state_dir: Path, user: str) -> None:
-    """Turn off JupyterLab's "receive official Jupyter news?" popup for ``user`` (their HOME
-    is STATE/home/<user>: hub_config's home_dir_template)."""
+    """Turn off JupyterLab's "receive official Jupyter news?" popup for ``user``, in the HOME
+    of their servers (written as the user: their server may change it)."""
     settings = (
-        state_dir
-        / "home"
-        / user
+        hub_harness.user_home(state_dir, user)
         / ".jupyter/lab/user-settings/@jupyterlab/apputils-extension"
         / "notification.jupyterlab-settings"
     )
-    settings.parent.mkdir(parents=True, exist_ok=True)
-    settings.write_text(json.dumps({"fetchNews": "false"}))
+    hub_harness.write_as_user(user, settings, json.dumps({"fetchNews": "false"}))
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +82,7 @@ def lab_hub():
         if left or failed:
             print(f"--- {runner.hub.log_path} (tail) ---\n{runner.hub.log_tail(200)}")
         elif not os.environ.get("GPUSCHED_KEEP_HUB_STATE"):
-            shutil.rmtree(runner.state_dir, ignore_errors=True)
+            hub_harness.remove_state(runner.state_dir)
     assert not left, "processes left after the hub stopped:\n" + "\n".join(left)
     del hub
 

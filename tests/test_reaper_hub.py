@@ -1,7 +1,8 @@
 """The idle reaper under a real hub: JupyterHub, configurable-http-proxy, the scheduler service,
 GPUSchedSpawner and real single-user servers with real kernels, on the simulated GPU backend
-(``GPUSCHED_GPU_BACKEND=simulated``, the test cluster file, a private load directory), with the
-servers' GPU monitor sampling every second and reaper timeouts of a few seconds.
+(``GPUSCHED_GPU_BACKEND=simulated``, the test cluster file, the hub's own load folder beside its
+state directory), with the servers' GPU monitor sampling every second and reaper timeouts of a
+few seconds. The servers and their kernels run as their users' own accounts (the hub is root).
 
 * a kernel that keeps its GPU busy (``simulate_load`` run in the kernel over its websocket, then
   the websocket closed: no browser) is never culled, past the timeout;
@@ -19,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import pwd
 import time
 import uuid
 
@@ -55,12 +58,10 @@ class ReaperHub(ts.HubRunner):
     def __init__(self):
         super().__init__()
         (self.state_dir / "test-policy.yaml").write_text(POLICY)
-        sim_dir = self.state_dir / "sim-gpus"
-        sim_dir.mkdir(mode=0o1777)
+        self.env.pop("GPUSCHED_SIM_GPU_DIR", None)  # the config's own: STATE-sim-gpus
         self.env.update(
             GPUSCHED_GPU_BACKEND="simulated",
             GPUSCHED_SIM_CLUSTER=self.env["GPUSCHED_CLUSTER_FILE"],
-            GPUSCHED_SIM_GPU_DIR=str(sim_dir),
         )
         config = self.config.read_text()
         assert ts.EXTRA_CONFIG in config
@@ -228,8 +229,14 @@ def test_a_busy_kernel_is_never_culled_past_the_timeout(hub):
     ts.start_server(hub, "alice", "t2-1")
     env = ts.server_env(hub, "alice")
     assert env["GPUSCHED_GPU_BACKEND"] == "simulated"
-    assert env["GPUSCHED_SIM_GPU_DIR"].startswith(str(hub.state_dir))
+    assert env["GPUSCHED_SIM_GPU_DIR"] == f"{hub.state_dir}-sim-gpus"  # this hub's own
     kernel = start_kernel(hub, "alice")
+    if os.geteuid() == 0:  # a root hub: the kernel is alice's, not root's
+        alice = pwd.getpwnam("alice")
+        code = f"import os\nassert (os.getuid(), os.getgid()) == {(alice.pw_uid, alice.pw_gid)}"
+        reply = execute(hub, "alice", kernel, code)
+        assert reply["status"] == "ok", reply
+        assert env["HOME"] == alice.pw_dir and env["USER"] == "alice"
     reply = execute(
         hub,
         "alice",

@@ -11,10 +11,10 @@ test profiles, a short queue poll and the test files below (``GPUSCHED_CLUSTER_F
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -189,6 +189,47 @@ def test_server_args_enable_the_extension_and_the_idle_timeout():
     spawner.user_options = {"profile": "b"}
     spawner.run_pre_spawn_hook()
     assert not [a for a in spawner.get_args() if "timeout" in a]
+
+
+def test_the_account_policy_decides_as_whom_a_server_runs(monkeypatch):
+    """A hub user named like a system account gets no server (403, the policy's message);
+    run_as_hub_user is refused while the hub is root, and means the hub's own account
+    otherwise."""
+    import pwd
+
+    from traitlets.config import Config
+
+    from jupyter_gpusched.spawner import GPUSchedSpawner
+
+    class User(FakeUser):
+        def __init__(self, name):
+            self.name = name
+
+    someone = next(p for p in pwd.getpwall() if p.pw_uid >= 1000 and p.pw_name != "nobody")
+    config = Config()
+    config.AccountPolicy.denied_users = ["root", someone.pw_name]
+    for name, says in (
+        ("root", "work may not run as the account 'root'"),
+        ("daemon", "(uid 1): it is a system account, below AccountPolicy.min_uid (1000)"),
+        ("no-such-account", "user 'no-such-account' does not exist on this host"),
+        (someone.pw_name, "denied accounts (AccountPolicy.denied_users)"),  # the hub's config
+    ):
+        spawner = GPUSchedSpawner(user=User(name), config=config)
+        with pytest.raises(GPUSchedSpawnError) as refused:
+            spawner.run_pre_spawn_hook()
+        assert refused.value.status_code == 403
+        assert refused.value.jupyterhub_message.startswith("Your server cannot start: ")
+        assert says in refused.value.jupyterhub_message
+    allowed = GPUSchedSpawner(user=User(someone.pw_name))
+    assert allowed.server_account().pw_uid == someone.pw_uid
+
+    laptop = GPUSchedSpawner(user=User("root"), run_as_hub_user=True)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert laptop.server_account() is None  # the hub's own account, whatever the user's name
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(GPUSchedSpawnError) as refused:
+        laptop.server_account()
+    assert "runs as root with GPUSchedSpawner.run_as_hub_user set" in str(refused.value)
 
 
 def test_the_state_keeps_the_job_beside_the_pid():
@@ -396,7 +437,7 @@ class HubRunner:
         if (left or failed or servers) and self.hub:
             print(f"--- {self.hub.log_path} (tail) ---\n{self.hub.log_tail(300)}", file=sys.stderr)
         elif not os.environ.get("GPUSCHED_KEEP_HUB_STATE"):
-            shutil.rmtree(self.state_dir, ignore_errors=True)
+            hub_harness.remove_state(self.state_dir)
         return servers, left
 
 
@@ -716,6 +757,67 @@ def test_a_profile_not_allowed_for_the_users_groups_is_refused(hub):
         job["state"] != "pending"
         for job in hub.service("GET", "api/jobs", hub.token("carol")).json()["jobs"]
     )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="servers run as their users only under a root hub")
+def test_a_server_and_its_kernels_run_as_the_users_own_account(hub):
+    import pwd
+
+    alice = pwd.getpwnam("alice")
+    start_server(hub, "alice", "gpu-1")
+    server = psutil.Process(spawner_state(hub, "alice")["pid"])
+    assert server.uids().real == server.uids().effective == alice.pw_uid != 0
+    assert server.gids().real == alice.pw_gid and server.cwd() == alice.pw_dir
+    env = server_env(hub, "alice")
+    assert (env["HOME"], env["USER"]) == (alice.pw_dir, "alice")
+    url = hub.url + "/user/alice/api/kernels"
+    headers = {"Authorization": f"token {hub.token('alice')}"}
+    response = requests.post(url, headers=headers, json={"name": "python3"}, timeout=30)
+    assert response.status_code == 201, response.text
+    deadline = time.monotonic() + 30
+    while True:
+        children = server.children(recursive=True)
+        kernels = [p for p in children if "ipykernel_launcher" in " ".join(p.cmdline())]
+        if kernels:
+            break
+        assert time.monotonic() < deadline, "no kernel process"
+        time.sleep(0.2)
+    assert {k.uids().effective for k in kernels} == {alice.pw_uid}
+
+
+def test_a_hub_user_named_like_a_system_account_gets_no_server(hub):
+    """A hub admin may create a hub user ``root``; its server is refused before the scheduler
+    hears of it, on the REST API and on the spawn page, and it runs nothing as root."""
+    admin = hub.token("admin")
+    response = hub_api(hub, "POST", "users/root", admin)
+    assert response.status_code in (201, 409), response.text
+    try:
+        response = start_server(hub, "root", "gpu-1", wait=False)
+        assert response.status_code == 403, response.text
+        message = response.json()["message"]
+        assert message.startswith("Your server cannot start: work may not run as the account")
+        assert "'root'" in message and "AccountPolicy.denied_users" in message
+
+        session = requests.Session()  # the spawn page, as the hub admin starting root's server
+        page = session.get(hub.url + "/hub/login", timeout=10)
+        form = {"username": "admin", "password": hub.password}
+        form["_xsrf"] = session.cookies.get("_xsrf")
+        response = session.post(hub.url + "/hub/login", data=form, timeout=10)
+        assert response.status_code == 200, response.text
+        form = {"profile": "gpu-1", "_xsrf": session.cookies.get("_xsrf")}
+        page = session.post(hub.url + "/hub/spawn/root", data=form, timeout=30)
+        text = html.unescape(page.text)
+        assert "Your server cannot start: work may not run as the account 'root'" in text
+
+        assert not (servers_of(hub, "root").get("") or {}).get("ready")
+        jobs = hub.service("GET", "api/jobs?user=root", admin)
+        assert jobs.status_code == 200 and jobs.json()["jobs"] == [], jobs.text
+        for process in psutil.process_iter(["uids", "environ"]):
+            with contextlib.suppress(psutil.Error):
+                environ = process.info["environ"] or {}
+                assert environ.get("JUPYTERHUB_USER") != "root", process
+    finally:
+        hub_api(hub, "DELETE", "users/root", admin)
 
 
 def test_max_queue_wait_and_cancel_remove_the_request_from_the_queue(hub):

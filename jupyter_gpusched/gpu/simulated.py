@@ -1,9 +1,13 @@
 """The simulated backend: GPUs that exist only in the cluster file, loaded by any process.
 
 A process (a notebook kernel, a batch job, a test) declares that it uses GPUs with
-:func:`simulate_load`; the load is a small JSON file in a directory shared by every process of the
-machine (``$GPUSCHED_SIM_GPU_DIR``, default ``<tmp>/jupyter_gpusched-sim-gpus``, writable by all
-users like ``/tmp`` itself, since the demo's notebook servers run as different users).
+:func:`simulate_load`; the load is a small JSON file in a directory shared by the processes of
+one simulated cluster (``$GPUSCHED_SIM_GPU_DIR``; the demo hub gives each hub its own, beside its
+state directory, made by :func:`make_load_dir`; default ``<tmp>/jupyter_gpusched-sim-gpus``),
+writable by all users with the sticky bit like ``/tmp`` itself, since the demo's notebook
+servers run as different users. A load counts only when its file's owner is root or the user
+the loaded process runs as: a user can write a load for their own processes, never fake one
+for another user's (which would keep that kernel from being reaped, or get it killed as rogue).
 :meth:`SimulatedTelemetry.sample` reads the files and reports each device and each process as NVML
 would: the process's real PID, its utilization and memory on each GPU it loads, the device's
 utilization (the sum, at most 100%: processes sharing a GPU over 100% are scaled down to their
@@ -14,7 +18,7 @@ Several simulated nodes can share one machine (the demo runs every node of the c
 host): each load belongs to a node (``$GPUSCHED_NODE``, which the spawner sets, else the host
 name), and a backend reports only its own node's loads.
 
-Not for production: anyone on the machine can write a load for any PID.
+Not for production: any process can load GPUs outside its allocation, or make up its own load.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 import uuid
@@ -45,6 +50,7 @@ DEFAULT_MEMORY_GB = 80.0
 MAX_GPUS = 64
 _UUID_NAMESPACE = uuid.UUID("6f3c1f0e-9a35-4c59-9a0f-3d1c2b7e5a10")
 _CREATE_TIME_TOLERANCE = 0.01  # seconds
+MAX_RECORD = 4096  # characters: a load file is about 250; a bigger one is not a load
 
 
 def default_state_dir() -> Path:
@@ -65,6 +71,22 @@ def _ensure_state_dir(path: Path) -> Path:
         return path
     with contextlib.suppress(OSError):  # any user's kernel may add loads; owners remove them
         path.chmod(0o1777)
+    return path
+
+
+def make_load_dir(path) -> Path:
+    """Create the load directory of a hub or service (sticky, writable by all) and check that
+    it is this process's own: a directory someone else made first (or a symlink) could let its
+    owner delete or swap the loads of every user, so it is refused, not used."""
+    path = Path(path)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    found = os.lstat(path)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid():
+        raise RuntimeError(
+            f"{path} is not a directory of this user (uid {os.geteuid()}): remove it, or set "
+            f"{STATE_DIR_ENV} to another folder for the simulated GPUs"
+        )
+    path.chmod(0o1777)
     return path
 
 
@@ -167,7 +189,8 @@ def simulate_load(
     ``CUDA_VISIBLE_DEVICES`` (GPU 0 when unset). Passing others simulates a process escaping its
     allocation. A new call replaces the calling process's earlier load on the same GPUs;
     ``util=0`` with some memory is an idle kernel that holds GPU memory. ``node``: default
-    ``$GPUSCHED_NODE``, else the host name. ``pid``: default the calling process.
+    ``$GPUSCHED_NODE``, else the host name. ``pid``: default the calling process; a process of
+    another user counts only when root writes the load (see the module docstring).
     """
     node = node or default_node()
     if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 <= util <= 100:
@@ -207,7 +230,12 @@ def simulate_load(
             with os.fdopen(fd, "w") as out:
                 json.dump(record, out)
             os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except PermissionError:  # sticky directory: the name is taken by another user
+                raise PermissionError(
+                    f"cannot write the load {path}: another user owns a file of that name"
+                ) from None
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -222,7 +250,7 @@ def stop_load(gpus=None, *, node=None, pid=None, state_dir=None) -> int:
     directory = resolve_state_dir(state_dir)
     wanted = None if gpus is None else set(_gpu_list(node, gpus))
     removed = 0
-    for path, record in _read_records(directory):
+    for path, record, _ in _read_records(directory):
         if record.get("node") != node or record.get("pid") != pid:
             continue
         if wanted is not None and record.get("device") not in wanted:
@@ -259,17 +287,38 @@ def _gpu_list(node: str, gpus) -> list[int]:
 
 
 def _read_records(directory: Path):
+    """``(path, record, owner uid)`` of each load file (never followed through a symlink)."""
     try:
         paths = sorted(directory.glob("load--*.json"))
     except OSError:
         return
     for path in paths:
         try:
-            record = json.loads(path.read_text())
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue  # removed meanwhile, or a symlink
+        try:
+            with os.fdopen(fd) as file:
+                found = os.fstat(file.fileno())
+                if not stat.S_ISREG(found.st_mode):
+                    continue
+                record = json.loads(file.read(MAX_RECORD))
         except (OSError, ValueError):
-            continue  # removed meanwhile, or not ours
+            continue  # not ours to read, or not a load
         if isinstance(record, dict):
-            yield path, record
+            yield path, record, found.st_uid
+
+
+def _may_load(owner: int, pid: int) -> bool:
+    """Is the load file of ``owner`` believed for process ``pid``? Only when written by root or
+    by the user the process runs as (real or effective uid)."""
+    if owner == 0:
+        return True
+    try:
+        uids = psutil.Process(pid).uids()
+    except psutil.Error:
+        return False
+    return owner in (uids.real, uids.effective)
 
 
 class SimulatedTelemetry(Telemetry):
@@ -327,7 +376,7 @@ class SimulatedTelemetry(Telemetry):
         now = time.time()
         alive: dict[int, float | None] = {}
         loads: dict[int, list[dict]] = {device.index: [] for device in self._devices}
-        for path, record in _read_records(self.state_dir):
+        for path, record, owner in _read_records(self.state_dir):
             if record.get("node") != self.node:
                 continue
             try:
@@ -347,6 +396,8 @@ class SimulatedTelemetry(Telemetry):
                 with contextlib.suppress(OSError):  # another user's file: leave it
                     path.unlink()
                 continue
+            if not _may_load(owner, pid):
+                continue  # a load faked for another user's process
             if device in loads:
                 loads[device].append(record)
         return [self._device_sample(device, loads[device.index]) for device in self._devices]

@@ -26,8 +26,13 @@ Never reported: the service and its ancestors, and system GPU processes by name
 (``GPUSchedService.rogue_ignore_processes``: Xorg, DCGM, the MPS daemon ...). A process is
 signalled through the handle taken when it was found, so a PID reused meanwhile is never hit.
 NVML's PIDs are the host's: run the service in the host's PID namespace (not in a container of
-its own) for these checks. With the Slurm launcher the checks are off: the GPU indices a Slurm job
-gets are Slurm's, not the engine's (docs/slurm.md).
+its own) for these checks. On the simulated backend the watch sees only the loads in this
+service's own folder (``$GPUSCHED_SIM_GPU_DIR``: the demo hub gives each hub its own, beside its
+state directory) on the nodes of its own cluster file, and only loads written by root or by the
+loaded process's own user (docs/gpu.md): it never reports or kills the processes of another demo
+on the same host, nor a process that someone else named in a load they made up. With the Slurm
+launcher the checks are off: the GPU indices a Slurm job gets are Slurm's, not the engine's
+(docs/slurm.md).
 """
 
 from __future__ import annotations

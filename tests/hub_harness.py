@@ -158,10 +158,25 @@ def write_as_user(user: str, path: Path, text: str) -> None:
     subprocess.run(["/bin/sh", "-c", script, "sh", str(path), text], check=True, cwd="/", **ids)
 
 
+def readable_file(state_dir: Path, name: str, text: str) -> Path:
+    """Write ``text`` to a file every user can read, beside the hub's state directory (which is
+    the hub's and the service's alone, 0700): a test's cluster or policy file that the users'
+    servers and jobs read too. :func:`remove_state` removes it."""
+    folder = Path(f"{state_dir}-files")
+    folder.mkdir(mode=0o755, exist_ok=True)
+    folder.chmod(0o755)
+    path = folder / name
+    path.write_text(text)
+    path.chmod(0o644)
+    return path
+
+
 def remove_state(state_dir: Path) -> None:
-    """Remove a hub's state directory and its simulated GPUs' load folder beside it."""
+    """Remove a hub's state directory, its simulated GPUs' load folder and its readable files
+    beside it."""
     shutil.rmtree(state_dir, ignore_errors=True)
     shutil.rmtree(f"{state_dir}-sim-gpus", ignore_errors=True)
+    shutil.rmtree(f"{state_dir}-files", ignore_errors=True)
 
 
 def _wait_until_up(hub: Hub, deadline: float) -> None:

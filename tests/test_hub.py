@@ -7,7 +7,10 @@ from __future__ import annotations
 import getpass
 import os
 import secrets
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import hub_harness
 import pytest
@@ -51,7 +54,11 @@ def test_roles_give_users_access_and_the_admin_the_custom_scope(hub):
 
 def test_a_job_runs_on_its_allocation_as_its_user(hub):
     token = hub.token("alice")
-    gate = hub.state_dir / f"go-{secrets.token_hex(4)}"  # the job waits for it: still running
+    # The job waits for the gate file: it is still running. Not in the state directory, which
+    # is the hub's and the service's alone (0700): alice's job could not see it there.
+    gates = Path(tempfile.mkdtemp(prefix="gpusched-gate-"))
+    gates.chmod(0o755)
+    gate = gates / f"go-{secrets.token_hex(4)}"
     command = (
         'echo "visible=[$CUDA_VISIBLE_DEVICES]"; echo "user=[$(id -un)]"; i=0; '
         f"while [ ! -e {gate} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done"
@@ -69,6 +76,7 @@ def test_a_job_runs_on_its_allocation_as_its_user(hub):
     finally:
         gate.touch()
     done = wait_for(hub, token, job_id, {"completed", "failed", "cancelled", "lost"})
+    shutil.rmtree(gates)
     log = hub.service("GET", f"api/jobs/{job_id}/log", token)
     assert log.status_code == 200, log.text
     assert done["state"] == "completed", log.text

@@ -93,8 +93,7 @@ class SlurmHubRunner(HubRunner):
         super().__init__()
         cluster = cluster_document({"nodes": "slurm", "slurm": {"slurm_conf": slurm.conf}})
         for variable, text in (("CLUSTER", yaml.safe_dump(cluster)), ("QUEUE", QUEUES)):
-            path = self.state_dir / f"slurm-{variable.lower()}.yaml"
-            path.write_text(text)
+            path = hub_harness.readable_file(self.state_dir, f"slurm-{variable.lower()}.yaml", text)
             self.env[f"GPUSCHED_{variable}_FILE"] = str(path)
         generated = hub_harness.GENERATED_CONFIG.format(
             config=str(hub_harness.HUB_CONFIG),

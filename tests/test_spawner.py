@@ -340,9 +340,7 @@ def _user_env(state_dir: Path) -> dict:
     env.pop("CONFIGPROXY_AUTH_TOKEN", None)
     files = {}
     for name, text in (("cluster", TEST_CLUSTER), ("queues", TEST_QUEUES), ("policy", TEST_POLICY)):
-        path = state_dir / f"test-{name}.yaml"
-        path.write_text(text)
-        files[name] = str(path)
+        files[name] = str(hub_harness.readable_file(state_dir, f"test-{name}.yaml", text))
     env.update(
         GPUSCHED_STATE_DIR=str(state_dir),
         GPUSCHED_HUB_PORT=str(hub_harness.free_port()),
@@ -362,7 +360,6 @@ class HubRunner:
 
     def __init__(self):
         self.state_dir = Path(tempfile.mkdtemp(prefix="gpusched-spawner-"))
-        self.state_dir.chmod(0o755)
         self.env = _user_env(self.state_dir)
         self.harness_token = secrets.token_hex(32)
         self.config = self.state_dir / "jupyterhub_config.py"

@@ -55,7 +55,9 @@ c.JupyterHub.load_roles = [
     {{"name": {harness!r}, "scopes": ["tokens", "read:users"], "services": [{harness!r}]}},
 ]
 c.JupyterHub.log_level = "DEBUG"
-for _service in c.JupyterHub.services:  # the test module's own service options, if any
+"""
+SERVICE_ARGS_CONFIG = """\
+for _service in c.JupyterHub.services:  # the test module's own options of the service
     if _service["name"] == {service!r}:
         _service["command"] = [*_service["command"], *{service_args!r}]
 """
@@ -218,15 +220,10 @@ def running_hub(service_args: tuple[str, ...] = ()):
     state_dir.chmod(0o755)
     token = secrets.token_hex(32)
     config = state_dir / "jupyterhub_config.py"
-    config.write_text(
-        GENERATED_CONFIG.format(
-            config=str(HUB_CONFIG),
-            harness=HARNESS,
-            token=token,
-            service=SERVICE,
-            service_args=list(service_args),
-        )
-    )
+    generated = GENERATED_CONFIG.format(config=str(HUB_CONFIG), harness=HARNESS, token=token)
+    if service_args:
+        generated += SERVICE_ARGS_CONFIG.format(service=SERVICE, service_args=list(service_args))
+    config.write_text(generated)
     port = free_port()
     password = secrets.token_urlsafe(12)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "JPY_"))}

@@ -42,11 +42,12 @@ class SchedulerClient:
         return url if url.endswith("/") else url + "/"
 
     def _token(self) -> str:
-        """A token of the user for the service: only its access scope and the user's groups
-        (which queues they may use). Created in the hub's database (this runs in the hub), kept
-        only in memory, reused by later starts of the same server (the service then knows it:
-        no check with the hub), replaced after a hub restart or when it stops working (the user
-        revoked it), deleted when the server is deleted."""
+        """A token of the user for the service: only its access scope, the user's groups
+        (which queues they may use) and, if the user holds it, the scheduler's admin scope.
+        Created in the hub's database (this runs in the hub), kept only in memory, reused by
+        later starts of the same server (the service then knows it: no check with the hub),
+        replaced after a hub restart or when it stops working (the user revoked it), deleted
+        when the server is deleted."""
         if self._service_token:
             return self._service_token
         orm_user = self.user.orm_user
@@ -55,10 +56,16 @@ class SchedulerClient:
         for old in list(orm_user.api_tokens):  # made by an earlier hub process
             if old.note == note:
                 db.delete(old)
-        self._service_token = orm_user.new_api_token(
-            note=note,
-            scopes=[f"access:services!service={self.service_name}", "read:users:groups!user"],
-        )
+        scopes = [f"access:services!service={self.service_name}", "read:users:groups!user"]
+        from jupyterhub.scopes import get_scopes_for
+
+        from .service.auth import ADMIN_SCOPE
+
+        if ADMIN_SCOPE in get_scopes_for(orm_user):
+            # the service takes admin rights from the token's scopes: an admin's own server
+            # (its Lab panel's reaper settings) acts as an admin, as their browser session does
+            scopes.append(ADMIN_SCOPE)
+        self._service_token = orm_user.new_api_token(note=note, scopes=scopes)
         db.commit()
         return self._service_token
 

@@ -58,6 +58,11 @@ c.JupyterHub.load_roles = [
 ]
 c.JupyterHub.log_level = "DEBUG"
 """
+SERVICE_ARGS_CONFIG = """\
+for _service in c.JupyterHub.services:  # the test module's own options of the service
+    if _service["name"] == {service!r}:
+        _service["command"] = [*_service["command"], *{service_args!r}]
+"""
 
 
 def free_port() -> int:
@@ -245,9 +250,13 @@ def _stop(hub: Hub) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_hub(env: dict | None = None, extra_config: str = ""):
+def running_hub(
+    env: dict | None = None, extra_config: str = "", service_args: tuple[str, ...] = ()
+):
     """Start the hub; yield a :class:`Hub`; stop it and check that nothing is left. ``env``:
-    more variables for the hub (GPUSCHED_*); ``extra_config``: lines added to its config."""
+    more variables for the hub (GPUSCHED_*); ``extra_config``: lines added to its config;
+    ``service_args``: more command-line options of the gpusched service (e.g. a short
+    ``--HubAuthenticated.auth_cache_max_age``)."""
     if not CHP.exists():
         pytest.skip(f"{CHP.relative_to(ROOT)} is missing: run `make node_modules` (npm ci)")
     _create_demo_users()
@@ -257,6 +266,8 @@ def running_hub(env: dict | None = None, extra_config: str = ""):
     token = secrets.token_hex(32)
     config = state_dir / "jupyterhub_config.py"
     generated = GENERATED_CONFIG.format(config=str(HUB_CONFIG), harness=HARNESS, token=token)
+    if service_args:
+        generated += SERVICE_ARGS_CONFIG.format(service=SERVICE, service_args=list(service_args))
     config.write_text(generated + extra_config)
     port = free_port()
     password = secrets.token_urlsafe(12)

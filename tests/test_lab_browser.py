@@ -6,7 +6,7 @@ Playwright (never ``playwright install``): alice logs in to the hub of ``tests/t
 status bar shows her GPUs; a 4-GPU batch job she submits waits in the queue; the side panel shows
 it, cancels it, and it goes; her server's job shows the GPU utilization its monitor reported;
 she sees no reaper settings (not an admin); a reaper warning and a pre-emption notice posted to
-her server appear as notifications. Then admin (a hub admin, so the scheduler's admin too) opens
+her server appear as notifications. Then admin (role gpusched-admin: the scheduler's admin) opens
 the panel of his server, sees the reaper's timeouts, changes one (the service then reports it)
 and gets the service's error for a bad one. Screenshots go to ``test-output/lab-browser/`` for a
 person to look at.
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "test-output" / "lab-browser"
 BUILT = ROOT / "jupyter_gpusched" / "labextension" / "package.json"
 USER = "alice"
-ADMIN = "admin"  # hub_config's demo admin: a hub admin, so an admin of the scheduler
+ADMIN = "admin"  # hub_config's demo admin: role gpusched-admin, an admin of the scheduler
 TIMEOUT_MS = 60_000
 
 if not CHROMIUM.exists():

@@ -846,3 +846,15 @@ def test_max_queue_wait_and_cancel_remove_the_request_from_the_queue(hub):
     assert service_job(hub, "bob", queued["gpusched"]["job_id"])["state"] == "cancelled"
     queue = hub.service("GET", "api/queue", hub.token("admin")).json()
     assert queue["pending"] == 0, queue
+
+
+def test_a_servers_token_for_the_scheduler_is_an_admins_only_for_an_admin(hub):
+    """The service takes admin rights from the token's scopes: an admin's server (its Lab
+    panel edits the reaper settings) gets a token with the admin scope, a user's does not."""
+    for user, admin in (("admin", True), ("bob", False)):
+        start_server(hub, user, "gpu-1")
+        token = server_env(hub, user)["GPUSCHED_SERVICE_TOKEN"]
+        me = hub.service("GET", "api/me", token)
+        assert me.status_code == 200, me.text
+        assert (me.json()["name"], me.json()["admin"]) == (user, admin)
+        stop_server(hub, user)

@@ -57,7 +57,7 @@ c.Spawner.args = ["--GPUMonitor.interval=MONITOR_INTERVAL"]
 class ReaperHub(ts.HubRunner):
     def __init__(self):
         super().__init__()
-        (self.state_dir / "test-policy.yaml").write_text(POLICY)
+        hub_harness.readable_file(self.state_dir, "test-policy.yaml", POLICY)  # the env's file
         self.env.pop("GPUSCHED_SIM_GPU_DIR", None)  # the config's own: STATE-sim-gpus
         self.env.update(
             GPUSCHED_GPU_BACKEND="simulated",

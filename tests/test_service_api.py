@@ -205,7 +205,10 @@ async def test_a_job_that_can_never_run_is_a_400_naming_the_field(service_factor
     assert (await alice.get("api/queue"))[1] == queue_before
     assert (await alice.get("api/jobs"))[1] == jobs_before
     _, events = await admin.get("api/events", params={"kind": "rejected"})
-    assert len(events["events"]) == 2 and events["events"][0]["actor"] == "alice"
+    assert events["events"] == []  # a refused request stores nothing
+    refused = service.live.metrics.refusals
+    assert refused.labels(field="gpus")._value.get() == 1
+    assert refused.labels(field="gpus_per_node")._value.get() == 1
 
 
 async def test_a_queue_the_user_is_not_a_member_of_is_forbidden(service_factory):

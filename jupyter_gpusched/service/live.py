@@ -140,12 +140,12 @@ class LiveScheduler:
             self.engine.submit(job, now)
         except ConfigError as exc:
             raise RequestError(exc.message, exc.field) from None
-        if job.state == JobState.REJECTED:  # it could never run here: a 400, nothing queued
+        if job.state == JobState.REJECTED:  # it could never run here: a 400, nothing stored
+            # Counted, not audited: a refused request stores nothing (a user sending bad
+            # requests in a loop must not grow the database).
             self.engine.forget(job.id)
-            event = self._event("rejected", job, who.name, job.reject_reason)
-            event["job_id"] = None  # no job was created
-            event["data"] = {"request": {"gpus": job.gpus, "queue": job.queue, "tier": job.tier}}
-            self.store.add_event(event)
+            if self.metrics is not None:
+                self.metrics.refused(job.reject_field)
             raise RequestError(
                 f"this job can never run here: {job.reject_reason}",
                 job.reject_field,

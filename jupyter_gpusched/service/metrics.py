@@ -36,6 +36,12 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.refusals = Counter(
+            "gpusched_refused_jobs",
+            "Job requests refused because they could never run here, by the field that says why",
+            ["field"],
+            registry=self.registry,
+        )
         self.live = live
         self.registry.register(_StateCollector(self))
 
@@ -48,6 +54,9 @@ class Metrics:
 
     def decided(self, kind: str) -> None:
         self.decisions.labels(kind=kind).inc()
+
+    def refused(self, field: str | None) -> None:
+        self.refusals.labels(field=field or "").inc()
 
 
 class _StateCollector:

@@ -379,7 +379,7 @@ async def test_a_drained_node_gets_no_new_jobs_until_resumed(service_factory):
     started = await wait_job(alice, second["id"], "running")
     assert started["allocation"][0]["node"] == "gpu1"
     status, error = await admin.post("api/nodes/gpu9/drain")
-    assert (status, error["field"]) == (400, "node")
+    assert (status, error["field"]) == (404, "name")
 
 
 async def test_a_held_job_waits_until_released(service_factory):
@@ -402,7 +402,7 @@ async def test_a_held_job_waits_until_released(service_factory):
     assert (status, view["held"]) == (200, False)
     await wait_job(alice, job["id"], "running")
     status, error = await admin.post(f"api/jobs/{job['id']}/hold")  # running: cannot be held
-    assert status in (400, 409) and error["error"]
+    assert (status, error["field"]) == (409, "id") and error["error"]
     status, error = await admin.post("api/jobs/j-999999/hold")
     assert (status, error["field"]) == (404, "id")
 

@@ -294,6 +294,7 @@ class GPUSchedService(Application):
             gpusched_prices=dict(self.gpu_hour_prices),
             gpusched_prefix=prefix,
             gpusched_authenticate_metrics=self.authenticate_metrics,
+            default_handler_class=user.NotFoundHandler,
             cookie_secret=os.urandom(32),
             log_function=_log_request,
         )

@@ -91,6 +91,8 @@ class APIHandler(web.RequestHandler):
         exc = kwargs.get("exc_info", (None, None))[1]
         message = getattr(exc, "message", None) or self._reason
         field = getattr(exc, "field", None)
+        if status_code == 405:  # RFC 9110: a 405 lists the methods the path has
+            self.set_header("Allow", ", ".join(allowed_methods(type(self))))
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": message, "field": field}))
 
@@ -137,6 +139,27 @@ class APIHandler(web.RequestHandler):
             view["utilization"] = latest_utilization(self.live, row["id"])
             view["stopping"] = self.live.stopping(row["id"])  # signalled, not yet gone
         return view
+
+
+def allowed_methods(handler_class) -> list[str]:
+    """The methods a handler class implements (tornado answers 405 for the others)."""
+    return [
+        method
+        for method in ("GET", "POST", "PUT", "DELETE", "PATCH")
+        if getattr(handler_class, method.lower()) is not getattr(web.RequestHandler, method.lower())
+    ]
+
+
+class NotFoundHandler(web.RequestHandler):
+    """Any path no route matches: a JSON 404 like the API's others (tornado's is an HTML page)."""
+
+    def prepare(self):
+        raise APIError(404, f"no such route: {self.request.path[:200]}")
+
+    def check_xsrf_cookie(self):
+        """Nothing to protect: every request is answered 404."""
+
+    write_error = APIHandler.write_error
 
 
 def latest_utilization(live, job_id: str) -> dict | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
 import os
 import pwd
 import re
@@ -29,6 +30,7 @@ from service_helpers import (
     wait_until,
 )
 from tornado import web
+from tornado.httpclient import AsyncHTTPClient
 
 from jupyter_gpusched.core import Scheduler
 from jupyter_gpusched.service import app as service_app
@@ -763,3 +765,26 @@ def test_engine_schedules_after_a_preempting_job_is_cancelled_and_forgotten():
     engine.cancel("claimer", 2)
     engine.forget("claimer")
     engine.schedule(2)
+
+
+async def test_an_undeclared_method_is_a_405_with_allow_and_an_unknown_route_a_json_404(
+    service_factory,
+):
+    """What api/openapi.json promises for them (Schemathesis' unsupported_method and
+    content_type_conformance checks): a 405 lists the path's methods in Allow; a path no route
+    serves is a JSON 404 like the others, not tornado's HTML page."""
+    service = await service_factory()
+    alice = service.client("alice")
+    auth = {"Authorization": f"token {alice.token}"}
+    fetch = AsyncHTTPClient().fetch
+    for path, allowed in (("api/jobs", "GET, POST"), ("api/jobs/j-1", "GET, DELETE")):
+        response = await fetch(
+            alice.base_url + path, method="PATCH", body=b"{}", headers=auth, raise_error=False
+        )
+        assert (response.code, response.headers.get("Allow")) == (405, allowed), path
+        assert json.loads(response.body)["error"]
+    for path in ("api/nope", "api/jobs/x-1", "api/nodes//drain"):
+        response = await fetch(alice.base_url + path, headers=auth, raise_error=False)
+        assert response.code == 404, path
+        assert response.headers["Content-Type"] == "application/json", path
+        assert json.loads(response.body)["field"] is None

@@ -55,6 +55,9 @@ c.JupyterHub.load_roles = [
     {{"name": {harness!r}, "scopes": ["tokens", "read:users"], "services": [{harness!r}]}},
 ]
 c.JupyterHub.log_level = "DEBUG"
+for _service in c.JupyterHub.services:  # the test module's own service options, if any
+    if _service["name"] == {service!r}:
+        _service["command"] = [*_service["command"], *{service_args!r}]
 """
 
 
@@ -203,8 +206,10 @@ def _stop(hub: Hub) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_hub():
-    """Start the hub; yield a :class:`Hub`; stop it and check that nothing is left."""
+def running_hub(service_args: tuple[str, ...] = ()):
+    """Start the hub; yield a :class:`Hub`; stop it and check that nothing is left.
+    ``service_args``: more command-line options of the gpusched service (e.g. a short
+    ``--HubAuthenticated.auth_cache_max_age``)."""
     if not CHP.exists():
         pytest.skip(f"{CHP.relative_to(ROOT)} is missing: run `make node_modules` (npm ci)")
     _create_demo_users()
@@ -213,7 +218,15 @@ def running_hub():
     state_dir.chmod(0o755)
     token = secrets.token_hex(32)
     config = state_dir / "jupyterhub_config.py"
-    config.write_text(GENERATED_CONFIG.format(config=str(HUB_CONFIG), harness=HARNESS, token=token))
+    config.write_text(
+        GENERATED_CONFIG.format(
+            config=str(HUB_CONFIG),
+            harness=HARNESS,
+            token=token,
+            service=SERVICE,
+            service_args=list(service_args),
+        )
+    )
     port = free_port()
     password = secrets.token_urlsafe(12)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "JPY_"))}

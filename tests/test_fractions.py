@@ -5,6 +5,7 @@ import pytest
 from helpers import cluster, job, queues, run_replay, started, trace_job
 
 from jupyter_gpusched.core import ConfigError, JobState, Scheduler
+from jupyter_gpusched.core import scheduler as scheduler_module
 
 
 def test_fractions_share_a_gpu_up_to_one():
@@ -75,6 +76,37 @@ def test_bad_fractions_are_refused():
     for bad in (job("two", 2, gpu_fraction=0.5), job("zero", 1, gpu_fraction=0.0)):
         with pytest.raises(ConfigError, match="gpu_fraction"):
             scheduler.submit(bad, 0)
+
+
+def test_a_share_too_small_to_tell_from_none_is_refused():
+    """gpu_fraction 1e-9 used to pass and then break every scheduling pass: with a GPU held
+    whole, its "room" of 0 matched (the share minus the tolerance is <= 0) and placement took
+    min() of no shared GPU."""
+    scheduler = Scheduler(cluster(("n1", 2, "leaf")))
+    scheduler.submit(job("whole", 1), 0)
+    scheduler.schedule(0)
+    for tiny in (1e-9, 2e-9, 1e-5):
+        with pytest.raises(ConfigError, match="gpu_fraction"):
+            scheduler.submit(job(f"tiny-{tiny}", 1, gpu_fraction=tiny, t=1), 1)
+    scheduler.submit(job("smallest", 1, gpu_fraction=1e-4, t=1), 1)
+    assert started(scheduler.schedule(1))["smallest"].parts[0].fraction == 1e-4
+
+
+def test_a_tiny_share_that_got_in_waits_and_the_pass_goes_on(monkeypatch):
+    """Placement itself never fails on a share it cannot place (say, one from an engine
+    without the minimum): it waits, and the pass goes on."""
+    scheduler = Scheduler(cluster(("n1", 2, "leaf")))
+    scheduler.submit(job("whole", 1), 0)
+    scheduler.submit(job("half", 1, gpu_fraction=0.5), 0)
+    scheduler.schedule(0)  # the node: one GPU held whole (room 0), one half shared
+    monkeypatch.setattr(scheduler_module, "validate", lambda job: None)  # past admission
+    scheduler.submit(job("tiny", 1, gpu_fraction=1e-10, t=1), 1)
+    decisions = scheduler.schedule(1)  # was: ValueError, min() of an empty sequence
+    placed = started(decisions).get("tiny")
+    assert placed is None or placed.parts[0].mask in scheduler.state.shared[0]
+    scheduler.submit(job("quarter", 1, gpu_fraction=0.25, t=2), 2)
+    scheduler.schedule(2)
+    assert scheduler.jobs["quarter"].state == JobState.RUNNING  # not wedged
 
 
 def test_replay_with_fractions_accounts_fractional_gpu_time():

@@ -211,7 +211,7 @@ async def test_busy_is_kept_idle_is_warned_then_culled(tmp_path):
         job_id = job["id"]
         await wait_until(lambda: job_id in service.live.engine.running, what="running")
         status, _ = await bob.post("api/usage-samples", report(job_id, 0))
-        assert status == 403  # not bob's server
+        assert status == 404  # not bob's server: answered as an unknown one
         status, _ = await alice.post("api/usage-samples", report("j-999999", 0))
         assert status == 404
         status, data = await alice.post("api/usage-samples", report(job_id, 90))

@@ -89,7 +89,7 @@ def test_utilization_is_only_for_running_jobs_and_only_the_owners(service):
     assert alice.job(server["id"]).data["utilization"]["percent"] == 45.0  # 90% of one / 2 GPUs
     with pytest.raises(GPUSchedError) as refused:  # bob cannot report for alice's server...
         report(bob, server["id"], server={"utilization": 0.0})
-    assert refused.value.status == 403
+    assert refused.value.status == 404  # (answered as an unknown server)
     with pytest.raises(GPUSchedError) as hidden:  # ...nor see it
         bob.job(server["id"])
     assert hidden.value.status == 404

@@ -12,6 +12,11 @@ from .errors import ConfigError
 from .jobs import KINDS, TIERS, Job, Reason
 from .quotas import Queue, QueueTree
 
+#: The smallest share of a GPU the engine places: shares are tracked to six decimals, so a much
+#: smaller one could not be told from none (the service asks for more: requests.MIN_GPU_FRACTION).
+MIN_SHARE = 1e-4
+QUOTED = 80  # characters of a request's labels quoted in a rejection (stored in the audit log)
+
 
 def validate(job: Job) -> None:
     """Raise ConfigError for a malformed request (bad input, not a rejection)."""
@@ -21,9 +26,9 @@ def validate(job: Job) -> None:
 
     if isinstance(job.gpus, bool) or not isinstance(job.gpus, int) or job.gpus < 1:
         fail(f"'gpus' must be a whole number >= 1, got {job.gpus!r}", "gpus")
-    if not 0 < job.gpu_fraction <= 1 or (job.gpu_fraction < 1 and job.gpus != 1):
+    if not MIN_SHARE <= job.gpu_fraction <= 1 or (job.gpu_fraction < 1 and job.gpus != 1):
         fail(
-            f"'gpu_fraction' must be in (0, 1], and below 1 only with gpus = 1; got "
+            f"'gpu_fraction' must be from {MIN_SHARE} to 1, and below 1 only with gpus = 1; got "
             f"{job.gpu_fraction!r} with gpus = {job.gpus}",
             "gpu_fraction",
         )
@@ -92,7 +97,9 @@ def rejection(
         return f"no GPU of model {wanted} in this cluster (it has {known})", "gpu_model"
     total, node_sizes, cpus, memory = capacity.of(job)
     if not node_sizes:
-        return f"no node has the labels {job.labels}", "labels"
+        labels = repr(job.labels)
+        labels = labels if len(labels) <= QUOTED else labels[: QUOTED - 3] + "..."
+        return f"no node has the labels {labels}", "labels"
     if job.gpus > total:
         return f"asks for {job.gpus} GPUs but the cluster has {total} that match", "gpus"
     per_node = job.gpus_per_node or (job.gpus if job.gpus <= cluster.max_node_gpus else None)

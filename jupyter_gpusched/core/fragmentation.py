@@ -271,7 +271,12 @@ def place_fractional(state, fgd: Fragmentation, job: Job, exclude, pick_gpus) ->
         if room >= 1.0 - EPS:
             bit = pick_gpus(nodes[idx], state.free_mask[idx], 1)[0]
         else:
-            bit = min(b for b, used in state.shared[idx].items() if abs(1.0 - used - room) < 1e-6)
+            # a shared GPU with that room left; none when the room is a GPU held whole (a share
+            # too small to tell from nothing, which admission refuses): not here, then
+            bits = [b for b, used in state.shared[idx].items() if abs(1.0 - used - room) < 1e-6]
+            if room <= EPS or not bits:
+                continue
+            bit = min(bits)
         cpus, memory = job.cpus or 0.0, job.memory_gb or 0.0
         return Placement((Part(idx, bit, cpus, memory, job.gpu_fraction),))
     return None

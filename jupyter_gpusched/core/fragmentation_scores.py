@@ -193,7 +193,9 @@ class FragmentationScores:
             return [(1.0, (0.0,) * job.gpus + rooms[: len(rooms) - job.gpus], cpus, memory)]
         out = []
         for room in sorted(set(rooms)):
-            if room >= job.gpu_fraction - EPS:
+            # room > EPS: a GPU with no room left (held whole, or full) takes no share, even
+            # one so small that the tolerance would let it "fit"
+            if room >= job.gpu_fraction - EPS and room > EPS:
                 after = list(rooms)
                 after.remove(room)
                 insort(after, max(0.0, round(room - job.gpu_fraction, 6)))

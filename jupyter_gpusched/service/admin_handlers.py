@@ -9,7 +9,7 @@ from ..core.jobs import JobState
 from ..core.quotas import QueueTree
 from .handlers import APIError, APIHandler, api
 from .openapi import openapi_document
-from .requests import MAX_WHOLE
+from .requests import MAX_EVENTS_LIMIT, MAX_WHOLE, check_document
 
 USAGE_KEYS = ("queue", "user", "gpu_model")
 
@@ -39,6 +39,7 @@ class QuotasHandler(APIHandler):
         """Replace the quotas with a queue-file document (same schema; same queues)."""
         self.require_admin()
         document = self.body()
+        check_document(document, "the queue document")
         try:
             tree = QueueTree.from_dict(document, self.live.cluster.total_gpus, "request body")
         except OverflowError:  # core/quotas.py: float() of an integer like 10**400
@@ -131,8 +132,8 @@ class EventsHandler(APIHandler):
             kind=self.get_argument("kind", None),
             job_id=self.get_argument("job_id", None),
             user=user,
-            limit=max(1, min(int(self.number("limit", 1000)), 10000)),
-            before_id=self.number("before"),
+            limit=self.whole("limit", 1000, minimum=1, maximum=MAX_EVENTS_LIMIT),
+            before_id=self.whole("before", None),
         )
         self.send({"events": events})
 
@@ -144,10 +145,13 @@ class UsageHandler(APIHandler):
         if by not in USAGE_KEYS:
             raise APIError(400, f"'by' must be one of {', '.join(USAGE_KEYS)}", "by")
         now = self.live.clock()
-        until = self.number("until", now)
+        # usage ends now: a later 'until' would count running jobs as running until then
+        until = min(self.number("until", now), now)
         since = self.number("since", until - 30 * 86400)
         if since >= until:
-            raise APIError(400, "'since' must be before 'until'", "since")
+            raise APIError(
+                400, "'since' must be before 'until' (or now, if that is earlier)", "since"
+            )
         rows = self.live.store.usage(since, until, by=by)
         if by == "user" and not self.admin:
             rows = [r for r in rows if r["key"] == self.identity.name]
@@ -177,8 +181,7 @@ class RogueProcessesHandler(APIHandler):
 
 
 class OpenAPIHandler(APIHandler):
-    async def prepare(self):  # the API's description is public
-        pass
+    authenticated = False  # the API's description is public
 
     def get(self):
         self.send(openapi_document(self.settings.get("gpusched_prefix", "/")))

@@ -38,6 +38,7 @@ from .live import LiveScheduler
 from .metrics import Metrics
 from .reaper import Reaper, ReaperHandler, UsageSamplesHandler
 from .recovery import recover
+from .requests import MAX_BODY_BYTES
 from .rogue import SYSTEM_PROCESSES, RogueWatch
 from .store import Store
 
@@ -46,9 +47,9 @@ _NODE = r"(?P<name>[^/]+)"
 
 
 class MetricsHandler(user.APIHandler):
-    async def prepare(self):
-        if self.settings["gpusched_authenticate_metrics"]:
-            await super().prepare()
+    @property
+    def authenticated(self) -> bool:
+        return self.settings["gpusched_authenticate_metrics"]
 
     def get(self):
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
@@ -176,6 +177,14 @@ class GPUSchedService(Application):
     authenticate_metrics = Bool(
         True, help="Require a token for /metrics (turn off for an unauthenticated scraper)."
     ).tag(config=True)
+    max_body_bytes = Integer(
+        MAX_BODY_BYTES,
+        min=1024,
+        help="""The largest request body the service reads, in bytes. A larger one is refused
+        with 413 before it is read (by its Content-Length, or as its chunks arrive), so that no
+        request can make the service buffer, parse or store more than this: the largest real
+        body, a queue document, is a few kilobytes.""",
+    ).tag(config=True)
 
     aliases = {  # noqa: RUF012 (traitlets reads it as a class attribute)
         "config": "GPUSchedService.config_file",
@@ -294,6 +303,7 @@ class GPUSchedService(Application):
             gpusched_prices=dict(self.gpu_hour_prices),
             gpusched_prefix=prefix,
             gpusched_authenticate_metrics=self.authenticate_metrics,
+            gpusched_max_body_bytes=self.max_body_bytes,
             default_handler_class=user.NotFoundHandler,
             cookie_secret=os.urandom(32),
             log_function=_log_request,
@@ -302,7 +312,10 @@ class GPUSchedService(Application):
     async def serve(self) -> None:
         url = urlparse(self.bind_url)
         app = self.make_app()
-        server = app.listen(url.port or 80, address=url.hostname or "127.0.0.1")
+        # the API handlers count their bodies themselves (a JSON 413); this bounds the others
+        server = app.listen(
+            url.port or 80, address=url.hostname or "127.0.0.1", max_body_size=self.max_body_bytes
+        )
         poller = PeriodicCallback(self.live.poll, self.poll_interval * 1000)
         poller.start()
         self.log.info("jupyter-gpusched serving on %s", self.bind_url)

@@ -5,8 +5,11 @@ Run as a hub-managed service, every request is identified by the hub
 the OAuth cookie of a browser session (``<prefix>login`` starts one: it sends the browser to the
 hub's OAuth page and back to ``<prefix>oauth_callback``). The caller must hold the service's
 access scope (``access:services!service=<name>``); a valid token without it gets 403. They
-administer the scheduler when they hold the custom scope ``custom:gpusched:admin`` (grant it
-with a role, see ``hub_config/``) or are hub admins.
+administer the scheduler when the *token* holds the custom scope ``custom:gpusched:admin``
+(grant it with a role, see ``hub_config/``): being a hub admin is not enough, so that a hub
+admin's token down-scoped to the service's access scope cannot drain a node. The hub's answers
+are cached for ``auth_cache_max_age`` seconds: a revoked token, or the token of a user deleted
+from the hub, stops working within that time.
 
 Standalone (tests, Binder, a laptop), :class:`TokenFileAuth` reads tokens from a YAML file::
 
@@ -19,11 +22,13 @@ from __future__ import annotations
 
 import hmac
 import os
+import posixpath
 import stat
+from urllib.parse import quote, unquote, urlsplit
 
 from tornado import web
 from tornado.httputil import url_concat
-from traitlets import Unicode
+from traitlets import Integer, Unicode
 from traitlets.config import LoggingConfigurable
 
 from ..core.errors import ConfigError
@@ -49,15 +54,25 @@ class Auth(LoggingConfigurable):
 class HubAuthenticated(Auth):
     admin_scope = Unicode(
         ADMIN_SCOPE,
-        help="The scope that makes a hub user (or service) an admin of the scheduler: quotas, "
-        "drains, holds, everybody's jobs. Hub admins are admins too.",
+        help="The scope that makes the holder of a token (a hub user, a service) an admin of "
+        "the scheduler: quotas, drains, holds, everybody's jobs. Only the token's scopes count: "
+        "a hub admin without it (e.g. a token down-scoped to the service's access scope) is not "
+        "an admin here. Grant it with a role (hub_config/jupyterhub_config.py: gpusched-admin).",
+    ).tag(config=True)
+    auth_cache_max_age = Integer(
+        30,
+        min=1,
+        help="Seconds the service keeps the hub's answer about a token or an OAuth cookie "
+        "(HubAuth.cache_max_age, 300 in JupyterHub). A token revoked in the hub, or the token of "
+        "a user deleted there, works at most this long after; a shorter age asks the hub more "
+        "often (one request per token and period).",
     ).tag(config=True)
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         from jupyterhub.services.auth import HubOAuth
 
-        self.hub_auth = HubOAuth(parent=self)
+        self.hub_auth = HubOAuth(parent=self, cache_max_age=self.auth_cache_max_age)
 
     async def identify(self, handler) -> Identity | None:
         model = await self.hub_auth.get_user(handler, sync=False)
@@ -73,7 +88,7 @@ class HubAuthenticated(Auth):
                 f"{model.get('kind', 'user')} {model.get('name')} may not use this service: "
                 f"that needs the scope {needed}",
             )
-        admin = bool(model.get("admin")) or self.admin_scope in scopes
+        admin = self.admin_scope in scopes  # the token's scopes; not the user's admin flag
         return Identity(model["name"], admin, frozenset(model.get("groups") or ()))
 
     def handlers(self, prefix: str) -> list:
@@ -105,8 +120,8 @@ class LoginHandler(web.RequestHandler):
         self.hub_auth, self.prefix = hub_auth, prefix
 
     async def get(self):
-        next_url = self.get_argument("next", "")
-        if not next_url.startswith(self.prefix) or "//" in next_url or "\\" in next_url:
+        next_url = stay_under(self.get_argument("next", ""), self.prefix)
+        if next_url is None:
             next_url = self.prefix + "api/queue"  # never redirect off the service
         if await self.hub_auth.get_user(self, sync=False):
             self.redirect(next_url)
@@ -118,6 +133,26 @@ class LoginHandler(web.RequestHandler):
             state["code_verifier"] = verifier
         params["state"] = self.hub_auth.set_state_cookie(self, next_url=next_url, **state)
         self.redirect(url_concat(self.hub_auth.login_url, params))
+
+
+def stay_under(url: str, prefix: str) -> str | None:
+    """``url`` as a path under ``prefix`` (which ends in ``/``) to redirect to, or None when it
+    leaves the prefix: another host or scheme, a backslash, or dot segments, percent-encoded or
+    not, that climb out (``/services/gpusched/../../hub/admin``, ``%2e%2e``). The answer is the
+    normalised path (re-encoded) and the query, so the browser goes where this checked."""
+    parts = urlsplit(url)
+    if parts.scheme or parts.netloc:
+        return None
+    path = unquote(parts.path)
+    if "\\" in path or "//" in path or not path.startswith("/"):
+        return None
+    normal = posixpath.normpath(path)
+    if path.endswith("/") and not normal.endswith("/"):
+        normal += "/"
+    if not (normal.rstrip("/") + "/").startswith(prefix):
+        return None
+    query = quote(parts.query, safe="=&+,;:@/?%")  # no control character reaches Location
+    return quote(normal) + (f"?{query}" if query else "")
 
 
 class TokenFileAuth(Auth):

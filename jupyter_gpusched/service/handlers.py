@@ -2,7 +2,17 @@
 
 Every handler is an :class:`APIHandler`: the caller is identified before the method runs (401
 otherwise), errors are JSON ``{"error": message, "field": name}``, and a user only ever sees
-their own jobs in full (others' are anonymised). Admin routes are in :mod:`.admin_handlers`.
+their own jobs in full (others' are anonymised, and another user's job id is a 404 like an
+unknown one). Admin routes are in :mod:`.admin_handlers`.
+
+Bodies are streamed (``stream_request_body``) and never kept beyond ``max_body_bytes``
+(``GPUSchedService``, 1 MB): a larger body is refused with 413 and is not parsed. Up to
+:data:`DRAIN_FACTOR` times the limit it is read and dropped as it arrives, so that the 413 (and
+the 401 or 403 of a caller who may not send it) reaches the client even through the hub's proxy,
+which answers 503 when the service closes a connection it is still writing to; a body announced
+larger than that is refused at once, before any of it is read, and the connection closed.
+The caller is identified after the body, before the method (:meth:`APIHandler.identify_caller`,
+run by a wrapper every HTTP method of a subclass gets).
 """
 
 from __future__ import annotations
@@ -18,9 +28,34 @@ from ..core.claims import held_for
 from ..core.errors import ConfigError
 from ..core.jobs import JobState
 from .records import placement_view, public_job, reason_dict, utilization_view
-from .requests import MAX_WHOLE, RequestError, parse_body, parse_job_request
+from .requests import (
+    MAX_BODY_BYTES,
+    MAX_LIST_LIMIT,
+    MAX_LOG_BYTES,
+    MAX_WHOLE,
+    RequestError,
+    parse_body,
+    parse_job_request,
+)
 
-MAX_LOG_BYTES = 1 << 20
+MAX_MESSAGE = 1000  # characters of an error message, whatever raised it (a last safety net)
+DRAIN_FACTOR = 64  # bodies up to this many times max_body_bytes are read (and dropped) for a 413
+HTTP_METHODS = ("get", "head", "post", "put", "patch", "delete")
+
+
+def _checking_caller(method):
+    """``method`` after :meth:`APIHandler.before_method`."""
+
+    @wraps(method)
+    async def checked(self, *args, **kwargs):
+        await self.before_method()
+        result = method(self, *args, **kwargs)
+        if hasattr(result, "__await__"):
+            result = await result
+        return result
+
+    checked._checks_caller = True
+    return checked
 
 
 class APIError(web.HTTPError):
@@ -47,20 +82,82 @@ def api(method):
     return wrapper
 
 
+@web.stream_request_body
 class APIHandler(web.RequestHandler):
-    """Base: identifies the caller, speaks JSON."""
+    """Base: bounds the body, identifies the caller, speaks JSON."""
 
     identity = None
+    authenticated = True  # False: a public route (the OpenAPI document)
+    _chunks: list[bytes] | None = None
+    _received = 0
+
+    def __init_subclass__(cls, **kwargs):
+        """Every HTTP method a handler defines runs :meth:`before_method` first: no route can
+        forget to identify its caller."""
+        super().__init_subclass__(**kwargs)
+        for name in HTTP_METHODS:
+            method = cls.__dict__.get(name)
+            if method is not None and not getattr(method, "_checks_caller", False):
+                setattr(cls, name, _checking_caller(method))
 
     @property
     def live(self):
         return self.settings["gpusched_live"]
 
     def check_xsrf_cookie(self):
-        """Writes must be token-authenticated (checked in prepare): a cross-site form can send
-        a user's cookie but cannot set an Authorization header, so no XSRF cookie is needed."""
+        """Writes must be token-authenticated (checked in identify_caller): a cross-site form
+        can send a user's cookie but cannot set an Authorization header, so no XSRF cookie is
+        needed."""
 
-    async def prepare(self):
+    # -- the body ------------------------------------------------------------------------------
+    @property
+    def max_body_bytes(self) -> int:
+        return self.settings.get("gpusched_max_body_bytes", MAX_BODY_BYTES)
+
+    def _too_large(self) -> APIError:
+        return APIError(
+            413,
+            f"the request body is larger than {self.max_body_bytes} bytes, the most this "
+            "service reads (GPUSchedService.max_body_bytes)",
+        )
+
+    def prepare(self):
+        """Before the body: only its announced size (nothing else may answer before the body
+        is read, see the module's docstring)."""
+        self._chunks, self._received = [], 0
+        # tornado's own limit (HTTPServer max_body_size) would answer a bare 400 and close;
+        # data_received counts instead and the method answers a JSON 413
+        self.request.connection.set_max_body_size(2**62)
+        declared = self.request.headers.get("Content-Length")
+        try:
+            length = int(declared) if declared is not None else 0
+        except ValueError:
+            length = 0  # tornado refuses it before any handler runs
+        if length > DRAIN_FACTOR * self.max_body_bytes:
+            raise self._too_large()  # refused unread; the connection is closed
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._finished:
+            return
+        self._received += len(chunk)
+        if self._received <= self.max_body_bytes:
+            self._chunks.append(chunk)
+        elif self._received > DRAIN_FACTOR * self.max_body_bytes:  # chunked, and endless
+            self._chunks = None
+            self.send_error(413, exc_info=(APIError, self._too_large(), None))
+        else:
+            self._chunks = None  # dropped: read on only to answer
+
+    # -- the caller ----------------------------------------------------------------------------
+    async def before_method(self) -> None:
+        """After the body, before the method: 413 for a body over the limit, else identify
+        the caller (401, 403)."""
+        if self._chunks is None and self._received:
+            raise self._too_large()
+        if self.authenticated:
+            await self.identify_caller()
+
+    async def identify_caller(self) -> None:
         self.identity = await self.settings["gpusched_auth"].identify(self)
         if self.identity is None:
             raise APIError(401, "not authenticated: send 'Authorization: token <hub API token>'")
@@ -80,7 +177,7 @@ class APIHandler(web.RequestHandler):
             raise APIError(403, f"{self.identity.name} is not an admin of the scheduler")
 
     def body(self) -> dict:
-        return parse_body(self.request.body)
+        return parse_body(b"".join(self._chunks or ()))
 
     def send(self, data, status: int = 200) -> None:
         self.set_status(status)
@@ -90,6 +187,8 @@ class APIHandler(web.RequestHandler):
     def write_error(self, status_code, **kwargs):
         exc = kwargs.get("exc_info", (None, None))[1]
         message = getattr(exc, "message", None) or self._reason
+        if len(message) > MAX_MESSAGE:
+            message = message[: MAX_MESSAGE - 3] + "..."
         field = getattr(exc, "field", None)
         if status_code == 405:  # RFC 9110: a 405 lists the methods the path has
             self.set_header("Allow", ", ".join(allowed_methods(type(self))))
@@ -108,14 +207,15 @@ class APIHandler(web.RequestHandler):
             raise APIError(400, f"'{name}' must be a number", name)
         return number
 
-    def whole(self, name: str, default: int, minimum: int = 0) -> int:
-        """A whole-number query argument from ``minimum`` to what a database integer holds."""
+    def whole(self, name: str, default: int, minimum: int = 0, maximum: int = MAX_WHOLE) -> int:
+        """A whole-number query argument from ``minimum`` to ``maximum`` (default: what a
+        database integer holds); 400 naming it otherwise, never silently cut."""
         value = self.number(name)
         if value is None:
             return default
-        if value != int(value) or not minimum <= value <= MAX_WHOLE:
+        if value != int(value) or not minimum <= value <= maximum:
             raise APIError(
-                400, f"'{name}' must be a whole number from {minimum} to {MAX_WHOLE}", name
+                400, f"'{name}' must be a whole number from {minimum} to {maximum}", name
             )
         return int(value)
 
@@ -229,7 +329,7 @@ class QueueHandler(APIHandler):
     @api
     def get(self):
         engine, me = self.live.engine, self.identity.name
-        limit = int(self.number("limit", 1000))
+        limit = self.whole("limit", 1000, maximum=MAX_LIST_LIMIT)
         out = []
         for position, job in enumerate(engine.pending_jobs(0)):
             if position >= limit:
@@ -290,7 +390,7 @@ class JobsHandler(APIHandler):
             raise APIError(
                 400, "unknown state; use " + ", ".join(s.value for s in JobState), "state"
             )
-        limit = self.whole("limit", 500)
+        limit = self.whole("limit", 500, maximum=MAX_LIST_LIMIT)
         offset = self.whole("offset", 0)
         rows = self.live.store.jobs(states=states, user=user, limit=limit, offset=offset)
         live = self.live  # unfinished jobs from memory; the rest as read (no query per row)
@@ -317,8 +417,7 @@ class JobLogHandler(APIHandler):
     def get(self, job_id):
         row = self.job_row(job_id)
         path = self.live.log_path(row)
-        tail = int(self.number("bytes", 64 * 1024))
-        tail = max(0, min(tail, MAX_LOG_BYTES))
+        tail = self.whole("bytes", 64 * 1024, maximum=MAX_LOG_BYTES)
         if not os.path.exists(path):
             raise APIError(404, f"job {job_id} has no log yet", "id")
         with open(path, "rb") as f:

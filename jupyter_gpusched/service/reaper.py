@@ -52,7 +52,7 @@ from .reaper_policy import (  # noqa: F401 (the policy's names are importable fr
     timeout_for,
     validate,
 )
-from .requests import RequestError
+from .requests import RequestError, check_reaper_changes, check_usage_report, quote
 
 log = logging.getLogger("jupyter_gpusched.service")
 
@@ -101,10 +101,14 @@ class Reaper:
         ``who``."""
         job_id = report.get("job_id")
         job = self.live.engine.jobs.get(job_id) if isinstance(job_id, str) else None
-        if job is None or job.kind != "notebook" or job.state != JobState.RUNNING:
-            raise RequestError(f"no running notebook server {job_id!r}", "job_id", status=404)
-        if job.user != who.name and not who.admin:
-            raise RequestError(f"{job_id} is not a server of {who.name}", "job_id", status=403)
+        if (
+            job is None
+            or job.kind != "notebook"
+            or job.state != JobState.RUNNING
+            # another user's server is answered as an unknown one: no telling that it exists
+            or (job.user != who.name and not who.admin)
+        ):
+            raise RequestError(f"no running notebook server {quote(job_id)}", "job_id", 404)
         now = self.live.clock()
         session = self._session(job)
         if job.user == who.name:
@@ -399,7 +403,9 @@ class ReaperHandler(APIHandler):
     @api
     def put(self):
         self.require_admin()
-        self.reaper.update(self.body(), self.identity.name)
+        changes = self.body()
+        check_reaper_changes(changes)
+        self.reaper.update(changes, self.identity.name)
         self.get_sync()
 
     def get_sync(self):
@@ -412,7 +418,9 @@ class UsageSamplesHandler(APIHandler):
 
     @api
     def post(self):
-        session = self.live.reaper.report(self.identity, self.body())
+        report = self.body()
+        check_usage_report(report)
+        session = self.live.reaper.report(self.identity, report)
         settings = self.live.reaper.settings()
         self.send(
             {

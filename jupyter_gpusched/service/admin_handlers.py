@@ -9,7 +9,7 @@ from ..core.jobs import JobState
 from ..core.quotas import QueueTree
 from .handlers import APIError, APIHandler, api
 from .openapi import openapi_document
-from .requests import MAX_EVENTS_LIMIT, MAX_WHOLE, check_document
+from .requests import MAX_EVENTS_LIMIT, MAX_WHOLE, check_document, whole_number
 
 USAGE_KEYS = ("queue", "user", "gpu_model")
 
@@ -70,7 +70,7 @@ class PriorityHandler(APIHandler):
         self.job_row(job_id)
         if self.live.engine.jobs.get(job_id) is None:
             raise APIError(409, f"job {job_id} has ended", "id")
-        priority = self.body().get("priority")
+        priority = whole_number(self.body().get("priority"))
         if (
             isinstance(priority, bool)
             or not isinstance(priority, int)

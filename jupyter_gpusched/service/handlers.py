@@ -192,6 +192,11 @@ class APIHandler(web.RequestHandler):
         field = getattr(exc, "field", None)
         if status_code == 405:  # RFC 9110: a 405 lists the methods the path has
             self.set_header("Allow", ", ".join(allowed_methods(type(self))))
+        if not getattr(self.request.connection, "_read_finished", True):
+            # refused before its body was read: tornado closes the connection after this
+            # answer, and says so only if told now; otherwise the hub's proxy, which keeps
+            # connections open, sends the next request (anybody's) into the closed one: a 503
+            self.set_header("Connection", "close")
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": message, "field": field}))
 

@@ -28,18 +28,29 @@ from .requests import (
     JOB_FIELDS,
     MAX_COMMAND,
     MAX_CPUS,
+    MAX_DOCUMENT_DEPTH,
+    MAX_DOCUMENT_ITEMS,
+    MAX_DOCUMENT_TEXT,
+    MAX_DURATION_TEXT,
     MAX_ENV_BYTES,
     MAX_ENV_NAME,
     MAX_ENV_VARS,
+    MAX_EVENTS_LIMIT,
     MAX_GPU_MODEL,
     MAX_GPU_MODELS,
     MAX_LABEL_KEY,
     MAX_LABEL_VALUE,
     MAX_LABELS,
+    MAX_LIST_LIMIT,
+    MAX_LOG_BYTES,
     MAX_MEMORY_GB,
     MAX_NAME,
     MAX_PATH,
+    MAX_PROFILE,
     MAX_QUEUE,
+    MAX_REAPER_LIST,
+    MAX_SAMPLE_DEVICES,
+    MAX_SAMPLE_KERNELS,
     MAX_SERVER_NAME,
     MAX_WALLTIME,
     MAX_WHOLE,
@@ -143,7 +154,7 @@ JOB_REQUEST = {
         "walltime": {
             "anyOf": [
                 {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": MAX_WALLTIME},
-                {"type": "string", "pattern": WALLTIME_TEXT},
+                {"type": "string", "maxLength": MAX_DURATION_TEXT, "pattern": WALLTIME_TEXT},
             ]
         },
         "cpus": number(MAX_CPUS),
@@ -245,6 +256,11 @@ _DURATION = {
 _OPTIONAL_DURATION = {  # null (or 0, "off", "none", ""): no timeout
     "anyOf": [*_DURATION["anyOf"], {"type": "null"}, {"enum": ["off", "none", "null", ""]}]
 }
+_NAME_LIST = {
+    "type": "array",
+    "maxItems": MAX_REAPER_LIST,
+    "items": {"type": "string", "maxLength": MAX_DOCUMENT_TEXT},
+}
 REAPER_REQUEST = {
     "type": "object",
     "additionalProperties": False,
@@ -256,10 +272,15 @@ REAPER_REQUEST = {
         "timeout_tier_1": _OPTIONAL_DURATION,
         "timeout_tier_2": _OPTIONAL_DURATION,
         "timeout_tier_3": _OPTIONAL_DURATION,
-        "profile_timeouts": {"type": "object", "additionalProperties": _OPTIONAL_DURATION},
-        "exempt_users": {"type": "array", "items": {"type": "string"}},
-        "exempt_groups": {"type": "array", "items": {"type": "string"}},
-        "exempt_profiles": {"type": "array", "items": {"type": "string"}},
+        "profile_timeouts": {
+            "type": "object",
+            "maxProperties": MAX_REAPER_LIST,
+            "propertyNames": {"maxLength": MAX_DOCUMENT_TEXT},
+            "additionalProperties": _OPTIONAL_DURATION,
+        },
+        "exempt_users": _NAME_LIST,
+        "exempt_groups": _NAME_LIST,
+        "exempt_profiles": _NAME_LIST,
         "max_lifetime": _OPTIONAL_DURATION,
         "stale_after": _DURATION,
         "shutdown_kernels_first": {"type": "boolean"},
@@ -290,7 +311,9 @@ QUOTAS_REQUEST = {
     "required": ["queues"],
     "description": "A queue file's document (docs/files.md) with the same queues: guarantees, "
     "limits, weights, members. Each queue's limit is at least its guarantee, and the top-level "
-    "guarantees add up to at most the cluster's GPUs.",
+    f"guarantees add up to at most the cluster's GPUs. At most {MAX_DOCUMENT_ITEMS} JSON values, "
+    f"nested at most {MAX_DOCUMENT_DEPTH} deep, keys and strings of at most {MAX_DOCUMENT_TEXT} "
+    "characters.",
     "properties": {
         "queues": {
             "type": "object",
@@ -309,11 +332,15 @@ USAGE_SAMPLE_REQUEST = {
     "description": "One report of a notebook server's GPU monitor (serverext/monitor.py).",
     "properties": {
         "job_id": {"type": "string", "pattern": JOB_ID},
-        "profile": {"type": ["string", "null"]},
+        "profile": {"type": ["string", "null"], "maxLength": MAX_PROFILE},
         "time": {"type": ["number", "null"]},
         "server": {"type": ["object", "null"]},
-        "kernels": {"type": ["object", "null"]},
-        "devices": {"type": ["array", "null"], "items": {"type": "object"}},
+        "kernels": {"type": ["object", "null"], "maxProperties": MAX_SAMPLE_KERNELS},
+        "devices": {
+            "type": ["array", "null"],
+            "maxItems": MAX_SAMPLE_DEVICES,
+            "items": {"type": "object"},
+        },
     },
 }
 
@@ -410,12 +437,13 @@ _JOB = [("id", "path", {"type": "string", "pattern": JOB_ID})]
 _NODE = [("name", "path", {"type": "string", "pattern": NODE_NAME, "maxLength": 255})]
 _TIME = {"type": "number", "description": "epoch seconds"}
 _FROM_JOB = {"id": "$response.body#/id"}
-JOB_LINKS = {  # what a tool can do next with the job it just submitted
+# What a tool can do next with the job it just submitted. Not DELETE: it cancels the job, which
+# stays readable (cancelled), where a tool takes a 200 after a DELETE for a use after free.
+JOB_LINKS = {
     name: {"operationId": op, "parameters": _FROM_JOB}
     for name, op in (
         ("GetJob", "getJob"),
         ("GetJobLog", "getJobLog"),
-        ("CancelJob", "cancelJob"),
         ("HoldJob", "holdJob"),
         ("ReleaseJob", "releaseJob"),
         ("SetJobPriority", "setJobPriority"),
@@ -438,7 +466,7 @@ PATHS = {
             "getQueue",
             "Pending jobs in order: position, tier, GPUs, reason, ETA",
             ref("Queue"),
-            params=[("limit", "query", whole(0))],
+            params=[("limit", "query", whole(0, MAX_LIST_LIMIT))],
         )
     },
     "/api/jobs": {
@@ -465,7 +493,7 @@ PATHS = {
                     },
                 ),
                 ("user", "query", {"type": "string"}),
-                ("limit", "query", whole(0)),
+                ("limit", "query", whole(0, MAX_LIST_LIMIT)),
                 ("offset", "query", whole(0)),
             ],
         ),
@@ -487,7 +515,7 @@ PATHS = {
             "getJobLog",
             "The end of a job's output (404 until it has run)",
             {"type": "string"},
-            params=[*_JOB, ("bytes", "query", whole(0, 1 << 20))],
+            params=[*_JOB, ("bytes", "query", whole(0, MAX_LOG_BYTES))],
             content_type="text/plain",
         )
     },
@@ -566,7 +594,7 @@ PATHS = {
                 ("since", "query", _TIME),
                 ("until", "query", _TIME),
                 ("before", "query", whole(0)),
-                ("limit", "query", whole(1, 10_000)),
+                ("limit", "query", whole(1, MAX_EVENTS_LIMIT)),
             ],
         )
     },

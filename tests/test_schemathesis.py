@@ -60,8 +60,8 @@ def test_schemathesis_finds_nothing(hub, tmp_path):
         "positive_data_acceptance",
         "--max-examples",
         str(EXAMPLES),
-        "--workers",
-        "2",
+        "--workers",  # one: CPython 3.11's ast (Hypothesis reads lambdas with it) is not
+        "1",  # thread-safe ("AST constructor recursion depth mismatch")
         "--seed",
         os.environ.get("GPUSCHED_SCHEMATHESIS_SEED", "1"),
         "--generation-database",

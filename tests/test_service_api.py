@@ -799,3 +799,18 @@ async def test_an_undeclared_method_is_a_405_with_allow_and_an_unknown_route_a_j
         assert response.code == 404, path
         assert response.headers["Content-Type"] == "application/json", path
         assert json.loads(response.body)["field"] is None
+
+
+async def test_whole_numbers_are_whole_as_json_schema_counts_them(service_factory):
+    """api/openapi.json says 'integer', and in JSON Schema 2.0 is one: the server agrees."""
+    service = await service_factory()
+    alice = service.client("alice")
+    job = await submit(alice, {"gpus": 2.0, "tier": 3.0, "command": "true", "held": True})
+    assert (job["gpus"], job["tier"]) == (2, 3)
+    assert isinstance(job["gpus"], int)
+    status, error = await alice.post("api/jobs", {"gpus": 2.5, "command": "true"})
+    assert (status, error["field"]) == (400, "gpus")
+    status, view = await service.client("admin").put(
+        f"api/jobs/{job['id']}/priority", {"priority": 5.0}
+    )
+    assert (status, view["priority"]) == (200, 5)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import re
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import helpers
 import pytest
@@ -26,6 +28,7 @@ from service_helpers import (
     wait_until,
 )
 from tornado import web
+from tornado.httpclient import AsyncHTTPClient
 
 from jupyter_gpusched.core import Scheduler
 from jupyter_gpusched.service import app as service_app
@@ -379,7 +382,7 @@ async def test_a_drained_node_gets_no_new_jobs_until_resumed(service_factory):
     started = await wait_job(alice, second["id"], "running")
     assert started["allocation"][0]["node"] == "gpu1"
     status, error = await admin.post("api/nodes/gpu9/drain")
-    assert (status, error["field"]) == (400, "node")
+    assert (status, error["field"]) == (404, "name")
 
 
 async def test_a_held_job_waits_until_released(service_factory):
@@ -402,7 +405,7 @@ async def test_a_held_job_waits_until_released(service_factory):
     assert (status, view["held"]) == (200, False)
     await wait_job(alice, job["id"], "running")
     status, error = await admin.post(f"api/jobs/{job['id']}/hold")  # running: cannot be held
-    assert status in (400, 409) and error["error"]
+    assert (status, error["field"]) == (409, "id") and error["error"]
     status, error = await admin.post("api/jobs/j-999999/hold")
     assert (status, error["field"]) == (404, "id")
 
@@ -720,3 +723,51 @@ def test_engine_schedules_after_a_preempting_job_is_cancelled_and_forgotten():
     engine.cancel("claimer", 2)
     engine.forget("claimer")
     engine.schedule(2)
+
+
+async def test_an_undeclared_method_is_a_405_with_allow_and_an_unknown_route_a_json_404(
+    service_factory,
+):
+    """What api/openapi.json promises for them (Schemathesis' unsupported_method and
+    content_type_conformance checks): a 405 lists the path's methods in Allow; a path no route
+    serves is a JSON 404 like the others, not tornado's HTML page."""
+    service = await service_factory()
+    alice = service.client("alice")
+    auth = {"Authorization": f"token {alice.token}"}
+    fetch = AsyncHTTPClient().fetch
+    for path, allowed in (("api/jobs", "GET, POST"), ("api/jobs/j-1", "GET, DELETE")):
+        response = await fetch(
+            alice.base_url + path, method="PATCH", body=b"{}", headers=auth, raise_error=False
+        )
+        assert (response.code, response.headers.get("Allow")) == (405, allowed), path
+        assert json.loads(response.body)["error"]
+    # a method tornado refuses before the request is read to its end (QUERY): tornado closes
+    # the connection after the answer, and the answer must say so, or the hub's proxy (which
+    # keeps connections open) sends the next request into it and answers that one 503
+    url = urlparse(alice.base_url)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    writer.write(f"QUERY {url.path}api/jobs HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    answer = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).decode().lower()
+    writer.close()
+    assert answer.startswith("http/1.1 405") and "\r\nallow: get, post\r\n" in answer, answer
+    assert "\r\nconnection: close\r\n" in answer, answer
+    for path in ("api/nope", "api/jobs/x-1", "api/nodes//drain"):
+        response = await fetch(alice.base_url + path, headers=auth, raise_error=False)
+        assert response.code == 404, path
+        assert response.headers["Content-Type"] == "application/json", path
+        assert json.loads(response.body)["field"] is None
+
+
+async def test_whole_numbers_are_whole_as_json_schema_counts_them(service_factory):
+    """api/openapi.json says 'integer', and in JSON Schema 2.0 is one: the server agrees."""
+    service = await service_factory()
+    alice = service.client("alice")
+    job = await submit(alice, {"gpus": 2.0, "tier": 3.0, "command": "true", "held": True})
+    assert (job["gpus"], job["tier"]) == (2, 3)
+    assert isinstance(job["gpus"], int)
+    status, error = await alice.post("api/jobs", {"gpus": 2.5, "command": "true"})
+    assert (status, error["field"]) == (400, "gpus")
+    status, view = await service.client("admin").put(
+        f"api/jobs/{job['id']}/priority", {"priority": 5.0}
+    )
+    assert (status, view["priority"]) == (200, 5)

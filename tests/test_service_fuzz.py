@@ -196,7 +196,13 @@ def _not(strategy, ok):
 
 
 def _is_whole(minimum, maximum=MAX_WHOLE):
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and minimum <= v <= maximum
+    """A whole number in range; as in JSON Schema, 2.0 is one."""
+
+    def whole(v):
+        integral = isinstance(v, int) or (isinstance(v, float) and v.is_integer())
+        return integral and not isinstance(v, bool) and minimum <= v <= maximum
+
+    return whole
 
 
 def _is_text(v):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import datetime
 
+from ..core.jobs import JobState
 from ..core.quotas import QueueTree
 from .handlers import APIError, APIHandler, api
 from .openapi import openapi_document
-from .requests import MAX_EVENTS_LIMIT, MAX_WHOLE, check_document
+from .requests import MAX_EVENTS_LIMIT, MAX_WHOLE, check_document, whole_number
 
 USAGE_KEYS = ("queue", "user", "gpu_model")
 
@@ -52,8 +53,12 @@ class HoldHandler(APIHandler):
     def post(self, job_id, action):
         self.require_admin()
         self.job_row(job_id)
-        if self.live.engine.jobs.get(job_id) is None:
+        job = self.live.engine.jobs.get(job_id)
+        if job is None:
             raise APIError(409, f"job {job_id} has ended", "id")
+        if job.state != JobState.PENDING:  # a state the request conflicts with: 409, as ended
+            verb = "held" if action == "hold" else "released"
+            raise APIError(409, f"only a pending job can be {verb}; {job_id} is running", "id")
         self.live.hold(job_id, self.identity.name, hold=action == "hold")
         self.send(self.view(self.live.row(job_id)))
 
@@ -65,7 +70,7 @@ class PriorityHandler(APIHandler):
         self.job_row(job_id)
         if self.live.engine.jobs.get(job_id) is None:
             raise APIError(409, f"job {job_id} has ended", "id")
-        priority = self.body().get("priority")
+        priority = whole_number(self.body().get("priority"))
         if (
             isinstance(priority, bool)
             or not isinstance(priority, int)
@@ -81,11 +86,17 @@ class PriorityHandler(APIHandler):
         self.send(self.view(self.live.row(job_id)))
 
 
+def known_node(handler: APIHandler, name: str) -> None:
+    """404 (the path's ``name``) unless the cluster has this node."""
+    if name not in handler.live.cluster.by_name:
+        raise APIError(404, f"no node named {name[:100]!r} in the cluster", "name")
+
+
 class NodeHandler(APIHandler):
     @api
     def post(self, name, action):
         self.require_admin()
-        self.live.cluster.node(name)  # 400 naming the node if unknown
+        known_node(self, name)
         self.live.set_node(name, action, self.identity.name)
         self.send({"node": name, "state": self.live.node_state(name)})
 
@@ -96,7 +107,7 @@ class MaintenanceHandler(APIHandler):
         """Body ``{"start": T}`` (epoch seconds or ISO 8601): from T the node is drained, and
         no job whose walltime runs past T starts there before."""
         self.require_admin()
-        self.live.cluster.node(name)
+        known_node(self, name)
         start = parse_time(self.body().get("start"), "start")
         self.live.set_maintenance(name, start, self.identity.name)
         self.send({"node": name, "maintenance": start})
@@ -104,7 +115,7 @@ class MaintenanceHandler(APIHandler):
     @api
     def delete(self, name):
         self.require_admin()
-        self.live.cluster.node(name)
+        known_node(self, name)
         self.live.set_maintenance(name, None, self.identity.name)
         self.send({"node": name, "maintenance": None})
 

@@ -347,6 +347,7 @@ class GPUSchedService(Application):
             gpusched_prefix=prefix,
             gpusched_authenticate_metrics=self.authenticate_metrics,
             gpusched_max_body_bytes=self.max_body_bytes,
+            default_handler_class=user.NotFoundHandler,
             cookie_secret=os.urandom(32),
             log_function=_log_request,
         )

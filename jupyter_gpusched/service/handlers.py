@@ -190,6 +190,13 @@ class APIHandler(web.RequestHandler):
         if len(message) > MAX_MESSAGE:
             message = message[: MAX_MESSAGE - 3] + "..."
         field = getattr(exc, "field", None)
+        if status_code == 405:  # RFC 9110: a 405 lists the methods the path has
+            self.set_header("Allow", ", ".join(allowed_methods(type(self))))
+        if not getattr(self.request.connection, "_read_finished", True):
+            # refused before its body was read: tornado closes the connection after this
+            # answer, and says so only if told now; otherwise the hub's proxy, which keeps
+            # connections open, sends the next request (anybody's) into the closed one: a 503
+            self.set_header("Connection", "close")
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": message, "field": field}))
 
@@ -237,6 +244,27 @@ class APIHandler(web.RequestHandler):
             view["utilization"] = latest_utilization(self.live, row["id"])
             view["stopping"] = self.live.stopping(row["id"])  # signalled, not yet gone
         return view
+
+
+def allowed_methods(handler_class) -> list[str]:
+    """The methods a handler class implements (tornado answers 405 for the others)."""
+    return [
+        method
+        for method in ("GET", "POST", "PUT", "DELETE", "PATCH")
+        if getattr(handler_class, method.lower()) is not getattr(web.RequestHandler, method.lower())
+    ]
+
+
+class NotFoundHandler(web.RequestHandler):
+    """Any path no route matches: a JSON 404 like the API's others (tornado's is an HTML page)."""
+
+    def prepare(self):
+        raise APIError(404, f"no such route: {self.request.path[:200]}")
+
+    def check_xsrf_cookie(self):
+        """Nothing to protect: every request is answered 404."""
+
+    write_error = APIHandler.write_error
 
 
 def latest_utilization(live, job_id: str) -> dict | None:

@@ -1,216 +1,355 @@
-"""The OpenAPI 3 description of the REST API (served at ``api/openapi.json``).
+"""The OpenAPI 3.1 description of the REST API (served, without a token, at ``api/openapi.json``).
 
-``tests/test_service_api.py`` checks that every route the service serves is described here
-and nothing more, and fuzzes the API from this document.
+Complete and exact, so that tools can test against it (``tests/test_schemathesis.py`` runs
+Schemathesis on it against a live service behind a real hub):
+
+* ``components.securitySchemes``: the hub API token (``Authorization: token <t>``, or
+  ``Bearer <t>``) and, for reading in a browser, the hub's OAuth cookie; every operation but this
+  document itself requires one of them;
+* every status an operation can answer, each with its body: JSON (``Error`` for every 4xx),
+  ``text/plain`` for a job's log, Prometheus' text format for ``/metrics``;
+* request schemas as strict as the server, built from the bounds the server enforces
+  (:mod:`.requests`), so that the two cannot drift: lengths, ranges, enums, patterns, exactly
+  one of ``command`` and ``notebook``. What JSON Schema cannot say is in the descriptions, and
+  is answered with a 400 naming the field: ``gpus_per_node`` must divide ``gpus``; a job must fit
+  this cluster (GPUs, shape, labels, CPUs, memory), name one of its queues and GPU models; a
+  queue document must keep the queues and their guarantees must add up.
+
+``tests/test_service_api.py`` checks that every route the service serves is described here and
+nothing more. The request schemas are in :mod:`.openapi_requests`, the response schemas in
+:mod:`.openapi_responses`.
 """
 
 from __future__ import annotations
 
-from .requests import JOB_FIELDS
+import copy
 
-_ERROR = {
-    "type": "object",
-    "properties": {"error": {"type": "string"}, "field": {"type": ["string", "null"]}},
-    "required": ["error"],
-}
+from .openapi_requests import (
+    JOB_ID,
+    JOB_REQUEST,
+    MAINTENANCE_REQUEST,
+    NODE_NAME,
+    PRIORITY_REQUEST,
+    QUEUE_SETTINGS,
+    QUOTAS_REQUEST,
+    REAPER_REQUEST,
+    USAGE_SAMPLE_REQUEST,
+    whole,
+)
+from .openapi_responses import JOB_STATES, SCHEMAS, ref
+from .requests import MAX_EVENTS_LIMIT, MAX_LIST_LIMIT, MAX_LOG_BYTES
 
-JOB_REQUEST = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["gpus"],
-    "properties": {
-        "command": {"type": "string"},
-        "notebook": {"type": "string"},
-        "kind": {"type": "string", "enum": ["batch", "notebook"]},
-        "name": {"type": "string", "maxLength": 200},
-        "gpus": {"type": "integer", "minimum": 1},
-        "gpu_fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-        "gpus_per_node": {"type": "integer", "minimum": 1},
-        "tier": {"type": "integer", "enum": [1, 2, 3]},
-        "queue": {"type": "string"},
-        "gpu_model": {
-            "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
-        },
-        "walltime": {"oneOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}]},
-        "cpus": {"type": "number", "minimum": 0},
-        "memory_gb": {"type": "number", "minimum": 0},
-        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-        "env": {"type": "object", "additionalProperties": {"type": "string"}},
-        "cwd": {"type": "string"},
-        "held": {"type": "boolean"},
-        "server_name": {"type": "string", "maxLength": 255},
+# -- operations --------------------------------------------------------------------------------
+JSON = "application/json"
+SECURITY = [{"token": []}, {"bearer": []}, {"cookie": []}]
+SECURITY_SCHEMES = {
+    "token": {
+        "type": "apiKey",
+        "in": "header",
+        "name": "Authorization",
+        "description": "A JupyterHub API token as 'token <token>' (from /hub/token, or the "
+        "hub's REST API); it must hold access:services!service=gpusched. Scheduler admins: "
+        "also custom:gpusched:admin.",
+    },
+    "bearer": {"type": "http", "scheme": "bearer", "description": "The same token as Bearer."},
+    "cookie": {
+        "type": "apiKey",
+        "in": "cookie",
+        "name": "jupyterhub-services-gpusched",
+        "description": "The hub's OAuth cookie of a browser session (<prefix>login starts "
+        "one). Reads only: every change needs a token in the Authorization header.",
     },
 }
-for _name, _text in JOB_FIELDS.items():
-    JOB_REQUEST["properties"][_name]["description"] = _text
+
+_WHY = {
+    "400": "bad input: the field and what to fix",
+    "401": "no valid hub token (or cookie)",
+    "403": "not allowed: no access to this service, not an admin of the scheduler, or a "
+    "change without a token in the Authorization header",
+    "404": "no such job of yours (another user's job is answered like an unknown one), node "
+    "or route",
+    "405": "this method is not one of the path's (the Allow header lists them)",
+    "409": "the job has already ended",
+    "413": "the body is larger than GPUSchedService.max_body_bytes",
+    "429": "too many pending jobs (the queue file's user_limits pending_jobs)",
+    "503": "the job could not be stored; nothing was queued: retry",
+}
 
 
-def _op(summary, *, body=None, params=(), ok=200, admin=False):
+def _error(status: str) -> dict:
+    response = {"description": _WHY[status], "content": {JSON: {"schema": ref("Error")}}}
+    if status == "405":
+        response["headers"] = {
+            "Allow": {"description": "the path's methods", "schema": {"type": "string"}}
+        }
+    return response
+
+
+def _op(
+    op_id: str,
+    summary: str,
+    ok,
+    *,
+    body=None,
+    params=(),
+    status=200,
+    admin=False,
+    errors=(),
+    public=False,
+    content_type=JSON,
+    links=None,
+):
+    """One operation: ``ok`` is the success body's schema; ``errors`` the statuses beyond
+    those every operation can answer (401, 403, 405; 400 with parameters or a body)."""
+    statuses = set(errors) | {"401", "403", "405"}
+    if params or body is not None:
+        statuses.add("400")
+    if any(where == "path" for _, where, _ in params):
+        statuses.add("404")
+    if body is not None:
+        statuses.add("413")
+    if public:
+        statuses = {"405"}
+    success = {"description": "OK", "content": {content_type: {"schema": ok}}}
+    if links:
+        success["links"] = links
     operation = {
+        "operationId": op_id,
         "summary": summary + (" (admin)" if admin else ""),
+        "security": [] if public else SECURITY,
         "parameters": [
-            {"name": name, "in": where, "required": where == "path", "schema": {"type": kind}}
-            for name, where, kind in params
+            {"name": name, "in": where, "required": where == "path", "schema": schema}
+            for name, where, schema in params
         ],
-        "responses": {
-            str(ok): {"description": "OK", "content": {"application/json": {}}},
-            "400": {
-                "description": "bad input",
-                "content": {"application/json": {"schema": _ERROR}},
-            },
-            "401": {"description": "not authenticated"},
-            "403": {"description": "not allowed"},
-            "404": {"description": "no such job or node of yours"},
-        },
+        "responses": {str(status): success, **{s: _error(s) for s in sorted(statuses)}},
     }
     if body is not None:
-        operation["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": body}},
-        }
+        operation["requestBody"] = {"required": True, "content": {JSON: {"schema": body}}}
     return operation
 
 
-_JOB = [("id", "path", "string")]
-_NODE = [("name", "path", "string")]
-_PAGE = [("limit", "query", "integer"), ("offset", "query", "integer")]
+_JOB = [("id", "path", {"type": "string", "pattern": JOB_ID})]
+_NODE = [("name", "path", {"type": "string", "pattern": NODE_NAME, "maxLength": 255})]
+_TIME = {"type": "number", "description": "epoch seconds"}
+_FROM_JOB = {"id": "$response.body#/id"}
+# What a tool can do next with the job it just submitted. Not DELETE: it cancels the job, which
+# stays readable (cancelled), where a tool takes a 200 after a DELETE for a use after free.
+JOB_LINKS = {
+    name: {"operationId": op, "parameters": _FROM_JOB}
+    for name, op in (
+        ("GetJob", "getJob"),
+        ("GetJobLog", "getJobLog"),
+        ("HoldJob", "holdJob"),
+        ("ReleaseJob", "releaseJob"),
+        ("SetJobPriority", "setJobPriority"),
+    )
+}
 
 PATHS = {
-    "/api/me": {"get": _op("Who the service takes the caller to be: name, admin, groups")},
-    "/api/cluster": {"get": _op("Nodes, GPUs and who holds them (others anonymised)")},
+    "/api/me": {
+        "get": _op(
+            "getMe", "Who the service takes the caller to be: name, admin, groups", ref("Me")
+        )
+    },
+    "/api/cluster": {
+        "get": _op(
+            "getCluster", "Nodes, GPUs and who holds them (others anonymised)", ref("Cluster")
+        )
+    },
     "/api/queue": {
-        "get": _op("Pending jobs in order: position, tier, GPUs, reason, ETA", params=_PAGE[:1])
+        "get": _op(
+            "getQueue",
+            "Pending jobs in order: position, tier, GPUs, reason, ETA",
+            ref("Queue"),
+            params=[("limit", "query", whole(0, MAX_LIST_LIMIT))],
+        )
     },
     "/api/jobs": {
-        "post": _op("Submit a batch job", body=JOB_REQUEST, ok=201),
+        "post": _op(
+            "submitJob",
+            "Submit a batch job (or a notebook server's allocation)",
+            ref("Job"),
+            body=JOB_REQUEST,
+            status=201,
+            errors=("429", "503"),
+            links=JOB_LINKS,
+        ),
         "get": _op(
-            "Your jobs (admins: everybody's, or ?user=)",
-            params=[("state", "query", "string"), ("user", "query", "string"), *_PAGE],
+            "listJobs",
+            "Your jobs, newest first (admins: everybody's, or ?user=)",
+            ref("JobList"),
+            params=[
+                (
+                    "state",
+                    "query",
+                    {
+                        "type": "array",
+                        "items": {"type": "string", "enum": JOB_STATES},
+                    },
+                ),
+                ("user", "query", {"type": "string"}),
+                ("limit", "query", whole(0, MAX_LIST_LIMIT)),
+                ("offset", "query", whole(0)),
+            ],
         ),
     },
     "/api/jobs/{id}": {
         "get": _op(
+            "getJob",
             "One of your jobs (running: its allocation; a notebook server: its latest GPU "
             "utilization)",
+            ref("Job"),
             params=_JOB,
         ),
-        "delete": _op("Cancel one of your jobs", params=_JOB),
+        "delete": _op(
+            "cancelJob", "Cancel one of your jobs", ref("Job"), params=_JOB, errors=("409",)
+        ),
     },
     "/api/jobs/{id}/log": {
-        "get": _op("The end of a job's output", params=[*_JOB, ("bytes", "query", "integer")])
+        "get": _op(
+            "getJobLog",
+            "The end of a job's output (404 until it has run)",
+            {"type": "string"},
+            params=[*_JOB, ("bytes", "query", whole(0, MAX_LOG_BYTES))],
+            content_type="text/plain",
+        )
     },
-    "/api/jobs/{id}/hold": {"post": _op("Hold a pending job", params=_JOB, admin=True)},
-    "/api/jobs/{id}/release": {"post": _op("Release a held job", params=_JOB, admin=True)},
+    "/api/jobs/{id}/hold": {
+        "post": _op(
+            "holdJob", "Hold a pending job", ref("Job"), params=_JOB, admin=True, errors=("409",)
+        )
+    },
+    "/api/jobs/{id}/release": {
+        "post": _op(
+            "releaseJob",
+            "Release a held job",
+            ref("Job"),
+            params=_JOB,
+            admin=True,
+            errors=("409",),
+        )
+    },
     "/api/jobs/{id}/priority": {
         "put": _op(
+            "setJobPriority",
             "Override a job's priority within its tier (higher first)",
+            ref("Job"),
             params=_JOB,
-            body={
-                "type": "object",
-                "required": ["priority"],
-                "properties": {"priority": {"type": "integer"}},
-            },
+            body=PRIORITY_REQUEST,
             admin=True,
+            errors=("409",),
         )
     },
     "/api/quotas": {
-        "get": _op("Queues: guarantees, limits, weights, what runs; the queue document"),
+        "get": _op(
+            "getQuotas",
+            "Queues: guarantees, limits, weights, what runs; the queue document",
+            ref("Quotas"),
+        ),
         "put": _op(
+            "setQuotas",
             "Replace the quotas with a queue-file document (same queues)",
-            body={"type": "object", "required": ["queues"]},
+            ref("Quotas"),
+            body=QUOTAS_REQUEST,
             admin=True,
         ),
     },
-    "/api/nodes/{name}/drain": {"post": _op("Drain a node", params=_NODE, admin=True)},
-    "/api/nodes/{name}/resume": {"post": _op("Put a node back", params=_NODE, admin=True)},
+    "/api/nodes/{name}/drain": {
+        "post": _op("drainNode", "Drain a node", ref("NodeState"), params=_NODE, admin=True)
+    },
+    "/api/nodes/{name}/resume": {
+        "post": _op("resumeNode", "Put a node back", ref("NodeState"), params=_NODE, admin=True)
+    },
     "/api/nodes/{name}/maintenance": {
         "put": _op(
+            "setMaintenance",
             "Drain a node at a time; until then only jobs that end before it start there",
+            ref("Maintenance"),
             params=_NODE,
-            body={
-                "type": "object",
-                "required": ["start"],
-                "properties": {"start": {"oneOf": [{"type": "number"}, {"type": "string"}]}},
-            },
+            body=MAINTENANCE_REQUEST,
             admin=True,
         ),
-        "delete": _op("Cancel a maintenance window", params=_NODE, admin=True),
+        "delete": _op(
+            "cancelMaintenance",
+            "Cancel a maintenance window",
+            ref("Maintenance"),
+            params=_NODE,
+            admin=True,
+        ),
     },
     "/api/events": {
         "get": _op(
+            "getEvents",
             "The audit log, newest first (users: their own jobs)",
+            ref("Events"),
             params=[
-                ("kind", "query", "string"),
-                ("job_id", "query", "string"),
-                ("user", "query", "string"),
-                ("since", "query", "number"),
-                ("until", "query", "number"),
-                ("before", "query", "integer"),
-                ("limit", "query", "integer"),
+                ("kind", "query", {"type": "string"}),
+                ("job_id", "query", {"type": "string"}),
+                ("user", "query", {"type": "string"}),
+                ("since", "query", _TIME),
+                ("until", "query", _TIME),
+                ("before", "query", whole(0)),
+                ("limit", "query", whole(1, MAX_EVENTS_LIMIT)),
             ],
         )
     },
     "/api/usage": {
         "get": _op(
-            "GPU-hours by queue, user or GPU model over a period (with prices: cost)",
+            "getUsage",
+            "GPU-hours by queue, user or GPU model over a period (with prices: cost); "
+            "'since' must be before 'until' (default: now)",
+            ref("Usage"),
             params=[
-                ("by", "query", "string"),
-                ("since", "query", "number"),
-                ("until", "query", "number"),
+                ("by", "query", {"type": "string", "enum": ["queue", "user", "gpu_model"]}),
+                ("since", "query", _TIME),
+                ("until", "query", _TIME),
             ],
         )
     },
     "/api/reaper": {
-        "get": _op("The idle reaper's settings (in force, defaults, overrides) and sessions"),
+        "get": _op(
+            "getReaper",
+            "The idle reaper's settings (in force, defaults, overrides) and sessions",
+            ref("Reaper"),
+        ),
         "put": _op(
+            "setReaper",
             "Change reaper settings (partial; null turns a timeout off)",
-            body={
-                "type": "object",
-                "properties": {
-                    "enabled": {"type": "boolean"},
-                    "idle_threshold": {"type": "number", "minimum": 0, "maximum": 100},
-                    "warning_lead": {"oneOf": [{"type": "number"}, {"type": "string"}]},
-                    "timeout_tier_1": {"oneOf": [{"type": "number"}, {"type": "string"}]},
-                    "timeout_tier_2": {"oneOf": [{"type": "number"}, {"type": "string"}]},
-                    "timeout_tier_3": {"oneOf": [{"type": "number"}, {"type": "string"}]},
-                    "profile_timeouts": {"type": "object"},
-                    "exempt_users": {"type": "array", "items": {"type": "string"}},
-                    "exempt_groups": {"type": "array", "items": {"type": "string"}},
-                    "exempt_profiles": {"type": "array", "items": {"type": "string"}},
-                    "max_lifetime": {"oneOf": [{"type": "number"}, {"type": "string"}]},
-                    "stale_after": {"oneOf": [{"type": "number"}, {"type": "string"}]},
-                    "shutdown_kernels_first": {"type": "boolean"},
-                    "rogue_processes": {"type": "string", "enum": ["report", "kill", "off"]},
-                },
-            },
+            ref("ReaperUpdated"),
+            body=REAPER_REQUEST,
             admin=True,
         ),
     },
     "/api/rogue-processes": {
         "get": _op(
+            "getRogueProcesses",
             "GPU processes no allocation accounts for, on the nodes this service watches",
+            ref("RogueProcesses"),
             admin=True,
         ),
     },
     "/api/usage-samples": {
         "post": _op(
-            "A notebook server's GPU monitor reports its sample (the server's user)",
-            body={
-                "type": "object",
-                "required": ["job_id"],
-                "properties": {
-                    "job_id": {"type": "string"},
-                    "profile": {"type": ["string", "null"]},
-                    "time": {"type": ["number", "null"]},
-                    "server": {"type": "object"},
-                    "kernels": {"type": "object"},
-                    "devices": {"type": "array", "items": {"type": "object"}},
-                },
-            },
+            "postUsageSample",
+            "A notebook server's GPU monitor reports its sample (the server's user; 404 for "
+            "anything but a running notebook server of theirs)",
+            ref("UsageSampleTaken"),
+            body=USAGE_SAMPLE_REQUEST,
+            errors=("404",),
         )
     },
-    "/api/openapi.json": {"get": _op("This document")},
-    "/metrics": {"get": _op("Prometheus metrics")},
+    "/api/openapi.json": {
+        "get": _op("getOpenAPI", "This document (no token needed)", {"type": "object"}, public=True)
+    },
+    "/metrics": {
+        "get": _op(
+            "getMetrics",
+            "Prometheus metrics, in its text format (a token unless "
+            "GPUSchedService.authenticate_metrics is off)",
+            {"type": "string"},
+            content_type="text/plain",
+        )
+    },
 }
 
 
@@ -221,8 +360,12 @@ def openapi_document(prefix: str = "/") -> dict:
             "title": "jupyter_gpusched scheduler service",
             "version": "1",
             "description": "GPU scheduling for JupyterHub. Authenticate with a hub API token: "
-            "'Authorization: token <token>'.",
+            "'Authorization: token <token>'. Every 4xx body is {error, field}.",
         },
         "servers": [{"url": prefix.rstrip("/") or "/"}],
-        "paths": PATHS,
+        "paths": copy.deepcopy(PATHS),
+        "components": {
+            "schemas": {**copy.deepcopy(SCHEMAS), "QueueSettings": copy.deepcopy(QUEUE_SETTINGS)},
+            "securitySchemes": copy.deepcopy(SECURITY_SCHEMES),
+        },
     }

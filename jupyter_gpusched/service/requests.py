@@ -225,8 +225,16 @@ def parse_job_request(data: dict) -> JobRequest:
 MAX_WHOLE = 2**31 - 1  # what an INTEGER column holds on every database
 
 
+def whole_number(value):
+    """``value`` as an int if it is a whole number (JSON Schema's integer: ``2.0`` is one, as
+    api/openapi.json says), else unchanged."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _whole(data, name, minimum) -> int:
-    value = data[name]
+    value = whole_number(data[name])
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_WHOLE:
         raise RequestError(
             f"'{name}' must be a whole number from {minimum} to {MAX_WHOLE}, got {quote(value)}",

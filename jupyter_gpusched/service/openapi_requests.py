@@ -1,0 +1,325 @@
+"""The request schemas of ``api/openapi.json``: what each body and parameter may be, exactly as
+the server checks it (:mod:`.requests`), built from the same named bounds so that the two
+cannot drift. Used by :mod:`.openapi`; ``tests/test_service_fuzz.py`` draws jobs from
+:data:`JOB_REQUEST`.
+"""
+
+from __future__ import annotations
+
+from .openapi_responses import ref
+from .requests import (
+    JOB_FIELDS,
+    MAX_COMMAND,
+    MAX_CPUS,
+    MAX_DOCUMENT_DEPTH,
+    MAX_DOCUMENT_ITEMS,
+    MAX_DOCUMENT_TEXT,
+    MAX_DURATION_TEXT,
+    MAX_ENV_BYTES,
+    MAX_ENV_NAME,
+    MAX_ENV_VARS,
+    MAX_GPU_MODEL,
+    MAX_GPU_MODELS,
+    MAX_LABEL_KEY,
+    MAX_LABEL_VALUE,
+    MAX_LABELS,
+    MAX_MEMORY_GB,
+    MAX_NAME,
+    MAX_PATH,
+    MAX_PROFILE,
+    MAX_QUEUE,
+    MAX_REAPER_LIST,
+    MAX_SAMPLE_DEVICES,
+    MAX_SAMPLE_KERNELS,
+    MAX_SERVER_NAME,
+    MAX_WALLTIME,
+    MAX_WHOLE,
+    MIN_GPU_FRACTION,
+)
+
+# -- building blocks ---------------------------------------------------------------------------
+NO_NUL = "^[^\\u0000]*$"
+NON_BLANK = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"  # some non-space character, no NUL
+JOB_ID = "^j-[0-9]+$"
+NODE_NAME = "^[A-Za-z0-9_.@-]+$"  # what a cluster file's hostlists expand to
+QUEUE_NAME = "^[A-Za-z0-9_.@-]+$"  # core/quotas.py _NAME
+ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"  # requests.py _ENV_NAME
+RESERVED_ENV = "^(CUDA_VISIBLE_DEVICES|GPUSCHED_)"  # set by the scheduler
+
+_UNITS = (("s", 1), ("m", 60), ("h", 3600), ("d", 86400), ("w", 604800))
+
+
+def duration_pattern(longest: float, parts: int = 3, zero: bool = False) -> str:
+    """A pattern of the duration texts ``core/durations.py`` reads (``300``, ``5m``,
+    ``1h30m``, ``2 d``) whose every match is at most ``longest`` seconds (each of at most
+    ``parts`` parts is below ``longest / parts``; the digits are bounded accordingly) and, unless
+    ``zero``, more than 0. Stricter than the server (which also reads ``1e3`` or ``4h4m4s4s``),
+    so that whatever a tool generates from it is accepted."""
+
+    def digits(unit: float, share: float) -> int:
+        return len(str(int(share / unit))) - 1  # 10**digits <= share / unit
+
+    first = "\\d" if zero else "[1-9]"
+
+    def number(count: int, lead: str) -> str:
+        return f"{lead}\\d{{0,{count - 1}}}(\\.\\d{{1,3}})?"
+
+    units = [
+        (unit, digits(size, longest / parts))
+        for unit, size in _UNITS
+        if digits(size, longest / parts) >= 1
+    ]
+
+    def part(lead: str) -> str:
+        return "(" + "|".join(f"{number(n, lead)}\\s*[{u}{u.upper()}]" for u, n in units) + ")"
+
+    plain = number(digits(1, longest), first)
+    parts_text = f"{part(first)}(\\s*{part(chr(92) + 'd')}){{0,{parts - 1}}}"
+    return f"^\\s*({plain}|{parts_text})\\s*$"
+
+
+def text(max_length: int, pattern: str = NON_BLANK, null: bool = True, **more) -> dict:
+    schema = {"type": ["string", "null"] if null else "string", "maxLength": max_length}
+    return {**schema, "pattern": pattern, **more}
+
+
+def whole(minimum: int, maximum: int = MAX_WHOLE, null: bool = False) -> dict:
+    return {
+        "type": ["integer", "null"] if null else "integer",
+        "minimum": minimum,
+        "maximum": maximum,
+    }
+
+
+def number(maximum: float, minimum: float = 0, null: bool = True) -> dict:
+    return {
+        "type": ["number", "null"] if null else "number",
+        "minimum": minimum,
+        "maximum": maximum,
+    }
+
+
+_MODEL = f"[^|\\s\\u0000][^|\\u0000]{{0,{MAX_GPU_MODEL - 1}}}"
+WALLTIME_TEXT = duration_pattern(MAX_WALLTIME)
+
+# -- POST api/jobs -------------------------------------------------------------------------------
+JOB_REQUEST = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["gpus"],
+    "properties": {
+        "command": text(MAX_COMMAND, minLength=1),
+        "notebook": text(MAX_PATH, minLength=1),
+        "kind": {"type": "string", "enum": ["batch", "notebook"]},
+        "name": text(MAX_NAME, minLength=1),
+        "gpus": whole(1),
+        "gpu_fraction": {"type": "number", "minimum": MIN_GPU_FRACTION, "maximum": 1},
+        "gpus_per_node": whole(1, null=True),
+        "tier": {"type": ["integer", "null"], "enum": [1, 2, 3, None]},
+        "queue": text(MAX_QUEUE, minLength=1),
+        "gpu_model": {
+            "anyOf": [
+                text(
+                    MAX_GPU_MODELS * (MAX_GPU_MODEL + 1),
+                    f"^{_MODEL}(\\|{_MODEL}){{0,{MAX_GPU_MODELS - 1}}}$",
+                ),
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": MAX_GPU_MODELS,
+                    "items": text(MAX_GPU_MODEL, null=False),
+                },
+            ]
+        },
+        "walltime": {
+            "anyOf": [
+                {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": MAX_WALLTIME},
+                {"type": "string", "maxLength": MAX_DURATION_TEXT, "pattern": WALLTIME_TEXT},
+            ]
+        },
+        "cpus": number(MAX_CPUS),
+        "memory_gb": number(MAX_MEMORY_GB),
+        "labels": {
+            "type": ["object", "null"],
+            "maxProperties": MAX_LABELS,
+            "propertyNames": {"maxLength": MAX_LABEL_KEY, "pattern": NO_NUL},
+            "additionalProperties": text(MAX_LABEL_VALUE, NO_NUL, null=False),
+        },
+        "env": {
+            "type": ["object", "null"],
+            "maxProperties": MAX_ENV_VARS,
+            "propertyNames": {
+                "maxLength": MAX_ENV_NAME,
+                "pattern": ENV_NAME,
+                "not": {"pattern": RESERVED_ENV},
+            },
+            "additionalProperties": text(MAX_ENV_BYTES, NO_NUL, null=False),
+        },
+        "cwd": text(MAX_PATH, "^/[^\\u0000]*$"),
+        "held": {"type": "boolean"},
+        "server_name": text(MAX_SERVER_NAME, NO_NUL),
+    },
+    "allOf": [
+        {  # a notebook server: an allocation, nothing to run
+            "if": {"required": ["kind"], "properties": {"kind": {"const": "notebook"}}},
+            "then": {"properties": {"command": {"type": "null"}, "notebook": {"type": "null"}}},
+            "else": {  # a batch job: exactly one of command and notebook; no server name
+                "properties": {"server_name": {"type": "null"}},
+                "oneOf": [
+                    {
+                        "required": ["command"],
+                        "properties": {
+                            "command": {"type": "string"},
+                            "notebook": {"type": "null"},
+                        },
+                    },
+                    {
+                        "required": ["notebook"],
+                        "properties": {
+                            "notebook": {"type": "string"},
+                            "command": {"type": "null"},
+                        },
+                    },
+                ],
+            },
+        },
+        {  # a share of a GPU is a share of one GPU
+            "if": {
+                "required": ["gpu_fraction"],
+                "properties": {"gpu_fraction": {"exclusiveMaximum": 1}},
+            },
+            "then": {"properties": {"gpus": {"const": 1}}},
+        },
+    ],
+}
+for _name, _text in JOB_FIELDS.items():
+    JOB_REQUEST["properties"][_name]["description"] = _text
+
+# -- the other bodies ------------------------------------------------------------------------------
+PRIORITY_REQUEST = {
+    "type": "object",
+    "required": ["priority"],
+    "properties": {
+        "priority": {**whole(-MAX_WHOLE), "description": "higher goes first, within its tier"}
+    },
+}
+
+MAINTENANCE_REQUEST = {
+    "type": "object",
+    "required": ["start"],
+    "properties": {
+        "start": {
+            "description": "when the node is drained: epoch seconds, or an ISO 8601 time "
+            "(1970 to 9999)",
+            "anyOf": [
+                {"type": "number", "minimum": 0, "maximum": 253402300799},
+                # stricter than the server (which reads any ISO 8601 time): dates that exist
+                # in every month, years whose every time zone stays after 1970 and before 9999
+                {
+                    "type": "string",
+                    "pattern": "^(19[7-9][1-9]|19[89]0|[2-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9])"
+                    "-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"
+                    "(T([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?(Z|[+-](0[0-9]|1[0-3]):00)?)?$",
+                },
+            ],
+        }
+    },
+}
+
+_REAPER_SECONDS = 100 * 365 * 86400.0  # the longest duration text the schema describes
+_DURATION = {
+    "anyOf": [
+        {"type": "number", "minimum": 0},
+        {"type": "string", "pattern": duration_pattern(_REAPER_SECONDS, zero=True)},
+    ]
+}
+_OPTIONAL_DURATION = {  # null (or 0, "off", "none", ""): no timeout
+    "anyOf": [*_DURATION["anyOf"], {"type": "null"}, {"enum": ["off", "none", "null", ""]}]
+}
+_NAME_LIST = {
+    "type": "array",
+    "maxItems": MAX_REAPER_LIST,
+    "items": {"type": "string", "maxLength": MAX_DOCUMENT_TEXT},
+}
+REAPER_REQUEST = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "A partial change: only the settings given change.",
+    "properties": {
+        "enabled": {"type": "boolean"},
+        "idle_threshold": {"type": "number", "minimum": 0, "maximum": 100},
+        "warning_lead": _DURATION,
+        "timeout_tier_1": _OPTIONAL_DURATION,
+        "timeout_tier_2": _OPTIONAL_DURATION,
+        "timeout_tier_3": _OPTIONAL_DURATION,
+        "profile_timeouts": {
+            "type": "object",
+            "maxProperties": MAX_REAPER_LIST,
+            "propertyNames": {"maxLength": MAX_DOCUMENT_TEXT},
+            "additionalProperties": _OPTIONAL_DURATION,
+        },
+        "exempt_users": _NAME_LIST,
+        "exempt_groups": _NAME_LIST,
+        "exempt_profiles": _NAME_LIST,
+        "max_lifetime": _OPTIONAL_DURATION,
+        "stale_after": _DURATION,
+        "shutdown_kernels_first": {"type": "boolean"},
+        "rogue_processes": {"type": "string", "enum": ["report", "kill", "off"]},
+    },
+}
+
+_GPUS = {"type": ["number", "null"], "minimum": 0}
+QUEUE_SETTINGS = {
+    "type": ["object", "null"],
+    "additionalProperties": False,
+    "properties": {
+        "guaranteed": _GPUS,
+        "limit": _GPUS,
+        "weight": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "users": {"type": "array", "items": {"type": "string"}},
+        "groups": {"type": "array", "items": {"type": "string"}},
+        "children": {
+            "type": "object",
+            "propertyNames": {"pattern": QUEUE_NAME, "not": {"const": "root"}},
+            "additionalProperties": ref("QueueSettings"),
+        },
+    },
+}
+QUOTAS_REQUEST = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["queues"],
+    "description": "A queue file's document (docs/files.md) with the same queues: guarantees, "
+    "limits, weights, members. Each queue's limit is at least its guarantee, and the top-level "
+    f"guarantees add up to at most the cluster's GPUs. At most {MAX_DOCUMENT_ITEMS} JSON values, "
+    f"nested at most {MAX_DOCUMENT_DEPTH} deep, keys and strings of at most {MAX_DOCUMENT_TEXT} "
+    "characters.",
+    "properties": {
+        "queues": {
+            "type": "object",
+            "propertyNames": {"pattern": QUEUE_NAME, "not": {"const": "root"}},
+            "additionalProperties": ref("QueueSettings"),
+        },
+        "fair_share_half_life": {"type": "string", "pattern": duration_pattern(10 * 365 * 86400)},
+        "default_queue": {"type": ["string", "null"]},
+        "user_limits": {"type": ["object", "null"]},
+    },
+}
+
+USAGE_SAMPLE_REQUEST = {
+    "type": "object",
+    "required": ["job_id"],
+    "description": "One report of a notebook server's GPU monitor (serverext/monitor.py).",
+    "properties": {
+        "job_id": {"type": "string", "pattern": JOB_ID},
+        "profile": {"type": ["string", "null"], "maxLength": MAX_PROFILE},
+        "time": {"type": ["number", "null"]},
+        "server": {"type": ["object", "null"]},
+        "kernels": {"type": ["object", "null"], "maxProperties": MAX_SAMPLE_KERNELS},
+        "devices": {
+            "type": ["array", "null"],
+            "maxItems": MAX_SAMPLE_DEVICES,
+            "items": {"type": "object"},
+        },
+    },
+}

@@ -1,0 +1,309 @@
+"""What the REST API answers, as JSON Schemas: the ``components.schemas`` of ``api/openapi.json``.
+
+Each schema is the exact shape a handler sends (``additionalProperties: false`` where the
+handler builds the object itself), so that a tool that validates responses against the document
+(Schemathesis' ``response_schema_conformance``, ``tests/test_schemathesis.py``) notices when a
+handler and this file drift apart. The request schemas are in :mod:`.openapi`.
+"""
+
+from __future__ import annotations
+
+from ..core.jobs import JobState
+
+
+def ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def nullable(kind: str | dict) -> dict:
+    if isinstance(kind, str):
+        return {"type": [kind, "null"]}
+    return {"anyOf": [kind, {"type": "null"}]}
+
+
+def strict(properties: dict, required: list | None = None) -> dict:
+    """An object with exactly these properties (all required unless ``required`` says)."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": list(properties) if required is None else required,
+        "properties": properties,
+    }
+
+
+STRING, NUMBER, INTEGER, BOOLEAN = ({"type": t} for t in ("string", "number", "integer", "boolean"))
+NAMES = {"type": "array", "items": STRING}
+JOB_STATES = [state.value for state in JobState]
+
+REASON = nullable(
+    strict(
+        {
+            # capacity | placement | policy (core/reasons); rejected: could never run here
+            "family": {"type": "string", "enum": ["capacity", "placement", "policy", "rejected"]},
+            "detail": STRING,
+            "message": STRING,
+            "eta": nullable("number"),
+        }
+    )
+)
+
+# service/records.py public_job: always these ...
+_JOB_ALWAYS = {
+    "id": {"type": "string", "pattern": "^j-[0-9]+$"},
+    "state": {"type": "string", "enum": JOB_STATES},
+    "kind": {"type": "string", "enum": ["batch", "notebook"]},
+    "queue": STRING,
+    "tier": {"type": "integer", "enum": [1, 2, 3]},
+    "gpus": {"type": "integer", "minimum": 1},
+    "gpu_fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "gpus_per_node": nullable("integer"),
+    "gpu_models": nullable(NAMES),
+    "walltime": nullable("number"),
+    "priority": INTEGER,
+    "held": BOOLEAN,
+    "submit_time": NUMBER,
+    "start_time": nullable("number"),
+    "end_time": nullable("number"),
+    "runs": INTEGER,
+    "preemptions": INTEGER,
+    "reason": ref("Reason"),
+    "position": {"type": ["integer", "null"], "minimum": 0},
+    "mine": BOOLEAN,
+}
+# ... the caller's own job (or any, for an admin) also these ...
+_JOB_FULL = {
+    "user": STRING,
+    "name": nullable("string"),
+    "command": nullable("string"),
+    "notebook": nullable("string"),
+    "env": {"type": ["object", "null"], "additionalProperties": STRING},
+    "cwd": nullable("string"),
+    "exit_code": nullable("integer"),
+    "message": nullable("string"),
+    "server_name": nullable("string"),
+    "cpus": nullable("number"),
+    "memory_gb": nullable("number"),
+}
+# ... and a running job these (handlers.py APIHandler.view)
+_JOB_RUNNING = {
+    "allocation": {
+        "type": "array",
+        "items": strict(
+            {
+                "node": STRING,
+                "gpus": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                "gpu_fraction": NUMBER,
+            }
+        ),
+    },
+    "utilization": nullable(
+        strict(
+            {
+                "percent": nullable("number"),
+                "measured_at": nullable("number"),
+                "devices": {
+                    "type": "array",
+                    "items": strict({"index": {}, "utilization": nullable("number")}),
+                },
+            }
+        )
+    ),
+    "stopping": {"type": ["string", "null"], "enum": ["cancelled", "preempted", None]},
+}
+
+JOB = {
+    "description": "A job as the caller sees it: their own in full, other users' without who "
+    "and what (user, name, command, environment, directory are left out).",
+    **strict({**_JOB_ALWAYS, **_JOB_FULL, **_JOB_RUNNING}, required=list(_JOB_ALWAYS)),
+}
+
+QUEUE_ENTRY = strict(
+    {
+        "position": {"type": ["integer", "null"], "minimum": 0},
+        "id": _JOB_ALWAYS["id"],
+        "mine": BOOLEAN,
+        "user": nullable("string"),
+        "name": nullable("string"),
+        "queue": STRING,
+        "tier": _JOB_ALWAYS["tier"],
+        "gpus": INTEGER,
+        "gpu_fraction": NUMBER,
+        "submit_time": NUMBER,
+        "reason": ref("Reason"),
+    }
+)
+
+GPU_HOLDER = strict(
+    {
+        "job": nullable("string"),
+        "fraction": NUMBER,
+        "user": nullable("string"),
+        "tier": INTEGER,
+        "reserved": BOOLEAN,
+    }
+)
+
+NODE = strict(
+    {
+        "name": STRING,
+        "gpu_model": STRING,
+        "gpus": INTEGER,
+        "free": {"type": "integer", "minimum": 0},
+        "state": {"type": "string", "enum": ["up", "drain", "down"]},
+        "maintenance": nullable("number"),
+        "leaf": nullable("string"),
+        "spine": nullable("string"),
+        "labels": {"type": "object", "additionalProperties": STRING},
+        "gpu_list": {
+            "type": "array",
+            "items": strict(
+                {"index": INTEGER, "jobs": {"type": "array", "items": ref("GPUHolder")}}
+            ),
+        },
+    }
+)
+
+EVENT = strict(
+    {
+        "id": INTEGER,
+        "time": NUMBER,
+        "kind": STRING,
+        "job_id": nullable("string"),
+        "user": nullable("string"),
+        "actor": nullable("string"),
+        "node": nullable("string"),
+        "message": nullable("string"),
+        "data": {"description": "what the event is about (kind-specific), or null"},
+    }
+)
+
+_DURATION_SETTING = {"type": ["number", "null"], "minimum": 0}
+REAPER_SETTINGS = strict(
+    {
+        "enabled": BOOLEAN,
+        "idle_threshold": {"type": "number", "minimum": 0, "maximum": 100},
+        "warning_lead": {"type": "number", "minimum": 0},
+        "timeout_tier_1": _DURATION_SETTING,
+        "timeout_tier_2": _DURATION_SETTING,
+        "timeout_tier_3": _DURATION_SETTING,
+        "profile_timeouts": {"type": "object", "additionalProperties": _DURATION_SETTING},
+        "exempt_users": NAMES,
+        "exempt_groups": NAMES,
+        "exempt_profiles": NAMES,
+        "max_lifetime": _DURATION_SETTING,
+        "stale_after": {"type": "number", "minimum": 0},
+        "shutdown_kernels_first": BOOLEAN,
+        "rogue_processes": {"type": "string", "enum": ["report", "kill", "off"]},
+    }
+)
+
+SESSION = strict(
+    {
+        "job_id": STRING,
+        "user": STRING,
+        "profile": nullable("string"),
+        "tier": INTEGER,
+        "gpus": NUMBER,
+        "started": NUMBER,
+        "last_report": nullable("number"),
+        "idle_since": NUMBER,
+        "timeout": nullable("number"),
+        "exempt": BOOLEAN,
+        "warned": nullable("number"),
+        "last_sample": {"type": ["object", "null"]},
+    }
+)
+
+SCHEMAS = {
+    "Error": {
+        "description": "Every 4xx: what to fix, and the request field it is about (or null).",
+        **strict({"error": STRING, "field": nullable("string")}),
+    },
+    "Reason": REASON,
+    "Job": JOB,
+    "JobList": strict({"jobs": {"type": "array", "items": ref("Job")}}),
+    "Me": strict({"name": STRING, "admin": BOOLEAN, "groups": NAMES}),
+    "QueueEntry": QUEUE_ENTRY,
+    "Queue": strict(
+        {
+            "pending": {"type": "integer", "minimum": 0},
+            "running": {"type": "integer", "minimum": 0},
+            "jobs": {"type": "array", "items": ref("QueueEntry")},
+            "held": {"type": "array", "items": ref("QueueEntry")},
+            "retrying": {"type": "array", "items": ref("QueueEntry")},
+        }
+    ),
+    "GPUHolder": GPU_HOLDER,
+    "Node": NODE,
+    "Cluster": strict(
+        {
+            "total_gpus": INTEGER,
+            "allocated_gpus": NUMBER,
+            "nodes": {"type": "array", "items": ref("Node")},
+        }
+    ),
+    "Quotas": strict(
+        {
+            "document": {"type": ["object", "null"], "description": "the queue document"},
+            "queues": {
+                "type": "array",
+                "items": strict(
+                    {
+                        "path": STRING,
+                        "guaranteed": NUMBER,
+                        "limit": nullable("number"),
+                        "weight": NUMBER,
+                        "running": NUMBER,
+                        "leaf": BOOLEAN,
+                        "users": NAMES,
+                        "groups": NAMES,
+                    }
+                ),
+            },
+        }
+    ),
+    "NodeState": strict({"node": STRING, "state": {"type": "string", "enum": ["up", "drain"]}}),
+    "Maintenance": strict({"node": STRING, "maintenance": nullable("number")}),
+    "Event": EVENT,
+    "Events": strict({"events": {"type": "array", "items": ref("Event")}}),
+    "Usage": strict(
+        {
+            "since": NUMBER,
+            "until": NUMBER,
+            "by": {"type": "string", "enum": ["queue", "user", "gpu_model"]},
+            "usage": {
+                "type": "array",
+                "items": strict(
+                    {"key": nullable("string"), "gpu_hours": NUMBER, "cost": nullable("number")},
+                    required=["key", "gpu_hours"],
+                ),
+            },
+        }
+    ),
+    "ReaperSettings": REAPER_SETTINGS,
+    "ReaperSession": SESSION,
+    "Reaper": strict(
+        {
+            "settings": ref("ReaperSettings"),
+            "defaults": ref("ReaperSettings"),
+            "overrides": {"type": "object"},
+            "sessions": {"type": "array", "items": ref("ReaperSession")},
+        }
+    ),
+    "ReaperUpdated": strict({"settings": ref("ReaperSettings"), "overrides": {"type": "object"}}),
+    "UsageSampleTaken": strict(
+        {
+            "job_id": STRING,
+            "idle_since": NUMBER,
+            "warned": nullable("number"),
+            "timeout": nullable("number"),
+        }
+    ),
+    "RogueProcesses": strict(
+        {
+            "watched_nodes": NAMES,
+            "mode": {"type": "string", "enum": ["report", "kill", "off"]},
+            "processes": {"type": "array", "items": {"type": "object"}},
+        }
+    ),
+}

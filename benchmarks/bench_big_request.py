@@ -31,6 +31,7 @@ import tempfile
 import time
 
 import psutil
+from bench_service import Connection, percentile
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 CLUSTER = os.path.join(ROOT, "hub_config", "cluster.yaml")
@@ -38,52 +39,8 @@ TOKENS = {"alice": "alice-bench-token-000000001", "bob": "bob-bench-token-000000
 BIG = 10 << 20
 
 
-class Connection:
-    """One keep-alive HTTP/1.1 connection (enough HTTP for JSON requests and answers)."""
-
-    def __init__(self, port: int):
-        self.port = port
-        self.reader = self.writer = None
-
-    async def request(self, method: str, path: str, token: str, body: bytes = b"") -> int:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        head = (
-            f"{method} /{path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
-            f"Authorization: token {token}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        )
-        self.writer.write(head.encode() + body)
-        await self.writer.drain()
-        status_line = await self.reader.readline()
-        length, close = 0, False
-        while True:
-            line = await self.reader.readline()
-            if line in (b"\r\n", b""):
-                break
-            name, _, value = line.decode().partition(":")
-            if name.lower() == "content-length":
-                length = int(value)
-            if name.lower() == "connection" and value.strip().lower() == "close":
-                close = True
-        await self.reader.readexactly(length)
-        if close:
-            self.close()
-        return int(status_line.split()[1])
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def me_latency(port: int, count: int, interval: float) -> dict:
-    conn = Connection(port)
+    conn = Connection("127.0.0.1", port)
     latencies, statuses = [], {}
     start = time.perf_counter() + 0.05
     for i in range(count):
@@ -91,7 +48,7 @@ async def me_latency(port: int, count: int, interval: float) -> dict:
         delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        status = await conn.request("GET", "api/me", TOKENS["bob"])
+        status = await conn.request("GET", "/api/me", TOKENS["bob"])
         latencies.append(time.perf_counter() - due)
         statuses[status] = statuses.get(status, 0) + 1
     conn.close()
@@ -115,11 +72,11 @@ async def send_requests(port: int, size: int, stop, counts) -> None:
     ``counts``."""
     body = body_of(size)
     expected = "413" if size > (1 << 20) else "400"
-    conn = Connection(port)
+    conn = Connection("127.0.0.1", port)
     while not stop.is_set():
         began = time.perf_counter()
         try:
-            status = str(await conn.request("POST", "api/jobs", TOKENS["alice"], body))
+            status = str(await conn.request("POST", "/api/jobs", TOKENS["alice"], body))
         except (ConnectionError, asyncio.IncompleteReadError):
             status = "connection closed"
             conn.close()

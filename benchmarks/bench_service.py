@@ -33,7 +33,8 @@ BODY = json.dumps({"gpus": 1, "command": "sleep 3600", "walltime": "1h"}).encode
 
 
 class Connection:
-    """One keep-alive HTTP/1.1 connection (enough HTTP for JSON requests and answers)."""
+    """One keep-alive HTTP/1.1 connection (enough HTTP for JSON requests and answers). An answer
+    with ``Connection: close`` closes it; the next request opens a new one."""
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
@@ -48,8 +49,9 @@ class Connection:
             f"Content-Length: {len(body)}\r\n\r\n"
         )
         self.writer.write(head.encode() + body)
+        await self.writer.drain()
         status_line = await self.reader.readline()
-        length = 0
+        length, close = 0, False
         while True:
             line = await self.reader.readline()
             if line in (b"\r\n", b""):
@@ -57,8 +59,17 @@ class Connection:
             name, _, value = line.decode().partition(":")
             if name.lower() == "content-length":
                 length = int(value)
+            if name.lower() == "connection" and value.strip().lower() == "close":
+                close = True
         await self.reader.readexactly(length)
+        if close:
+            self.close()
         return int(status_line.split()[1])
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -12,7 +12,8 @@
 * :func:`positive_data_acceptance_here`: Schemathesis' ``positive_data_acceptance`` (excluded
   on the command line), less the 400s the document says JSON Schema cannot describe
   (``service/openapi.py``): a job must fit this cluster and name one of its queues and GPU
-  models, ``gpus_per_node`` must divide ``gpus``, a queue document must keep the queues, and
+  models, ``gpus_per_node`` must divide ``gpus``, ``cwd`` must be a directory the user may enter,
+  a queue document must keep the queues, and
   ``since`` must be before ``until``. Only those operations, only a 400 naming those fields
   with those messages (:data:`STATE_DEPENDENT`).
 
@@ -41,6 +42,8 @@ STATE_DEPENDENT = {
         "gpus_per_node": f"{NEVER_HERE}|must divide 'gpus'",
         "queue": "^no queue |belongs to no queue",
         "gpu_model": "^no GPU of model ",
+        # a directory the user may enter: which ones, the file system says
+        "cwd": "^the working directory .* does not exist or .* may not enter it",
     },
     # a queue document must keep the queues; limits at least the guarantees, guarantees within
     # the cluster, the default queue one of them

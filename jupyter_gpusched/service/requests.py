@@ -67,7 +67,8 @@ JOB_FIELDS = {
     "labels": f"node labels that must match (object of at most {MAX_LABELS} strings)",
     "env": f"environment variables for the job (object of at most {MAX_ENV_VARS} strings, "
     f"{MAX_ENV_BYTES} characters in all)",
-    "cwd": f"working directory (absolute path, at most {MAX_PATH} characters)",
+    "cwd": f"working directory: an absolute path of at most {MAX_PATH} characters that you may "
+    "enter (default: your home directory)",
     "held": "submit on hold (true/false): it waits until released",
     "server_name": "kind notebook: the hub's name of the server ('' for the default server)",
 }

@@ -142,6 +142,12 @@ def _create_demo_users() -> None:
     )
     if done.returncode != 0:
         pytest.fail(f"scripts/demo-users.sh failed: {done.stderr or done.stdout}")
+    # Servers run in the users' real homes, which outlive a hub: start each hub without what
+    # an earlier one's JupyterLab left there (its workspace layout, settings a test changed).
+    for user in DEMO_USERS:
+        home = Path(pwd.getpwnam(user).pw_dir)
+        for leftover in (".jupyter/lab/workspaces", ".jupyter/lab/user-settings"):
+            shutil.rmtree(home / leftover, ignore_errors=True)
 
 
 def user_home(state_dir: Path, user: str) -> Path:

@@ -9,12 +9,16 @@ below :attr:`AccountPolicy.min_uid` (Debian and most distributions give people u
 system accounts below), and an account that does not exist.
 
 The service and the hub each read it from their own config (``c.AccountPolicy.min_uid = ...``):
-set the same values in both.
+set the same values in both. Here too are the two things every launcher needs once it has an
+account: :func:`run_as_ids` (Popen's arguments that run a child as it) and
+:func:`cwd_problem_for` (can it enter a directory, tried with its own rights, not root's).
 """
 
 from __future__ import annotations
 
+import os
 import pwd
+import subprocess
 
 from traitlets import Integer, List, Unicode
 from traitlets.config import Configurable
@@ -64,3 +68,50 @@ class AccountPolicy(Configurable):
                 f"account, below AccountPolicy.min_uid ({self.min_uid})"
             )
         return entry
+
+
+def submitting_account(
+    user: str, run_as_submitting_user: bool, policy: AccountPolicy
+) -> pwd.struct_passwd | None:
+    """The account a job of ``user`` runs as: theirs when the service is root (and the setting
+    allows), else None (the service's own). :class:`AccountRefused` where ``policy`` refuses
+    it (an unknown user, a system account: never root); the deny list also applies when jobs
+    run as the service's account, so that its names are refused alike everywhere."""
+    if os.geteuid() != 0 or not run_as_submitting_user:
+        policy.check_name(user)
+        return None
+    return policy.account(user)
+
+
+def run_as_ids(account: pwd.struct_passwd | None) -> dict:
+    """Popen's arguments that run a child as ``account`` (its uid, gid and groups)."""
+    if account is None:
+        return {}
+    groups = os.getgrouplist(account.pw_name, account.pw_gid)
+    return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": groups}
+
+
+def cwd_problem_for(account: pwd.struct_passwd | None, cwd: str) -> str | None:
+    """Why ``account`` (None: this process's) cannot enter ``cwd``, or None. Tried with the
+    account's own rights, in a shell run as the account, never judged by root: root may enter
+    any directory. The message does not say whether the directory exists: only that this user
+    cannot enter it."""
+    who = account.pw_name if account is not None else "the service's user"
+    cannot = f"the working directory {cwd[:200]!r} does not exist or {who} may not enter it"
+    if account is None:
+        return None if os.path.isdir(cwd) and os.access(cwd, os.X_OK) else cannot
+    try:
+        done = subprocess.run(
+            ["/bin/sh", "-c", 'cd -- "$1"', "sh", cwd],
+            cwd="/",
+            env={"PATH": os.defpath},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=10,
+            **run_as_ids(account),
+        )
+    except subprocess.TimeoutExpired:
+        return f"the working directory {cwd[:200]!r} could not be checked (no answer in 10 s)"
+    except OSError as exc:
+        return f"the working directory {cwd[:200]!r} could not be checked: {exc.strerror}"
+    return None if done.returncode == 0 else cannot

@@ -66,7 +66,13 @@ import psutil
 from traitlets import Bool, Float, Instance, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from ..accounts import AccountPolicy, AccountRefused
+from ..accounts import (
+    AccountPolicy,
+    AccountRefused,
+    cwd_problem_for,
+    run_as_ids,
+    submitting_account,
+)
 
 #: A handle's create_time and the process's may differ by this much and still be the same process.
 CREATE_TIME_TOLERANCE = 1e-2
@@ -228,53 +234,6 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def submitting_account(
-    user: str, run_as_submitting_user: bool, policy: AccountPolicy
-) -> pwd.struct_passwd | None:
-    """The account a job of ``user`` runs as: theirs when the service is root (and the setting
-    allows), else None (the service's own). :class:`AccountRefused` where ``policy`` refuses
-    it (an unknown user, a system account: never root); the deny list also applies when jobs
-    run as the service's account, so that its names are refused alike everywhere."""
-    if os.geteuid() != 0 or not run_as_submitting_user:
-        policy.check_name(user)
-        return None
-    return policy.account(user)
-
-
-def _ids(account: pwd.struct_passwd | None) -> dict:
-    """Popen's arguments that run a child as ``account`` (its uid, gid and groups)."""
-    if account is None:
-        return {}
-    groups = os.getgrouplist(account.pw_name, account.pw_gid)
-    return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": groups}
-
-
-def cwd_problem_for(account: pwd.struct_passwd | None, cwd: str) -> str | None:
-    """Why ``account`` (None: this process's) cannot enter ``cwd``, or None. Tried with the
-    account's own rights, in a shell run as the account, never judged by root: root may enter
-    any directory. The message does not say whether the directory exists: only that this user
-    cannot enter it."""
-    who = account.pw_name if account is not None else "the service's user"
-    cannot = f"the working directory {cwd[:200]!r} does not exist or {who} may not enter it"
-    if account is None:
-        return None if os.path.isdir(cwd) and os.access(cwd, os.X_OK) else cannot
-    try:
-        done = subprocess.run(
-            ["/bin/sh", "-c", 'cd -- "$1"', "sh", cwd],
-            cwd="/",
-            env={"PATH": os.defpath},
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=10,
-            **_ids(account),
-        )
-    except subprocess.TimeoutExpired:
-        return f"the working directory {cwd[:200]!r} could not be checked (no answer in 10 s)"
-    except OSError as exc:
-        return f"the working directory {cwd[:200]!r} could not be checked: {exc.strerror}"
-    return None if done.returncode == 0 else cannot
-
-
 def _can_import_runner(account: pwd.struct_passwd, python: str, env: dict) -> bool:
     probe = [python, "-c", "import jupyter_gpusched.service.runner"]
     try:
@@ -284,7 +243,7 @@ def _can_import_runner(account: pwd.struct_passwd, python: str, env: dict) -> bo
             env={"PATH": os.defpath, **env},
             capture_output=True,
             timeout=60,
-            **_ids(account),
+            **run_as_ids(account),
         )
     except (OSError, subprocess.SubprocessError):
         return False
@@ -417,7 +376,7 @@ class LocalLauncher(Launcher):
                 env=env,
                 start_new_session=True,
                 pass_fds=tuple(fd for fd in (record_fd, output_fd) if fd >= 0),
-                **_ids(account),
+                **run_as_ids(account),
             )
         except OSError as exc:
             if log_fd >= 0:

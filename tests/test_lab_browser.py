@@ -186,8 +186,13 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
     _post_notice(
         hub, {"kind": "preemption", "message": "A tier-1 job needs your GPUs", "deadline": None}
     )
-    sync_api.expect(page.get_by_text("Idle GPUs: Your GPUs have been idle")).to_be_visible()
-    sync_api.expect(page.get_by_text("Pre-emption: A tier-1 job needs your GPUs")).to_be_visible()
+    # the extension asks for notices every 10 s: wait longer than expect's 5 s default
+    sync_api.expect(page.get_by_text("Idle GPUs: Your GPUs have been idle")).to_be_visible(
+        timeout=TIMEOUT_MS
+    )
+    sync_api.expect(page.get_by_text("Pre-emption: A tier-1 job needs your GPUs")).to_be_visible(
+        timeout=TIMEOUT_MS
+    )
     page.wait_for_timeout(1500)  # the toasts slide in
     _shot(page, "4-notifications")
     page.close()

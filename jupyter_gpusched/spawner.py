@@ -180,7 +180,8 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         self._profile: dict | None = None
         self._gpu_models: list[str] | None = None
         self._starting = self._stopping = False
-        self._service_token: str | None = None
+        self._service_token: str | None = None  # the spawner's own (spawner_queue.py)
+        self._started_token: str | None = None  # the server's, while this hub started it
         self._discovered_url = ""
         self._progress_event: dict = {}
         self._progress_serial = 0
@@ -288,6 +289,7 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
                 )
                 await asyncio.shield(self.release(job_id, why))
             self.job_id, self.allocation = "", []
+            self._revoke_server_token()  # a server that never started uses none
             raise
         finally:
             self._starting, self._progress_done = False, True
@@ -315,7 +317,7 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         env["GPUSCHED_PROFILE"] = self.profile_slug
         try:  # where the server extension's GPU monitor reports (serverext/monitor.py)
             env["GPUSCHED_SERVICE_URL"] = self._base_url()
-            env["GPUSCHED_SERVICE_TOKEN"] = self._token()
+            env["GPUSCHED_SERVICE_TOKEN"] = self._server_token()
         except GPUSchedSpawnError:
             pass
         return env
@@ -456,8 +458,9 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         self.job_id, self.allocation = "", []
 
     def delete_forever(self):
-        """The server is deleted (a named server removed, or the user): its token goes too."""
+        """The server is deleted (a named server removed, or the user): its tokens go too."""
         self._drop_token()
+        self._revoke_server_token()
 
     # -- state ---------------------------------------------------------------------------------
     def get_state(self):
@@ -489,7 +492,10 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
             self.pid_created = float(saved.get("pid_created") or 0)
 
     def clear_state(self):
+        """The server is gone (JupyterHub calls this after a stop and before a start; the
+        poll, when the process has ended): so is its state, and its token for the service."""
         super().clear_state()
+        self._revoke_server_token()
         self.job_id, self.allocation, self.profile_slug = "", [], ""
         self.placed_at = self.lifetime = self.job_tier = self.job_gpus = 0.0
         self.pid_created = 0.0

@@ -1,4 +1,4 @@
-"""The scheduler service as GPUSchedSpawner talks to it: the user's token for the service,
+"""The scheduler service as GPUSchedSpawner talks to it: the user's tokens for the service,
 submitting the notebook job, waiting in the queue (with progress events: position, reason,
 ETA) and giving the allocation back. A mixin of :class:`~jupyter_gpusched.spawner.GPUSchedSpawner`,
 whose traits (``service_url``, ``service_name``, ``request_timeout``, ``queue_poll_interval``)
@@ -41,21 +41,40 @@ class SchedulerClient:
             url = self._discovered_url = Server(orm_server=service.server).url
         return url if url.endswith("/") else url + "/"
 
+    # Two tokens of the user for the service, each only its access scope, the user's groups
+    # (which queues they may use) and, if the user holds it, the scheduler's admin scope:
+    # * the server's (SERVER_TOKEN_NOTE), handed to the server at its start (its GPU monitor's
+    #   reports, the Lab panel, the kernels' client): it lives exactly as long as that server,
+    #   as JupyterHub's own token of the server does; a hub restart leaves it alone, because a
+    #   server that outlives the restart still uses it (issue 16);
+    # * the spawner's own (HUB_TOKEN_NOTE), for its requests (submit, poll, release): kept only
+    #   in this hub process's memory, so a restarted hub makes a new one and deletes the old.
+    SERVER_TOKEN_NOTE = "gpusched spawner: {user}/{name}"  # the note of the one token of older
+    # versions: the servers they started, still running after an upgrade, keep theirs
+    HUB_TOKEN_NOTE = "gpusched spawner (hub): {user}/{name}"
+
+    def _note(self, template: str) -> str:
+        return template.format(user=self.user.name, name=self.name)
+
     def _token(self) -> str:
-        """A token of the user for the service: only its access scope, the user's groups
-        (which queues they may use) and, if the user holds it, the scheduler's admin scope.
-        Created in the hub's database (this runs in the hub), kept only in memory, reused by
-        later starts of the same server (the service then knows it: no check with the hub),
-        replaced after a hub restart or when it stops working (the user revoked it), deleted
-        when the server is deleted."""
-        if self._service_token:
-            return self._service_token
+        """The spawner's own token (see above): created in the hub's database, reused by later
+        requests and starts, replaced after a hub restart or when it stops working (the user
+        revoked it), deleted when the server is deleted."""
+        if not self._service_token:
+            self._revoke(self.HUB_TOKEN_NOTE)  # made by an earlier hub process: unused now
+            self._service_token = self._new_token(self.HUB_TOKEN_NOTE)
+        return self._service_token
+
+    def _server_token(self) -> str:
+        """The token handed to the server being started (see above); the one of an earlier
+        start, if any is left, goes first: no server of this name runs while one starts."""
+        if not self._started_token:
+            self._revoke(self.SERVER_TOKEN_NOTE)
+            self._started_token = self._new_token(self.SERVER_TOKEN_NOTE)
+        return self._started_token
+
+    def _new_token(self, template: str) -> str:
         orm_user = self.user.orm_user
-        db = self.user.db
-        note = f"gpusched spawner: {self.user.name}/{self.name}"
-        for old in list(orm_user.api_tokens):  # made by an earlier hub process
-            if old.note == note:
-                db.delete(old)
         scopes = [f"access:services!service={self.service_name}", "read:users:groups!user"]
         from jupyterhub.scopes import get_scopes_for
 
@@ -65,11 +84,30 @@ class SchedulerClient:
             # the service takes admin rights from the token's scopes: an admin's own server
             # (its Lab panel's reaper settings) acts as an admin, as their browser session does
             scopes.append(ADMIN_SCOPE)
-        self._service_token = orm_user.new_api_token(note=note, scopes=scopes)
-        db.commit()
-        return self._service_token
+        token = orm_user.new_api_token(note=self._note(template), scopes=scopes)
+        self.user.db.commit()
+        return token
+
+    def _revoke(self, template: str) -> None:
+        """Delete the user's tokens with this note (found by note: after a hub restart only the
+        database knows them)."""
+        if self.user is None or getattr(self.user, "db", None) is None:
+            return
+        note = self._note(template)
+        old = [t for t in self.user.orm_user.api_tokens if t.note == note]
+        for token in old:
+            self.user.db.delete(token)
+        if old:
+            self.user.db.commit()
+
+    def _revoke_server_token(self) -> None:
+        """The server is gone (stopped, exited, never started): so goes its token."""
+        self._started_token = None
+        self._revoke(self.SERVER_TOKEN_NOTE)
 
     def _drop_token(self) -> None:
+        """Forget and delete the spawner's own token (it stopped working, or the server is
+        deleted)."""
         token, self._service_token = self._service_token, None
         if not token or self.user is None or getattr(self.user, "db", None) is None:
             return

@@ -6,7 +6,8 @@ Playwright (never ``playwright install``): alice logs in to the hub of ``tests/t
 status bar shows her GPUs; a 4-GPU batch job she submits waits in the queue; the side panel shows
 it, cancels it, and it goes; her server's job shows the GPU utilization its monitor reported;
 she sees no reaper settings (not an admin); a reaper warning and a pre-emption notice posted to
-her server appear as notifications. Then admin (role gpusched-admin: the scheduler's admin) opens
+her server appear as notifications, and after her server restarts (its notices numbered from 1
+again) the next warning appears too. Then admin (role gpusched-admin: the scheduler's admin) opens
 the panel of his server, sees the reaper's timeouts, changes one (the service then reports it)
 and gets the service's error for a bad one. Screenshots go to ``test-output/lab-browser/`` for a
 person to look at.
@@ -195,6 +196,38 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
     )
     page.wait_for_timeout(1500)  # the toasts slide in
     _shot(page, "4-notifications")
+    page.close()
+    stop_every_server(hub)
+    wait_free(hub, 4, timeout=15)
+
+
+def test_every_warning_shows_once_per_server_start(lab_hub, browser):
+    """A server numbers its notices from 1 at each start: a user warned (and culled) once still
+    sees the next server's first warning; a reload does not show a warning again."""
+    hub = lab_hub.hub
+    _no_news(lab_hub.state_dir, USER)
+    start_server(hub, USER, "gpu-1")
+    page = _log_in(browser, hub, USER)
+    lab = f"{hub.url}/user/{USER}/lab"
+    page.goto(lab)
+    first = _post_notice(hub, {"kind": "idle", "message": "first warning", "deadline": None})
+    sync_api.expect(page.get_by_text("Idle GPUs: first warning")).to_be_visible()
+
+    page.reload()  # the same server start: the first warning was shown, the second is new
+    _post_notice(hub, {"kind": "idle", "message": "second warning", "deadline": None})
+    sync_api.expect(page.get_by_text("Idle GPUs: second warning")).to_be_visible()
+    # one check of the notices showed the second: the first was in it and stayed hidden
+    assert page.get_by_text("Idle GPUs: first warning").count() == 0
+
+    stop_every_server(hub)  # as the reaper's cull does; then the user starts again
+    wait_free(hub, 4, timeout=15)
+    start_server(hub, USER, "gpu-1")
+    page.goto(lab)
+    third = _post_notice(hub, {"kind": "idle", "message": "third warning", "deadline": None})
+    assert third["id"] == first["id"] == 1  # numbered from 1 again: the id alone cannot tell
+    sync_api.expect(page.get_by_text("Idle GPUs: third warning")).to_be_visible()
+    assert third["start"] != first["start"]
+    _shot(page, "7-warning-after-a-server-restart")
     page.close()
     stop_every_server(hub)
     wait_free(hub, 4, timeout=15)

@@ -9,7 +9,9 @@ few seconds. The servers and their kernels run as their users' own accounts (the
 * an idle server is warned (the notice reaches the server), then stopped; its GPUs go back and a
   queued user's server starts;
 * an admin lowers the timeout at run time (``PUT api/reaper``): it applies within one interval;
-  an exempt user is never culled; a non-admin cannot change the settings.
+  an exempt user is never culled; a non-admin cannot change the settings;
+* a server that outlived a hub restart keeps reporting (its token for the service survives the
+  restart) and is warned, then culled, like any other; its token goes with it.
 
 The hub is started like ``tests/test_spawner.py``'s (its ``HubRunner`` and helpers), with this
 module's profiles, policy file and environment.
@@ -69,7 +71,7 @@ class ReaperHub(ts.HubRunner):
 
 
 @pytest.fixture(scope="module")
-def reaper_hub():
+def reaper_runner():
     if not hub_harness.CHP.exists():
         pytest.skip("node_modules/.bin/configurable-http-proxy is missing: run `make node_modules`")
     hub_harness._create_demo_users()
@@ -77,7 +79,7 @@ def reaper_hub():
     failed = True
     try:
         runner.start()
-        yield runner.hub
+        yield runner
         failed = False
     finally:
         _, left = runner.shut_down(failed)
@@ -85,14 +87,15 @@ def reaper_hub():
 
 
 @pytest.fixture
-def hub(reaper_hub):
-    yield reaper_hub
-    ts.stop_every_server(reaper_hub)
-    admin = reaper_hub.token("admin")
-    jobs = reaper_hub.service("GET", "api/jobs?state=running&state=pending", admin).json()
+def hub(reaper_runner):
+    yield reaper_runner.hub
+    hub = reaper_runner.hub  # the hub now: a test may have restarted it
+    ts.stop_every_server(hub)
+    admin = hub.token("admin")
+    jobs = hub.service("GET", "api/jobs?state=running&state=pending", admin).json()
     for job in jobs["jobs"]:
-        reaper_hub.service("DELETE", f"api/jobs/{job['id']}", admin)
-    ts.wait_free(reaper_hub, 4, timeout=15)
+        hub.service("DELETE", f"api/jobs/{job['id']}", admin)
+    ts.wait_free(hub, 4, timeout=15)
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -131,12 +134,13 @@ def notices(hub, user) -> list[dict] | None:
     return None
 
 
-def wait_reported(hub, *users, timeout=15.0) -> dict:
-    """Until the reaper has a monitor report from each of ``users``' servers."""
+def wait_reported(hub, *users, timeout=15.0, after=0.0) -> dict:
+    """Until the reaper has a monitor report from each of ``users``' servers (one received
+    after the epoch time ``after``)."""
     deadline = time.monotonic() + timeout
     while True:
         found = sessions(hub)
-        if all((found.get(u) or {}).get("last_report") for u in users):
+        if all(((found.get(u) or {}).get("last_report") or 0) > after for u in users):
             return found
         assert time.monotonic() < deadline, f"no monitor report from {users}: {found}"
         time.sleep(0.2)
@@ -152,6 +156,19 @@ def cull_events(hub, job_id) -> list[dict]:
     )
     assert response.status_code == 200, response.text
     return response.json()["events"]
+
+
+def service_tokens(hub, user) -> list[dict]:
+    """``user``'s tokens in the hub that GPUSchedSpawner made (their notes name it)."""
+    response = requests.get(
+        hub.api_url + f"users/{user}/tokens",
+        headers={"Authorization": f"token {hub.harness_token}"},
+        timeout=10,
+    )
+    assert response.status_code == 200, response.text
+    return [
+        t for t in response.json()["api_tokens"] if (t["note"] or "").startswith("gpusched spawner")
+    ]
 
 
 def kernel_processes(kernel_id: str) -> list[int]:
@@ -399,3 +416,49 @@ def test_kernels_holding_gpu_memory_go_first_then_the_idle_server(hub):
         assert cull["time"] - shut["time"] >= 4
     finally:
         configure(hub, shutdown_kernels_first=False)
+
+
+def test_a_server_that_outlived_a_hub_restart_keeps_reporting_and_is_culled(reaper_runner, hub):
+    """hub_config keeps servers across hub restarts (cleanup_servers = False): the server's token
+    for the service must survive too, or its reports get 401 and the reaper never culls it."""
+    configure(hub, timeout_tier_2=None, warning_lead=3, exempt_users=[])  # stored: survives
+    ts.start_server(hub, "bob", "t2-1")
+    bob_job = job_id_of(hub, "bob")
+    pid = ts.spawner_state(hub, "bob")["pid"]
+    token = ts.server_env(hub, "bob")["GPUSCHED_SERVICE_TOKEN"]
+    wait_reported(hub, "bob")
+
+    reaper_runner.stop_keeping_servers()
+    assert psutil.pid_exists(pid)
+    hub = reaper_runner.start()  # its spawner has polled bob's server (and asked the service)
+    server = ts.wait_ready(hub, "bob")
+    assert server["state"]["pid"] == pid and server["state"]["gpusched"]["job_id"] == bob_job
+    up = time.time()
+    me = hub.service("GET", "api/me", token)  # the token the running server holds still works
+    assert me.status_code == 200 and me.json()["name"] == "bob", me.text
+    # the new service hears from the server again, well after the hub's first poll of it
+    found = wait_reported(hub, "bob", after=up + 2 * MONITOR_INTERVAL, timeout=20)
+    assert found["bob"]["job_id"] == bob_job
+
+    idle = time.time() - found["bob"]["idle_since"]
+    timeout = round(idle + 5, 1)  # warned 2 s from now, culled 5 s from now
+    configure(hub, timeout_tier_2=timeout)
+    seen = []
+    deadline = time.monotonic() + 5 + 15
+    while "" in ts.servers_of(hub, "bob"):
+        seen = notices(hub, "bob") or seen
+        assert time.monotonic() < deadline, f"bob's idle server is still running: {sessions(hub)}"
+        time.sleep(0.25)
+    warnings = [n for n in seen if n["kind"] == "idle" and n["job_id"] == bob_job]
+    assert len(warnings) == 1, f"not one idle warning before the cull: {seen}"
+    ts.wait_job(hub, "bob", bob_job, ts.RELEASED, timeout=ts.RELEASE_TIMEOUT)
+    (cull,) = cull_events(hub, bob_job)
+    assert cull["data"]["reason"] == "idle" and cull["data"]["idle_seconds"] >= timeout
+    # the server is gone, and so is its token (the hub refuses it at once; the service within
+    # its auth_cache_max_age); the spawner's own stays for its next requests
+    gone = requests.get(
+        hub.api_url + "user", headers={"Authorization": f"token {token}"}, timeout=10
+    )
+    assert gone.status_code in (401, 403), gone.text
+    notes = [t["note"] for t in service_tokens(hub, "bob")]
+    assert notes == ["gpusched spawner (hub): bob/"], notes

@@ -15,7 +15,7 @@ import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F403 (the fixtures, for this module only)
 from tornado.httpclient import HTTPClientError
 
-from jupyter_gpusched.serverext.notices import MAX_NOTICES, parse_notice
+from jupyter_gpusched.serverext.notices import MAX_NOTICES, NoticeBoard, parse_notice
 
 
 @pytest.fixture
@@ -36,13 +36,15 @@ def post(fetch, body, **kwargs):
 
 
 def test_a_notice_is_kept_logged_and_listed(fetch, caplog):
-    assert json.loads(fetch("gpusched", "api", "notices").body) == {"notices": []}
+    empty = json.loads(fetch("gpusched", "api", "notices").body)
+    assert empty["notices"] == [] and len(empty["start"]) == 16
     deadline = time.time() + 60
     body = {"kind": "preemption", "message": "GPUs needed by a tier-1 job", "deadline": deadline}
     response = post(fetch, body)
     assert response.code == 201
     notice = json.loads(response.body)
     assert notice["id"] == 1 and notice["kind"] == "preemption"
+    assert notice["start"] == empty["start"]  # this start of the server numbered it
     assert notice["deadline"] == deadline and abs(notice["received"] - time.time()) < 30
     post(fetch, {"kind": "info", "message": "second", "job_id": "j-000001"})
 
@@ -82,19 +84,30 @@ def test_requests_without_the_token_are_refused(fetch):
         with pytest.raises(HTTPClientError) as raised:
             fetch("gpusched", "api", "notices", method=method, body=body, headers=wrong)
         assert raised.value.code in (401, 403)
-    assert json.loads(fetch("gpusched", "api", "notices").body) == {"notices": []}
+    assert json.loads(fetch("gpusched", "api", "notices").body)["notices"] == []
 
 
 def test_only_the_newest_notices_are_kept():
     import logging
-
-    from jupyter_gpusched.serverext.notices import NoticeBoard
 
     board = NoticeBoard(logging.getLogger("test"), clock=lambda: 1.0)
     for i in range(MAX_NOTICES + 5):
         board.add({"kind": "info", "message": f"n{i}"})
     assert len(board.notices) == MAX_NOTICES
     assert board.notices[0]["message"] == "n5" and board.notices[-1]["id"] == MAX_NOTICES + 5
+
+
+def test_each_server_start_names_its_notices():
+    """Ids count from 1 at each start; ``start`` tells the starts apart (the Lab extension
+    remembers (start, id)), and a caller cannot pass one off as another start's."""
+    import logging
+
+    log = logging.getLogger("test")
+    before, after = NoticeBoard(log), NoticeBoard(log)  # the server, then the server restarted
+    first = before.add({"kind": "idle", "message": "m"})
+    again = after.add({"kind": "idle", "message": "m", "start": before.start, "id": 7})
+    assert first["id"] == again["id"] == 1
+    assert first["start"] == before.start != after.start == again["start"]
 
 
 def test_parse_notice_keeps_extra_keys():

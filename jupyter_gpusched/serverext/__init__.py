@@ -7,7 +7,8 @@ Routes (under the server's base URL, authenticated like every jupyter-server API
   know, e.g. ``{"kind": "preemption", "message": "...", "deadline": <epoch>}`` before it stops a
   pre-emptible (tier-3) server. The notice is logged in the server log and kept (the newest
   :data:`~.notices.MAX_NOTICES`).
-* ``GET /gpusched/api/notices``: ``{"notices": [...]}``, oldest first.
+* ``GET /gpusched/api/notices``: ``{"start": ..., "notices": [...]}``, oldest first (ids count
+  from 1 at each server start, which ``start`` names).
 * ``GET /gpusched/api/kernels``: the GPU monitor's per-kernel and per-server utilization, memory
   and last GPU use (:mod:`.monitor`, configured as ``GPUMonitor.interval`` etc.).
 

@@ -3,8 +3,13 @@ the reaper's warnings).
 
 ``POST <base_url>gpusched/api/notices`` with ``{"kind": "preemption", "message": str,
 "deadline": epoch seconds or null}`` (other keys are kept as they are) logs the notice in the
-server log and keeps it; ``GET`` returns ``{"notices": [...]}``, oldest first, each with the
-``id`` and ``received`` time the server gave it.
+server log and keeps it; ``GET`` returns ``{"start": str, "notices": [...]}``, oldest first, each
+with the ``id``, ``start`` and ``received`` time the server gave it.
+
+Ids count from 1 at each start of the server, so an id alone does not tell a new notice from
+one already seen: ``start`` (random, new at each start of the server) says which start numbered
+it. A client that remembers what it showed (the Lab extension, in the browser's localStorage)
+keeps ``(start, id)``: a notice is new when its ``start`` differs or its ``id`` is higher.
 
 One kind is also an order: ``{"kind": "shutdown-kernels", "kernel_ids": [...]}`` (the reaper's
 ``shutdown_kernels_first``) shuts down those of the listed kernels that run here, through the
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import time
 from collections import deque
 
@@ -34,16 +40,23 @@ SHUTDOWN_KERNELS = "shutdown-kernels"
 
 
 class NoticeBoard:
-    """The notices a server received, newest last, at most :data:`MAX_NOTICES`."""
+    """The notices a server received, newest last, at most :data:`MAX_NOTICES`; ``start``
+    names this start of the server (see the module docstring)."""
 
     def __init__(self, log, clock=time.time):
         self.log = log
         self.clock = clock
         self.notices: deque[dict] = deque(maxlen=MAX_NOTICES)
+        self.start = secrets.token_hex(8)
         self._next_id = 1
 
     def add(self, data: dict) -> dict:
-        notice = {**parse_notice(data), "id": self._next_id, "received": self.clock()}
+        notice = {
+            **parse_notice(data),
+            "id": self._next_id,
+            "start": self.start,  # after the body's keys: a caller cannot choose it
+            "received": self.clock(),
+        }
         self._next_id += 1
         self.notices.append(notice)
         deadline = notice.get("deadline")
@@ -90,7 +103,7 @@ class NoticesHandler(APIHandler):
 
     @web.authenticated
     def get(self):
-        self.finish(json.dumps({"notices": list(self.board.notices)}))
+        self.finish(json.dumps({"start": self.board.start, "notices": list(self.board.notices)}))
 
     @web.authenticated
     async def post(self):

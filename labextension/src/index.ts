@@ -599,25 +599,46 @@ class GPUPanel extends Widget {
 }
 
 // -- notices: reaper warnings and pre-emption ---------------------------------------------------
+// The server numbers its notices from 1 at each of its starts and names the start (`start`):
+// what was shown is remembered as (start, last id), so that a restarted server's notices,
+// numbered from 1 again, are shown, and a reloaded page does not show a notice twice.
+interface Seen {
+  start: string;
+  id: number;
+}
+
 class Notices {
   readonly poller: Poller;
   private readonly key: string;
-  private lastId: number;
+  private seen: Seen;
 
   constructor(private readonly openPanel: () => void) {
     this.key = `jupyter-gpusched:last-notice:${ServerConnection.makeSettings().baseUrl}`;
-    this.lastId = Number(window.localStorage.getItem(this.key) || 0);
+    this.seen = Notices.load(window.localStorage.getItem(this.key));
     this.poller = new Poller(() => this.check(), 10000, 120000);
+  }
+
+  private static load(stored: string | null): Seen {
+    try {
+      const value = JSON.parse(stored || 'null');
+      if (value && typeof value.start === 'string' && typeof value.id === 'number') {
+        return { start: value.start, id: value.id };
+      }
+    } catch {
+      /* an older version kept a bare number: start afresh */
+    }
+    return { start: '', id: 0 };
   }
 
   async check(): Promise<void> {
     const data = await request('notices');
     for (const notice of data.notices as any[]) {
-      if (notice.id <= this.lastId) {
+      const start = String(notice.start ?? data.start ?? '');
+      if (start === this.seen.start && notice.id <= this.seen.id) {
         continue;
       }
-      this.lastId = notice.id;
-      window.localStorage.setItem(this.key, String(this.lastId));
+      this.seen = { start, id: notice.id };
+      window.localStorage.setItem(this.key, JSON.stringify(this.seen));
       this.show(notice);
     }
   }

@@ -211,11 +211,15 @@ def test_every_warning_shows_once_per_server_start(lab_hub, browser):
     lab = f"{hub.url}/user/{USER}/lab"
     page.goto(lab)
     first = _post_notice(hub, {"kind": "idle", "message": "first warning", "deadline": None})
-    sync_api.expect(page.get_by_text("Idle GPUs: first warning")).to_be_visible()
+    sync_api.expect(page.get_by_text("Idle GPUs: first warning")).to_be_visible(
+        timeout=TIMEOUT_MS  # the extension asks every 10 s
+    )
 
     page.reload()  # the same server start: the first warning was shown, the second is new
     _post_notice(hub, {"kind": "idle", "message": "second warning", "deadline": None})
-    sync_api.expect(page.get_by_text("Idle GPUs: second warning")).to_be_visible()
+    sync_api.expect(page.get_by_text("Idle GPUs: second warning")).to_be_visible(
+        timeout=TIMEOUT_MS  # the extension asks every 10 s
+    )
     # one check of the notices showed the second: the first was in it and stayed hidden
     assert page.get_by_text("Idle GPUs: first warning").count() == 0
 
@@ -225,7 +229,9 @@ def test_every_warning_shows_once_per_server_start(lab_hub, browser):
     page.goto(lab)
     third = _post_notice(hub, {"kind": "idle", "message": "third warning", "deadline": None})
     assert third["id"] == first["id"] == 1  # numbered from 1 again: the id alone cannot tell
-    sync_api.expect(page.get_by_text("Idle GPUs: third warning")).to_be_visible()
+    sync_api.expect(page.get_by_text("Idle GPUs: third warning")).to_be_visible(
+        timeout=TIMEOUT_MS  # the extension asks every 10 s
+    )
     assert third["start"] != first["start"]
     _shot(page, "7-warning-after-a-server-restart")
     page.close()

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from service_helpers import TOKENS, start_service, wait_until
 
+from jupyter_gpusched.core.errors import ConfigError
 from jupyter_gpusched.serverext.monitor import GPUMonitor
 
 FAST = {"timeout_tier_2": 1.0, "warning_lead": 0.6, "shutdown_kernels_first": True}
@@ -126,6 +128,12 @@ async def test_the_simulated_clusters_service_acts_on_simulated_reports(tmp_path
         assert kinds == ["reaper-cull", "reaper-kernels", "reaper-warning"]
     finally:
         await service.stop()
+
+
+async def test_a_service_with_an_unknown_gpu_backend_does_not_start(tmp_path):
+    with pytest.raises(ConfigError, match="'cuda' is not a GPU backend") as info:
+        await start_service(tmp_path, gpu_backend="cuda")
+    assert "GPUSchedService.gpu_backend" in str(info.value)
 
 
 async def test_a_bad_backend_field_is_400(tmp_path):

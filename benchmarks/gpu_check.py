@@ -19,6 +19,11 @@ seconds.
   Each kernel's report to the reaper holds only that kernel's utilization, not the device's: both
   kernels share one GPU here, whose utilization is the busy kernel's. (The service decides per
   notebook server, whose GPUs are its own.)
+* Backend: the default backend (``auto``) must be NVML on this machine (no fallback to simulated
+  GPUs), every sample and the monitor's snapshots must name the backend used, and each report is
+  checked by the reaper's own rule (``untrusted_reason``) as a real cluster's service applies it
+  (with ``--simulated``: as the simulated cluster's service does): a report it would not act on
+  is a failure.
 
 Prints what it saw as JSON; exits 0 (pass) or 1. Run it through ``benchmarks/gpu_check.sh``,
 which checks the machine first. ``--simulated`` (or ``--backend simulated``) runs the same
@@ -146,6 +151,16 @@ def run(args) -> dict:
         env["GPUSCHED_NODE"] = os.environ["GPUSCHED_NODE"] = "gpu-check"
         env["GPUSCHED_GPU_BACKEND"] = os.environ["GPUSCHED_GPU_BACKEND"] = "simulated"
     telemetry = get_telemetry(args.backend, **({"gpus": args.gpu + 1} if simulated else {}))
+    backend_failures = []
+    if not simulated:  # what the monitor and the service get by default: NVML, never simulated
+        default = get_telemetry("auto")
+        result["auto_backend"] = default.backend
+        if default.backend != "nvml":
+            backend_failures.append(f"get_telemetry('auto') gave {default.backend!r}, not nvml")
+    made_by = {sample.backend for sample in telemetry.sample()}
+    result["sample_backends"] = sorted(made_by)
+    if made_by != {args.backend}:
+        backend_failures.append(f"samples name {sorted(made_by)}, not {args.backend!r}")
     devices = telemetry.devices()
     result["devices"] = [
         {"index": d.index, "model": d.model, "memory_total_gb": round(d.memory_total_gb, 1)}
@@ -172,7 +187,7 @@ def run(args) -> dict:
 
         time.sleep(args.warmup)
         telemetry.sample()  # per-process utilization is "since the previous sample"
-        reaper = ReaperCheck(args, kernels)
+        reaper = ReaperCheck(args, kernels, telemetry.backend)
         began = time.monotonic()
         while True:
             time.sleep(args.interval)
@@ -201,10 +216,12 @@ def run(args) -> dict:
     result["summary"] = attribution["summary"]
     result["attribution"] = {"ok": attribution["ok"], "failures": attribution["failures"]}
     result["reaper"] = reaper.verdict()
-    result["ok"] = attribution["ok"] and result["reaper"]["ok"]
-    result["failures"] = attribution["failures"] + [
-        f"reaper: {f}" for f in result["reaper"]["failures"]
-    ]
+    result["ok"] = attribution["ok"] and result["reaper"]["ok"] and not backend_failures
+    result["failures"] = (
+        attribution["failures"]
+        + [f"reaper: {f}" for f in result["reaper"]["failures"]]
+        + [f"backend: {f}" for f in backend_failures]
+    )
     result["elapsed_s"] = round(time.monotonic() - started, 1)
     return result
 
@@ -213,8 +230,9 @@ class _Replay:
     """A telemetry that hands the monitor the samples this script already took (NVML's
     per-process utilization is "since the previous read": one read per interval, shared)."""
 
-    def __init__(self):
+    def __init__(self, backend: str):
         self.samples: list = []
+        self.backend = backend  # the monitor names it in its snapshots and reports
 
     def sample(self):
         return self.samples
@@ -237,16 +255,19 @@ class _KernelManager:
 class ReaperCheck:
     """Each kernel as its own reaper session, decided on at each sample."""
 
-    def __init__(self, args, kernels: dict):
+    def __init__(self, args, kernels: dict, backend: str):
         from jupyter_gpusched.serverext.monitor import GPUMonitor
-        from jupyter_gpusched.service.reaper import Session, validate
+        from jupyter_gpusched.service.reaper import Session, trusted_backends, validate
 
         self.args = args
         self.kernels = kernels
         self.settings = validate(
             {"timeout_tier_2": args.reaper_timeout, "warning_lead": args.warning_lead}
         )
-        self.replay = _Replay()
+        self.replay = _Replay(backend)
+        # a real cluster's service ("auto"); the simulated cluster's for the dry run
+        self.trusted = trusted_backends("simulated" if backend == "simulated" else "auto")
+        self.ignored: list[str] = []  # why reports were not acted on (must stay empty)
         self.kernel_manager = _KernelManager(kernels)
         self.monitor = GPUMonitor(
             serverapp=types.SimpleNamespace(kernel_manager=self.kernel_manager),
@@ -274,7 +295,7 @@ class ReaperCheck:
         return round(t - self.t0, 2)
 
     def step(self, samples, row: dict, now: float) -> None:
-        from jupyter_gpusched.service.reaper import Cull, Warn, busy, decide
+        from jupyter_gpusched.service.reaper import Cull, Warn, busy, decide, untrusted_reason
 
         self.replay.samples = samples
         snapshot = self.monitor.sample(now)  # the monitor's own process-to-kernel mapping
@@ -292,7 +313,12 @@ class ReaperCheck:
                 },
                 "kernels": {name: kernel},
                 "devices": [],
+                "backend": snapshot["backend"],
             }
+            why = untrusted_reason(report, self.trusted)
+            if why is not None:  # as Reaper.report: not a measurement, not acted on
+                self.ignored.append(why)
+                continue
             session.samples.append({"time": now, "utilization": kernel.get("utilization")})
             session.last_report = now
             if busy(report, self.settings["idle_threshold"]):
@@ -368,6 +394,8 @@ class ReaperCheck:
             failures.append(f"the idle kernel got {kinds} (one warning, one cull expected)")
         if busy_:
             failures.append(f"the busy kernel's session got {[a['action'] for a in busy_]}")
+        if self.ignored:
+            failures.append(f"{len(self.ignored)} reports not acted on: {self.ignored[0]}")
         after = {"samples": len(self.after)}
         if self.culled_at is not None:
             shutdown = self.shut_down.get("idle", {})

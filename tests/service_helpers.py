@@ -199,11 +199,14 @@ async def start_service(
     poll_interval: float = 0.05,
     cancel_grace: float = 5.0,
     run_as_submitting_user: bool = False,
+    gpu_backend: str = "simulated",
     **traits,
 ) -> Service:
     """Build a service on files in ``tmp_path`` (a queue document, a policy document, a cluster
     file or document), listen on a free port of 127.0.0.1 and start the poll loop. ``traits``:
-    more GPUSchedService traits (e.g. ``gpu_hour_prices``, ``authenticate_metrics``)."""
+    more GPUSchedService traits (e.g. ``gpu_hour_prices``, ``authenticate_metrics``).
+    ``gpu_backend``: the service's own (``simulated``: the tests' cluster is the demo's simulated
+    one, so its reaper acts on reports of the simulated backend; ``auto``: a real cluster's)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     config = Config()
     c = config.GPUSchedService
@@ -219,6 +222,7 @@ async def start_service(
     c.log_dir = str(tmp_path / "logs")
     c.poll_interval = poll_interval
     c.cancel_grace = cancel_grace
+    c.gpu_backend = gpu_backend
     for name, value in traits.items():
         setattr(c, name, value)
     config.LocalLauncher.run_as_submitting_user = run_as_submitting_user

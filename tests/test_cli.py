@@ -98,6 +98,31 @@ def test_unknown_policy_exits_2(tmp_path, capsys):
     assert "unknown policy 'magic'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("text", "line", "field"),
+    [
+        ("reaper:\n  timeout_tier_2: 1h\n  timout_tier_3: 30m\n", 3, "reaper.timout_tier_3"),
+        ("walltime:\n  batch: 1h\nreaper:\n  timeout_tier_2: soon\n", 4, "reaper.timeout_tier_2"),
+        ("reaper:\n  profile_timeouts:\n    big: later\n", 3, "reaper.profile_timeouts.big"),
+    ],
+)
+def test_a_bad_reaper_setting_in_the_policy_file_exits_2(tmp_path, text, line, field):
+    """``replay --config`` reads the policy file ``serve`` reads: a bad ``reaper:`` setting is
+    exit code 2 with file, line and field there too (tests/test_service_restart.py: serve)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(text)
+    bindir = __import__("pathlib").Path(sys.executable).parent
+    result = subprocess.run(
+        [bindir / "jupyter-gpusched", "replay", *EXAMPLE[:5], "--config", str(policy),
+         "--out", str(tmp_path / "out"), "--quiet"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert f"{policy}:{line}" in result.stderr and f"field '{field}'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()  # stopped before it replayed anything
+
+
 def test_console_script_and_jupyter_subcommand_are_installed():
     bindir = __import__("pathlib").Path(sys.executable).parent
     result = subprocess.run([bindir / "jupyter-gpusched", "--version"], capture_output=True,

@@ -517,19 +517,46 @@ def test_nvml_unit_missing_permissions():
     assert any("NoPermission" in note or "processes" in note for note in sample.notes)
 
 
-def test_nvml_unit_library_not_found_falls_back_to_simulated(sim_dir, monkeypatch):
-    """Unit test of the NVML adapter (fake pynvml): NVMLError_LibraryNotFound -> 'nvml' raises a
-    clear error, 'auto' gives the simulated backend; so does a missing nvidia-ml-py."""
+def test_nvml_unit_library_not_found_is_an_error_never_simulated_gpus(sim_dir, monkeypatch):
+    """Unit test of the NVML adapter (fake pynvml): NVMLError_LibraryNotFound, or no
+    nvidia-ml-py, is an error for 'nvml', for 'auto' and for the default (no
+    $GPUSCHED_GPU_BACKEND, the production case), naming what is missing and the setting that
+    chooses the simulated GPUs instead: never 8 idle simulated GPUs in place of real ones."""
     monkeypatch.setitem(sys.modules, "pynvml", FakeNVML([], init_error="LibraryNotFound").module)
-    with pytest.raises(TelemetryUnavailable, match="libnvidia-ml"):
-        get_telemetry("nvml")
-    assert get_telemetry("auto", gpus=2).backend == "simulated"
+    for backend in ("nvml", "auto", None):
+        with pytest.raises(TelemetryUnavailable, match="libnvidia-ml") as info:
+            get_telemetry(backend)
+        assert "GPUSCHED_GPU_BACKEND=simulated" in str(info.value)
+        assert "gpu_backend" in str(info.value)
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
-    with pytest.raises(TelemetryUnavailable, match="nvidia-ml-py"):
-        get_telemetry("nvml")
-    assert get_telemetry("auto").backend == "simulated"
+    for backend in ("nvml", "auto", None):
+        with pytest.raises(TelemetryUnavailable, match="nvidia-ml-py") as info:
+            get_telemetry(backend)
+        assert "GPUSCHED_GPU_BACKEND=simulated" in str(info.value)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML([]).module)
+    with pytest.raises(TelemetryUnavailable, match="no usable GPU"):
+        get_telemetry("auto")
+    # chosen explicitly, the simulated GPUs, whose samples say so
+    monkeypatch.setenv("GPUSCHED_GPU_BACKEND", "simulated")
+    telemetry = get_telemetry(gpus=2)
+    assert telemetry.backend == "simulated"
+    assert {sample.backend for sample in telemetry.sample()} == {"simulated"}
     monkeypatch.setitem(sys.modules, "pynvml", FakeNVML([fake_gpu(0)]).module)
-    assert get_telemetry("auto").backend == "nvml"
+    telemetry = get_telemetry("auto")
+    assert telemetry.backend == "nvml"
+    assert [sample.backend for sample in telemetry.sample()] == ["nvml"]
+
+
+def test_this_machine_without_nvml_has_no_telemetry_by_default(sim_dir):
+    """This machine as it is (the real pynvml; no libnvidia-ml where there is no NVIDIA
+    driver): with $GPUSCHED_GPU_BACKEND unset, NVML or a clear error, never simulated GPUs."""
+    try:
+        telemetry = get_telemetry()
+    except TelemetryUnavailable as exc:
+        assert "GPUSCHED_GPU_BACKEND=simulated" in str(exc)
+        assert str(exc).startswith("no GPU telemetry: ")  # then NVML's reason
+    else:  # a machine with an NVIDIA GPU
+        assert telemetry.backend == "nvml"
 
 
 # -- discover ---------------------------------------------------------------------------------

@@ -95,6 +95,7 @@ def test_my_jobs_carry_the_utilization_the_panel_shows(lab, service):
     alice = service.client("alice")
     server = alice.request("POST", "api/jobs", {"kind": "notebook", "gpus": 1})
     sample = {"job_id": server["id"], "devices": [{"index": 0, "utilization": 73.0}]}
+    sample["backend"] = "simulated"  # the service runs the simulated cluster (start_service)
     alice.request("POST", "api/usage-samples", sample)
     jobs = json.loads(lab("alice")("jobs").body)["jobs"]
     mine = {j["id"]: j for j in jobs}

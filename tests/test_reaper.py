@@ -196,6 +196,7 @@ def report(job_id: str, util: float) -> dict:
     return {
         "job_id": job_id,
         "profile": "small",
+        "backend": "simulated",  # the service runs the simulated cluster (start_service)
         "server": {"utilization": util, "memory_gb": 4.0, "gpus": [0]},
         "devices": [{"index": 0, "utilization": util, "memory_gb": 4.0}],
         "kernels": {"k1": {"utilization": util, "memory_gb": 4.0}},

@@ -316,6 +316,22 @@ queues:
             "tiers",
             id="policy-tiers-scalar",
         ),
+        pytest.param(
+            "policy-file",
+            "policy.yaml",
+            "reaper:\n  timeout_tier_2: 1h\n  timout_tier_3: 30m\n",
+            ":3",
+            "reaper.timout_tier_3",
+            id="policy-reaper-key",
+        ),
+        pytest.param(
+            "policy-file",
+            "policy.yaml",
+            "walltime:\n  batch: 1h\nreaper:\n  enabled: true\n  timeout_tier_2: soon\n",
+            ":5",
+            "reaper.timeout_tier_2",
+            id="policy-reaper-value",
+        ),
     ],
 )
 def test_a_bad_file_stops_the_service_before_it_listens(tmp_path, option, name, text, where, field):

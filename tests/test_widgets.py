@@ -35,6 +35,7 @@ def start_notebook(client, gpus=2) -> dict:
 def report(client, job_id: str, devices=None, server=None) -> dict:
     """What a server's GPU monitor posts to the reaper."""
     body = {"job_id": job_id, "server": server or {}, "kernels": {}, "devices": devices or []}
+    body["backend"] = "simulated"  # the service runs the simulated cluster (start_service)
     return client.request("POST", "api/usage-samples", body)
 
 

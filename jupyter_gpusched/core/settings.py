@@ -33,7 +33,9 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
       retry_delay: 30s             # a placement the launcher refused (e.g. Slurm) is retried
       max_retry_delay: 15m         # after this, doubled at each refusal up to the maximum
       max_refusals: 5              # refusals in a row after which the job fails
-    reaper: {...}                  # idle-session timeouts, see jupyter_gpusched.reaper
+    reaper: {...}                  # idle-session timeouts, see jupyter_gpusched.service.reaper;
+                                   # checked by files.load_policy (the settings are the
+                                   # service's), with file, line and field like the rest
 """
 
 from __future__ import annotations
@@ -193,22 +195,28 @@ class PolicySettings:
         return settings
 
 
+def policy_error(data: dict, source: str, message: str, where: str) -> ConfigError:
+    """The error for ``where`` (``section.field``, e.g. ``reaper.timeout_tier_2``) of a policy
+    file read with line numbers: the line is that of the deepest part of ``where`` found."""
+    line, node = None, data
+    for part in where.split("."):
+        key = part if part in node else int(part) if part.isdigit() else None
+        if key not in node:
+            break
+        line = line_of(node, key) or line
+        node = node[key]
+        if not isinstance(node, dict):
+            break
+    return ConfigError(message, source=source, field=where, line=line)
+
+
 class _Reader:
     def __init__(self, data: dict, source: str):
         self.data, self.source = data, source
 
     def fail(self, message: str, where: str):
         """Raise for ``where`` (``section.field``), with the line of the deepest part found."""
-        line, node = None, self.data
-        for part in where.split("."):
-            key = part if part in node else int(part) if part.isdigit() else None
-            if key not in node:
-                break
-            line = line_of(node, key) or line
-            node = node[key]
-            if not isinstance(node, dict):
-                break
-        raise ConfigError(message, source=self.source, field=where, line=line)
+        raise policy_error(self.data, self.source, message, where)
 
     def section(self, name: str, allowed: set[str]) -> dict:
         value = self.data.get(name) or {}

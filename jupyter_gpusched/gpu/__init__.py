@@ -1,7 +1,8 @@
 """GPU telemetry: devices and, per device, the processes using them (see ``docs/gpu.md``).
 
-``get_telemetry()`` gives the NVML backend on a machine with NVIDIA GPUs, else the simulated one;
-``simulate_load()`` puts simulated load on GPUs from any process, a notebook kernel included::
+``get_telemetry()`` gives the NVML backend, else an error saying what is missing (the simulated one
+only when chosen: ``GPUSCHED_GPU_BACKEND=simulated``); ``simulate_load()`` puts simulated load on
+GPUs from any process, a notebook kernel included::
 
     from jupyter_gpusched.gpu import simulate_load
     simulate_load(util=80, memory_gb=4, seconds=60)

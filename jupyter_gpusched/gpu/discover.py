@@ -112,7 +112,7 @@ def node_entry(telemetry: Telemetry, *, name: str | None = None, host: bool = Tr
 
 def discovery_backend() -> str:
     """The backend ``nodes: discover`` uses: NVML, unless ``$GPUSCHED_GPU_BACKEND`` says
-    otherwise (``simulated`` for a demo or a test; ``auto`` falls back to it)."""
+    otherwise (``simulated`` for a demo or a test; ``auto`` is NVML too)."""
     return os.environ.get(BACKEND_ENV, "").strip() or "nvml"
 
 

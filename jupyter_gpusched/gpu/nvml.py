@@ -11,8 +11,8 @@ NVSwitch included, and ``nvmlDeviceGetP2PStatus(..., NVLINK)`` where the driver 
 Tolerant: a query the GPU or driver does not support, or that this user may not make, gives
 ``None`` (or no peers, or a note in :attr:`DeviceSample.notes`) instead of an error. A machine
 without the NVIDIA library (``NVMLError_LibraryNotFound``), without a loaded driver, or without
-``nvidia-ml-py`` raises :class:`NVMLUnavailable`, which ``get_telemetry("auto")`` turns into the
-simulated backend.
+``nvidia-ml-py`` raises :class:`NVMLUnavailable`; ``get_telemetry()`` adds how to fix it (never a
+fallback to the simulated backend).
 
 PIDs are those of the PID namespace NVML runs in (the host's, for a driver on the host): inside a
 container without the host's PID namespace they may not match ``os.getpid()``.
@@ -274,7 +274,9 @@ class NVMLTelemetry(Telemetry):
             else:
                 util = util_of.get(pid, 0.0)
             processes.append(GPUProcess(pid, device.index, util, gb))
-        return DeviceSample(device, device_util, device_memory, processes, tuple(notes))
+        return DeviceSample(
+            device, device_util, device_memory, processes, tuple(notes), backend=self.backend
+        )
 
     def _process_utilization(self, index, handle, notes) -> dict[int, float] | None:
         """pid -> mean SM utilization of its samples since the last call (processes without a

@@ -423,6 +423,7 @@ class SimulatedTelemetry(Telemetry):
                 device.memory_total_gb, sum((p.memory_used_gb for p in processes), 0.0)
             ),
             processes=processes,
+            backend=self.backend,
         )
 
 

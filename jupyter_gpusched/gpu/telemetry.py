@@ -6,6 +6,11 @@ GPUs of a cluster file's node, loaded by :func:`~jupyter_gpusched.gpu.simulated.
 Consumers (the monitor in the notebook server, the service's rogue-process check, ``nodes:
 discover``) only see the dataclasses below and cannot tell the backends apart.
 
+No silent fallback: ``auto`` (the default) means NVML, and where NVML cannot be used
+:func:`get_telemetry` raises :class:`TelemetryUnavailable` saying what is missing and how to choose
+the simulated GPUs instead. Every :class:`DeviceSample` names the backend that made it, so that the
+service can refuse to act on simulated numbers from a machine with real GPUs.
+
 Units: memory in GiB (2**30 bytes) and called ``gb`` like everywhere in the project; utilization in
 percent (0-100) of the GPU's streaming multiprocessors over the last sampling period. ``None`` means
 "unknown" (not supported by the GPU or driver, or not permitted), never zero.
@@ -13,15 +18,19 @@ percent (0-100) of the GPU's streaming multiprocessors over the last sampling pe
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from dataclasses import dataclass, field
 
-log = logging.getLogger(__name__)
-
 BACKENDS = ("auto", "nvml", "simulated")
 BACKEND_ENV = "GPUSCHED_GPU_BACKEND"  # default backend of get_telemetry(): auto, nvml, simulated
+#: How to make telemetry work, appended to the reason NVML cannot be used.
+NVML_HELP = (
+    "GPU telemetry 'auto' means NVML: install nvidia-ml-py and make the NVIDIA driver's "
+    "libnvidia-ml.so.1 loadable (a container needs the driver's libraries mounted), or choose "
+    f"the simulated GPUs explicitly for a demo or a test: {BACKEND_ENV}=simulated (or "
+    "c.GPUMonitor.gpu_backend / c.GPUSchedService.gpu_backend = 'simulated')"
+)
 GIB = float(1 << 30)
 
 
@@ -55,13 +64,15 @@ class GPUProcess:
 class DeviceSample:
     """One device at one moment. ``notes`` say what could not be read (e.g. the process list
     without the permission for it), so that an empty ``processes`` is not taken for an idle GPU
-    when it only means "not visible"."""
+    when it only means "not visible". ``backend``: which backend made it (``Telemetry.backend``),
+    so that a consumer can tell real measurements from simulated ones."""
 
     device: Device
     utilization_percent: float | None
     memory_used_gb: float | None
     processes: list[GPUProcess] = field(default_factory=list)
     notes: tuple[str, ...] = ()
+    backend: str = "unknown"  # the backend that made it: "nvml" or "simulated"
 
     @property
     def processes_known(self) -> bool:
@@ -106,27 +117,29 @@ def short_hostname() -> str:
 def get_telemetry(backend: str | None = None, **options) -> Telemetry:
     """The telemetry of this machine.
 
-    ``backend``: ``"nvml"`` (raises :class:`TelemetryUnavailable` with the reason when NVML cannot
-    be used), ``"simulated"``, or ``"auto"``: NVML when the NVIDIA library loads and sees a GPU,
-    else the simulated backend. ``None`` reads ``$GPUSCHED_GPU_BACKEND`` (default ``auto``).
+    ``backend``: ``"nvml"`` or ``"auto"`` (the same: NVML, with ``auto`` passing only ``node`` to
+    it), or ``"simulated"``, only when chosen. ``None`` reads ``$GPUSCHED_GPU_BACKEND`` (default
+    ``auto``). Where NVML cannot be used, :class:`TelemetryUnavailable` says why (the missing
+    ``nvidia-ml-py`` or ``libnvidia-ml.so.1``, no GPU) and how to choose the simulated backend:
+    never a silent fallback to simulated GPUs, which would report busy real GPUs as idle.
     ``options`` go to the backend chosen: see :class:`~.nvml.NVMLTelemetry` and
-    :class:`~.simulated.SimulatedTelemetry` (``auto`` passes ``node`` to both, the rest to the
-    simulated backend only when it falls back to it).
+    :class:`~.simulated.SimulatedTelemetry`.
     """
     if backend is None:
         backend = os.environ.get(BACKEND_ENV, "").strip() or "auto"
     if backend not in BACKENDS:
-        raise ValueError(f"unknown GPU backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-    if backend in ("auto", "nvml"):
-        from .nvml import NVMLTelemetry
+        raise ValueError(
+            f"unknown GPU backend {backend!r} ({BACKEND_ENV} or the gpu_backend setting); "
+            f"expected one of {', '.join(BACKENDS)}"
+        )
+    if backend == "simulated":
+        from .simulated import SimulatedTelemetry
 
-        nvml_options = options if backend == "nvml" else {"node": options.get("node")}
-        try:
-            return NVMLTelemetry(**nvml_options)
-        except TelemetryUnavailable as exc:
-            if backend == "nvml":
-                raise
-            log.info("GPU telemetry: NVML unavailable (%s); using the simulated backend", exc)
-    from .simulated import SimulatedTelemetry
+        return SimulatedTelemetry(**options)
+    from .nvml import NVMLTelemetry
 
-    return SimulatedTelemetry(**options)
+    nvml_options = options if backend == "nvml" else {"node": options.get("node")}
+    try:
+        return NVMLTelemetry(**nvml_options)
+    except TelemetryUnavailable as exc:
+        raise type(exc)(f"no GPU telemetry: {exc}. {NVML_HELP}") from None

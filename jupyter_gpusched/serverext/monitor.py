@@ -1,11 +1,12 @@
 """The per-kernel GPU monitor of a notebook server.
 
-Every :attr:`GPUMonitor.interval` seconds it samples the GPU telemetry (:mod:`jupyter_gpusched.gpu`,
-NVML or simulated: it cannot tell them apart), maps each GPU process to a kernel by walking up the
-process's parents to a kernel's PID (the kernel manager knows them; processes a kernel started,
-e.g. a DataLoader worker or ``subprocess.run("python train.py")``, count for that kernel), and
-keeps per kernel and for the whole server: utilization (summed over GPUs, percent of one GPU),
-memory (GiB) and the last time it used a GPU (utilization at or above ``busy_threshold``).
+Every :attr:`GPUMonitor.interval` seconds it samples the GPU telemetry (:mod:`jupyter_gpusched.gpu`:
+NVML, or the simulated GPUs when ``gpu_backend`` / ``$GPUSCHED_GPU_BACKEND`` chooses them), maps
+each GPU process to a kernel by walking up the process's parents to a kernel's PID (the kernel
+manager knows them; processes a kernel started, e.g. a DataLoader worker or
+``subprocess.run("python train.py")``, count for that kernel), and keeps per kernel and for the
+whole server: utilization (summed over GPUs, percent of one GPU), memory (GiB) and the last time
+it used a GPU (utilization at or above ``busy_threshold``).
 
 * ``GET <base_url>gpusched/api/kernels``: ``{"time", "interval", "server": {...}, "kernels":
   {kernel_id: {...}}, "devices": [...]}`` (authenticated like every jupyter-server API).
@@ -18,6 +19,11 @@ memory (GiB) and the last time it used a GPU (utilization at or above ``busy_thr
   usage-samples`` with the job id (``GPUSCHED_JOB_ID``) and the sample, authenticated with
   ``GPUSCHED_SERVICE_TOKEN`` (else ``JUPYTERHUB_API_TOKEN``). The service's reaper decides on
   idleness from these reports (``docs/service.md``). Without a service URL nothing is reported.
+* Each snapshot and report names the backend that measured it (``backend``: ``nvml`` or
+  ``simulated``): the service does not act on simulated numbers unless it runs the simulated
+  cluster itself. Where there is no telemetry (NVML cannot be loaded and the simulated GPUs were
+  not chosen), the monitor logs the reason as an error at start and its reports say so
+  (``backend: null``, ``telemetry_error``, no samples): never a made-up idle GPU.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Unicode, default
 from traitlets.config import LoggingConfigurable
 
+from ..gpu.telemetry import BACKEND_ENV, BACKENDS, TelemetryUnavailable
 from . import ROUTE_PREFIX
 
 SETTINGS_KEY = "gpusched_monitor"
@@ -68,6 +75,17 @@ class GPUMonitor(LoggingConfigurable):
         config=True
     )
 
+    gpu_backend = Unicode(
+        help="Where GPU samples come from: 'auto' or 'nvml' (NVIDIA's NVML, through "
+        "nvidia-ml-py), or 'simulated' (the demo's and the tests' simulated GPUs; only when "
+        f"chosen). Default ${BACKEND_ENV}, else 'auto'. Without telemetry the monitor reports "
+        "that it has none, never an idle GPU."
+    ).tag(config=True)
+
+    @default("gpu_backend")
+    def _gpu_backend_default(self):
+        return os.environ.get(BACKEND_ENV, "").strip() or "auto"
+
     @default("service_url")
     def _service_url_default(self):
         return os.environ.get("GPUSCHED_SERVICE_URL", "")
@@ -89,16 +107,37 @@ class GPUMonitor(LoggingConfigurable):
         self._callback: PeriodicCallback | None = None
         self._parents: dict[tuple[int, float], int | None] = {}  # (pid, created) -> kernel pid
         self._reporting = False
+        self.telemetry_error: str | None = None  # why there is no telemetry (None: there is)
+        self.ignored_by_service: str | None = None  # why the service did not act on a report
 
     @property
     def telemetry(self):
-        if self._telemetry is None:
+        """The GPU telemetry, or None (``telemetry_error`` says why; logged once, as an error)."""
+        if self._telemetry is None and self.telemetry_error is None:
             from ..gpu import get_telemetry
 
-            self._telemetry = get_telemetry()
+            try:
+                if self.gpu_backend not in BACKENDS:
+                    raise ValueError(
+                        f"GPUMonitor.gpu_backend is {self.gpu_backend!r}; expected one of "
+                        f"{', '.join(BACKENDS)}"
+                    )
+                self._telemetry = get_telemetry(self.gpu_backend)
+            except (TelemetryUnavailable, ValueError) as exc:
+                self.telemetry_error = str(exc)
+                self.log.error(
+                    "gpusched monitor: %s. This server's reports to the scheduler say it has no "
+                    "GPU samples.",
+                    exc,
+                )
         return self._telemetry
 
+    @property
+    def backend(self) -> str | None:
+        return getattr(self.telemetry, "backend", None)
+
     def start(self) -> None:
+        self.telemetry  # noqa: B018 (at start: a missing NVML is logged now, not at the first tick)
         self._callback = PeriodicCallback(self.tick, self.interval * 1000)
         self._callback.start()
 
@@ -150,7 +189,12 @@ class GPUMonitor(LoggingConfigurable):
         now = time.time() if now is None else now
         kernels = self.kernel_pids()
         server_pid = os.getpid()
-        samples = self.telemetry.sample()
+        telemetry = self.telemetry
+        if telemetry is None:  # nothing measured: unknown, not zero
+            self.server.update(utilization=None, memory_gb=None, gpus=[])
+            self.devices, self.notes, self.last_sample = [], [self.telemetry_error], now
+            return self.snapshot()
+        samples = telemetry.sample()
         visible = _visible()
         per: dict[str, dict] = {}
         devices = []
@@ -231,6 +275,8 @@ class GPUMonitor(LoggingConfigurable):
             "kernels": {k: dict(v) for k, v in self.kernels.items()},
             "devices": list(self.devices),
             "notes": list(self.notes),
+            "backend": self.backend,
+            "telemetry_error": self.telemetry_error,
         }
 
     # -- the loop ----------------------------------------------------------------------------
@@ -253,7 +299,11 @@ class GPUMonitor(LoggingConfigurable):
             "job_id": self.job_id,
             "profile": os.environ.get("GPUSCHED_PROFILE") or None,
             **{k: snapshot[k] for k in ("time", "interval", "server", "kernels", "devices")},
+            "backend": snapshot["backend"],
         }
+        if snapshot["backend"] is None:  # no telemetry: say so, with no numbers to misread
+            body.update(server=None, kernels={}, devices=[])
+            body["telemetry_error"] = (snapshot["telemetry_error"] or "no GPU telemetry")[:1000]
         request = HTTPRequest(
             url,
             method="POST",
@@ -262,14 +312,27 @@ class GPUMonitor(LoggingConfigurable):
             request_timeout=max(2.0, self.interval),
         )
         try:
-            await AsyncHTTPClient().fetch(request)
+            response = await AsyncHTTPClient().fetch(request)
         except Exception as exc:
             self.reports_failed += 1
             if self.reports_failed in (1, 10) or self.reports_failed % 100 == 0:
                 self.log.warning("gpusched monitor: report to %s failed: %s", url, exc)
             return False
         self.reports_failed = 0
+        self._note_ignored(response.body)
         return True
+
+    def _note_ignored(self, body: bytes) -> None:
+        """Log (once per reason) when the service says it does not act on these reports."""
+        try:
+            ignored = json.loads(body).get("ignored")
+        except (ValueError, AttributeError):
+            return
+        if ignored and ignored != self.ignored_by_service:
+            self.log.warning(
+                "gpusched monitor: the scheduler does not act on its reports: %s", ignored
+            )
+        self.ignored_by_service = ignored
 
 
 def _visible() -> set[int] | None:

@@ -35,7 +35,13 @@ from ..core.quotas import QueueTree
 from ..core.scheduler import Scheduler
 from ..core.settings import PolicySettings
 from ..files import load_cluster, load_policy, read_yaml
-from ..gpu.telemetry import TelemetryUnavailable, get_telemetry, short_hostname
+from ..gpu.telemetry import (
+    BACKEND_ENV,
+    BACKENDS,
+    TelemetryUnavailable,
+    get_telemetry,
+    short_hostname,
+)
 from . import admin_handlers as admin
 from . import handlers as user
 from .auth import HubAuthenticated, TokenFileAuth
@@ -161,12 +167,18 @@ class GPUSchedService(Application):
         help="With the Slurm launcher: seconds between reads of Slurm's node states (DRAIN "
         "and DOWN in Slurm drain or down the node here).",
     ).tag(config=True)
+    gpu_backend = Unicode(
+        help="""The service's own GPU telemetry: 'auto' or 'nvml' (NVIDIA's NVML), or
+        'simulated': the cluster's GPUs are the simulated ones (the demo, the tests). Default
+        $GPUSCHED_GPU_BACKEND, else 'auto'. The reaper acts on monitor reports measured by NVML,
+        and on simulated ones only when this is 'simulated' (docs/gpu.md).""",
+    ).tag(config=True)
     local_gpu_nodes = List(
         Unicode(),
         default_value=None,
         allow_none=True,
-        help="""Nodes of the cluster file whose GPUs this machine sees (NVML, or the simulated
-        backend where there is no GPU): the service checks them for rogue GPU processes every
+        help="""Nodes of the cluster file whose GPUs this machine sees (through gpu_backend):
+        the service checks them for rogue GPU processes every
         rogue_check_interval (see service/rogue.py; the reaper setting rogue_processes says
         report, kill or off). Default: the node named like this host, if the cluster has one;
         [] turns the checks off.""",
@@ -211,6 +223,10 @@ class GPUSchedService(Application):
     def _proxy_url_default(self):
         return os.environ.get("JUPYTERHUB_PUBLIC_URL") or "http://127.0.0.1:8000"
 
+    @default("gpu_backend")
+    def _gpu_backend_default(self):
+        return os.environ.get(BACKEND_ENV, "").strip() or "auto"
+
     @default("bind_url")
     def _bind_url_default(self):
         return os.environ.get("JUPYTERHUB_SERVICE_URL") or "http://127.0.0.1:8765/"
@@ -232,6 +248,11 @@ class GPUSchedService(Application):
             if self.token_file
             else HubAuthenticated(parent=self)
         )
+        if self.gpu_backend not in BACKENDS:
+            raise ConfigError(
+                f"{self.gpu_backend!r} is not a GPU backend; expected one of {', '.join(BACKENDS)}",
+                field="GPUSchedService.gpu_backend (or $GPUSCHED_GPU_BACKEND)",
+            )
         cluster = load_cluster(self.cluster_file)
         document = read_yaml(self.queue_file) if self.queue_file else None
         tree = (
@@ -270,7 +291,7 @@ class GPUSchedService(Application):
             live.node_sync = SlurmNodeSync(live, interval=self.slurm_node_interval)
         live.server_stop_wait = self.notebook_stop_wait
         live.quota_document = _plain(document)
-        live.reaper = Reaper(live, _plain(settings.reaper), self.metrics)
+        live.reaper = Reaper(live, _plain(settings.reaper), self.metrics, self.gpu_backend)
         live.rogue_watch = self._rogue_watch(live, cluster)
         counts = recover(live)
         self.log.info("recovered from the database: %s", counts)
@@ -315,7 +336,7 @@ class GPUSchedService(Application):
         for name in names:
             cluster.node(name)  # ConfigError when the cluster has no such node
             try:
-                telemetries[name] = get_telemetry(node=name, cluster=cluster)
+                telemetries[name] = get_telemetry(self.gpu_backend, node=name, cluster=cluster)
             except (TelemetryUnavailable, ValueError) as exc:
                 self.log.warning("not checking %s for rogue GPU processes: %s", name, exc)
         if not telemetries:

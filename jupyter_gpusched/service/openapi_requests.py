@@ -9,6 +9,7 @@ from __future__ import annotations
 from .openapi_responses import ref
 from .requests import (
     JOB_FIELDS,
+    MAX_BACKEND,
     MAX_COMMAND,
     MAX_CPUS,
     MAX_DOCUMENT_DEPTH,
@@ -32,6 +33,7 @@ from .requests import (
     MAX_SAMPLE_DEVICES,
     MAX_SAMPLE_KERNELS,
     MAX_SERVER_NAME,
+    MAX_TELEMETRY_ERROR,
     MAX_WALLTIME,
     MAX_WHOLE,
     MIN_GPU_FRACTION,
@@ -313,6 +315,13 @@ USAGE_SAMPLE_REQUEST = {
     "properties": {
         "job_id": {"type": "string", "pattern": JOB_ID},
         "profile": {"type": ["string", "null"], "maxLength": MAX_PROFILE},
+        "backend": {
+            "type": ["string", "null"],
+            "maxLength": MAX_BACKEND,
+            "description": "what measured the samples: nvml, or simulated (acted on only by a "
+            "service that runs the simulated cluster); null: no telemetry",
+        },
+        "telemetry_error": {"type": ["string", "null"], "maxLength": MAX_TELEMETRY_ERROR},
         "time": {"type": ["number", "null"]},
         "server": {"type": ["object", "null"]},
         "kernels": {"type": ["object", "null"], "maxProperties": MAX_SAMPLE_KERNELS},

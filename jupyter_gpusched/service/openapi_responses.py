@@ -211,6 +211,9 @@ SESSION = strict(
         "exempt": BOOLEAN,
         "warned": nullable("number"),
         "last_sample": {"type": ["object", "null"]},
+        "backend": nullable("string"),
+        "ignored_reports": {"type": "integer", "minimum": 0},
+        "ignored_reason": nullable("string"),
     }
 )
 
@@ -297,6 +300,7 @@ SCHEMAS = {
             "idle_since": NUMBER,
             "warned": nullable("number"),
             "timeout": nullable("number"),
+            "ignored": nullable("string"),
         }
     ),
     "RogueProcesses": strict(

@@ -20,6 +20,12 @@ function, in the style of jupyterhub-idle-culler) what to do and carries it out:
 
 The policy itself (settings, :func:`decide`) is :mod:`.reaper_policy`.
 
+Only measured samples count: a report is acted on when its ``backend`` is ``nvml``, or
+``simulated`` where the service itself runs the simulated cluster (``GPUSchedService.gpu_backend
+= "simulated"``, as the demo and the tests do). Any other report (simulated numbers on a real
+cluster, a monitor without telemetry, no backend named) is counted (``ignored_reports`` in
+``api/reaper``), answered with the reason (``ignored``) and otherwise treated as no report.
+
 Settings (``GET/PUT api/reaper``, ``jupyter-gpusched reaper show|set``): defaults from the policy
 file's ``reaper:`` section, run-time overrides stored in the database (setting ``reaper``), audited
 (event ``reaper-settings``), read at every tick: no restart.
@@ -50,6 +56,8 @@ from .reaper_policy import (  # noqa: F401 (the policy's names are importable fr
     next_moment,
     reported_devices,
     timeout_for,
+    trusted_backends,
+    untrusted_reason,
     validate,
 )
 from .requests import RequestError, check_reaper_changes, check_usage_report, quote
@@ -58,9 +66,10 @@ log = logging.getLogger("jupyter_gpusched.service")
 
 
 class Reaper:
-    def __init__(self, live, defaults: dict | None = None, metrics=None):
+    def __init__(self, live, defaults: dict | None = None, metrics=None, gpu_backend: str = "auto"):
         self.live = live
         self.defaults = validate(defaults or {})
+        self.trusted_backends = trusted_backends(gpu_backend)  # whose samples count
         self.sessions: dict[str, Session] = {}
         self.since = live.clock()  # servers running before this (a restart): no history
         self.reclaimed = None
@@ -116,10 +125,20 @@ class Reaper:
         profile = report.get("profile")
         if isinstance(profile, str):
             session.profile = profile
+        backend = report.get("backend")
+        session.backend = backend if isinstance(backend, str) else None
+        why = untrusted_reason(report, self.trusted_backends)
+        if why is not None:  # not a measurement to act on: as if it had not come
+            if session.ignored_reports == 0 or why != session.ignored_reason:
+                log.warning("reaper: not acting on the reports of %s: %s", job.id, why)
+            session.ignored_reports += 1
+            session.ignored_reason = why
+            return session
         settings = self.settings()
         server = as_dict(report.get("server"))
         sample = {
             "time": now,
+            "backend": backend,
             "utilization": as_number(server.get("utilization")),
             "memory_gb": as_number(server.get("memory_gb")),
             "devices": [
@@ -182,6 +201,9 @@ class Reaper:
             "exempt": exempt(session, settings),
             "warned": session.warned,
             "last_sample": session.samples[-1] if session.samples else None,
+            "backend": session.backend,
+            "ignored_reports": session.ignored_reports,
+            "ignored_reason": session.ignored_reason,
         }
 
     def stop_reason(self, job_id: str) -> str | None:
@@ -428,5 +450,7 @@ class UsageSamplesHandler(APIHandler):
                 "idle_since": session.idle_since,
                 "warned": session.warned,
                 "timeout": timeout_for(session, settings),
+                # why this report is not acted on (None: it is): its monitor logs it
+                "ignored": untrusted_reason(report, self.live.reaper.trusted_backends),
             }
         )

@@ -116,7 +116,10 @@ class Session:
     last_busy: float | None = None  # the last report that showed GPU use
     warned: float | None = None  # when the warning of this idle stretch went out
     kernels_shut: float | None = None  # when its idle kernels were shut down, this stretch
-    samples: deque = field(default_factory=lambda: deque(maxlen=SAMPLES_KEPT))
+    samples: deque = field(default_factory=lambda: deque(maxlen=SAMPLES_KEPT))  # trusted only
+    backend: str | None = None  # the backend the latest report named (None: none, or no report)
+    ignored_reports: int = 0  # reports not acted on (see untrusted_reason)
+    ignored_reason: str | None = None  # why the latest of them was not
 
     @property
     def idle_since(self) -> float:
@@ -153,6 +156,36 @@ class Cull:
     reason: str  # "idle" or "max-lifetime"
     timeout: float
     idle_since: float
+
+
+#: The backends whose samples the reaper acts on; "simulated" only where the service itself runs
+#: the simulated cluster (service/app.py's gpu_backend), as the demo and the tests do.
+REAL_BACKENDS = frozenset({"nvml"})
+
+
+def trusted_backends(service_backend: str) -> frozenset[str]:
+    """The report backends a service whose own GPU backend is ``service_backend`` acts on."""
+    return REAL_BACKENDS | ({"simulated"} if service_backend == "simulated" else set())
+
+
+def untrusted_reason(report: dict, trusted: frozenset[str]) -> str | None:
+    """Why the reaper must not act on this monitor report (None: it may). A report without
+    telemetry, without a backend (a guess: which GPUs measured it?) or from the simulated GPUs
+    on a service that does not simulate them counts as no report: unknown is not idle."""
+    backend = report.get("backend")
+    if backend in trusted:
+        return None
+    if backend is None:
+        error = report.get("telemetry_error")
+        if isinstance(error, str) and error:
+            return f"its monitor has no GPU telemetry: {error[:300]}"
+        return "the report does not say which GPU backend measured it"
+    if backend == "simulated":
+        return (
+            "its samples come from the simulated GPU backend, and this service does not run "
+            "the simulated cluster (GPUSchedService.gpu_backend)"
+        )
+    return f"unknown GPU backend {str(backend)[:40]!r}"
 
 
 def timeout_for(session: Session, settings: dict) -> float | None:

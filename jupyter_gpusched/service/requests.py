@@ -42,6 +42,8 @@ MAX_LOG_BYTES = 1 << 20  # '?bytes' of api/jobs/{id}/log: the most one request r
 MAX_SAMPLE_DEVICES = 64  # POST api/usage-samples: 'devices' entries
 MAX_SAMPLE_KERNELS = 1000  # POST api/usage-samples: 'kernels' entries
 MAX_PROFILE = 200  # POST api/usage-samples: characters of 'profile'
+MAX_BACKEND = 40  # POST api/usage-samples: characters of 'backend'
+MAX_TELEMETRY_ERROR = 1000  # POST api/usage-samples: characters of 'telemetry_error'
 MAX_REAPER_LIST = 1000  # PUT api/reaper: names in each exempt_* list, and profile_timeouts
 MAX_DOCUMENT_ITEMS = 10_000  # PUT api/quotas: JSON values in the document (1000 queues or so)
 MAX_DOCUMENT_DEPTH = 32  # PUT api/quotas: nesting of the document (a queue tree ~15 deep)
@@ -411,7 +413,8 @@ def check_reaper_changes(changes) -> None:
 def check_usage_report(report: dict) -> None:
     """RequestError unless a monitor's report (POST api/usage-samples) is within bounds: at most
     :data:`MAX_SAMPLE_DEVICES` devices and :data:`MAX_SAMPLE_KERNELS` kernels, a profile of at
-    most :data:`MAX_PROFILE` characters, ``server``, ``kernels`` and each device objects."""
+    most :data:`MAX_PROFILE` characters, ``server``, ``kernels`` and each device objects,
+    ``backend`` and ``telemetry_error`` short strings (or null)."""
     devices, kernels = report.get("devices"), report.get("kernels")
     if devices is not None and (not isinstance(devices, list) or len(devices) > MAX_SAMPLE_DEVICES):
         raise RequestError(f"'devices' must be a list of at most {MAX_SAMPLE_DEVICES}", "devices")
@@ -421,6 +424,10 @@ def check_usage_report(report: dict) -> None:
         )
     if report.get("server") is not None and not isinstance(report["server"], dict):
         raise RequestError("'server' must be an object", "server")
+    for name, longest in (("backend", MAX_BACKEND), ("telemetry_error", MAX_TELEMETRY_ERROR)):
+        value = report.get(name)
+        if value is not None and (not isinstance(value, str) or len(value) > longest):
+            raise RequestError(f"'{name}' must be a string of at most {longest} characters", name)
     profile = report.get("profile")
     if profile is not None and (not isinstance(profile, str) or len(profile) > MAX_PROFILE):
         raise RequestError(

@@ -1,0 +1,194 @@
+"""The reaper acts only on measurements (issue 16, point 3): monitor reports say which GPU backend
+made them; a service that does not run the simulated cluster (``gpu_backend`` auto, as in
+production) never warns, shuts kernels down or culls on simulated samples, on a report without
+telemetry or on one that names no backend, and one that does (the demo's and the tests' case,
+``gpu_backend = simulated``) acts on simulated samples. The monitor of a server where NVML cannot
+be loaded reports that it has no telemetry, never an idle GPU.
+
+In-process services (``tests/service_helpers.py``) without a hub; the reports are posted as the
+server's user, over HTTP, as ``serverext/monitor.py`` does (the last test uses the monitor itself).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from service_helpers import TOKENS, start_service, wait_until
+
+from jupyter_gpusched.core.errors import ConfigError
+from jupyter_gpusched.serverext.monitor import GPUMonitor
+
+FAST = {"timeout_tier_2": 1.0, "warning_lead": 0.6, "shutdown_kernels_first": True}
+
+
+def idle_report(job_id: str, **fields) -> dict:
+    """An idle server whose kernel holds GPU memory (what shutdown_kernels_first acts on)."""
+    return {
+        "job_id": job_id,
+        "server": {"utilization": 0.0, "memory_gb": 4.0, "gpus": [0]},
+        "devices": [{"index": 0, "utilization": 0.0, "memory_gb": 4.0}],
+        "kernels": {"k1": {"utilization": 0.0, "memory_gb": 4.0}},
+        **fields,
+    }
+
+
+async def notebook(service, user="alice") -> str:
+    status, job = await service.client(user).post("api/jobs", {"gpus": 1, "kind": "notebook"})
+    assert status == 201, job
+    await wait_until(lambda: job["id"] in service.live.engine.running, what="running")
+    return job["id"]
+
+
+async def reaper_events(service, job_id: str) -> list[str]:
+    status, events = await service.client("admin").get("api/events", params={"job_id": job_id})
+    assert status == 200, events
+    return [e["kind"] for e in events["events"] if e["kind"].startswith("reaper-")]
+
+
+async def test_a_real_clusters_service_acts_on_nvml_reports_only(tmp_path):
+    """Four idle servers, reported on together past the timeout: only the one whose samples
+    NVML measured is warned, has its kernel shut down and is culled; the simulated one, the one
+    whose monitor has no telemetry and the one that names no backend are left alone, counted
+    as ignored with the reason (in the answer to the monitor and in api/reaper)."""
+    service = await start_service(tmp_path, gpu_backend="auto")
+    try:
+        alice, admin = service.client("alice"), service.client("admin")
+        status, _ = await admin.put("api/reaper", FAST)
+        assert status == 200
+        jobs = {
+            kind: await notebook(service)
+            for kind in ("nvml", "simulated", "no-telemetry", "no-backend")
+        }
+        fields = {
+            "nvml": {"backend": "nvml"},
+            "simulated": {"backend": "simulated"},
+            "no-telemetry": {"backend": None, "telemetry_error": "nvidia-ml-py is missing"},
+            "no-backend": {},
+        }
+        answers: dict[str, dict] = {}
+
+        async def report_all():
+            for kind, job_id in jobs.items():
+                if job_id in service.live.engine.running:
+                    status, answers[kind] = await alice.post(
+                        "api/usage-samples", idle_report(job_id, **fields[kind])
+                    )
+                    assert status == 200, answers[kind]
+            return jobs["nvml"] not in service.live.engine.running
+
+        await wait_until(report_all, 20, interval=0.1, what="the nvml-measured server's cull")
+        assert await reaper_events(service, jobs["nvml"]) == [
+            "reaper-cull",
+            "reaper-kernels",
+            "reaper-warning",
+        ]  # newest first
+        assert answers["nvml"]["ignored"] is None
+        status, view = await admin.get("api/reaper")
+        sessions = {s["job_id"]: s for s in view["sessions"]}
+        for kind in ("simulated", "no-telemetry", "no-backend"):
+            job_id = jobs[kind]
+            assert job_id in service.live.engine.running, kind
+            assert await reaper_events(service, job_id) == [], kind
+            session = sessions[job_id]
+            assert session["last_report"] is None and session["last_sample"] is None, kind
+            assert session["ignored_reports"] >= 1 and session["warned"] is None, kind
+            assert session["ignored_reason"] == answers[kind]["ignored"], kind
+        assert "simulated GPU backend" in answers["simulated"]["ignored"]
+        assert "gpu_backend" in answers["simulated"]["ignored"]
+        assert "nvidia-ml-py is missing" in answers["no-telemetry"]["ignored"]
+        assert "does not say which GPU backend" in answers["no-backend"]["ignored"]
+        assert sessions[jobs["simulated"]]["backend"] == "simulated"
+        # the job view shows measured numbers only
+        status, job = await alice.get(f"api/jobs/{jobs['simulated']}")
+        assert job["utilization"] is None
+    finally:
+        await service.stop()
+
+
+async def test_the_simulated_clusters_service_acts_on_simulated_reports(tmp_path):
+    """The demo's case: the service runs the simulated cluster, so the simulated backend's
+    samples are its measurements: warned, kernel shut down, culled."""
+    service = await start_service(tmp_path, gpu_backend="simulated")
+    try:
+        alice = service.client("alice")
+        status, _ = await service.client("admin").put("api/reaper", FAST)
+        assert status == 200
+        job_id = await notebook(service)
+
+        async def reported_until_culled():
+            if job_id in service.live.engine.running:
+                report = idle_report(job_id, backend="simulated")
+                status, answer = await alice.post("api/usage-samples", report)
+                assert status == 200 and answer["ignored"] is None, answer
+            return job_id not in service.live.engine.running
+
+        await wait_until(reported_until_culled, 20, interval=0.1, what="the cull")
+        kinds = await reaper_events(service, job_id)
+        assert kinds == ["reaper-cull", "reaper-kernels", "reaper-warning"]
+    finally:
+        await service.stop()
+
+
+async def test_a_service_with_an_unknown_gpu_backend_does_not_start(tmp_path):
+    with pytest.raises(ConfigError, match="'cuda' is not a GPU backend") as info:
+        await start_service(tmp_path, gpu_backend="cuda")
+    assert "GPUSchedService.gpu_backend" in str(info.value)
+
+
+async def test_a_bad_backend_field_is_400(tmp_path):
+    service = await start_service(tmp_path)
+    try:
+        job_id = await notebook(service)
+        for body, field in (
+            ({"backend": 7}, "backend"),
+            ({"backend": "x" * 41}, "backend"),
+            ({"telemetry_error": ["no"]}, "telemetry_error"),
+        ):
+            status, error = await service.client("alice").post(
+                "api/usage-samples", idle_report(job_id, **body)
+            )
+            assert status == 400 and error["field"] == field, error
+    finally:
+        await service.stop()
+
+
+async def test_a_monitor_without_nvml_reports_no_samples_and_is_not_acted_on(tmp_path, monkeypatch):
+    """The server extension's GPUMonitor on a machine where nvidia-ml-py cannot be imported and
+    $GPUSCHED_GPU_BACKEND is unset (production's configuration): no simulated GPUs in their
+    place; its snapshot and its report to a real service say there is no telemetry and why;
+    the service counts the report as ignored, and never culls the server for it, while a
+    control server reported idle by NVML alongside it is culled."""
+    monkeypatch.delenv("GPUSCHED_GPU_BACKEND", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    service = await start_service(tmp_path, gpu_backend="auto")
+    try:
+        status, _ = await service.client("admin").put("api/reaper", FAST)
+        assert status == 200
+        job_id, control = await notebook(service), await notebook(service)
+        monitor = GPUMonitor(serverapp=None, service_url=service.url)
+        monitor.job_id, monitor.token = job_id, TOKENS["alice"]
+        monitor.start()  # tries the telemetry now: the error is logged at start
+        monitor.stop()
+        assert monitor.gpu_backend == "auto" and monitor.backend is None
+        error = monitor.telemetry_error
+        assert "nvidia-ml-py" in error and "GPUSCHED_GPU_BACKEND=simulated" in error
+
+        async def report_both():
+            snapshot = monitor.sample()
+            assert snapshot["backend"] is None and snapshot["devices"] == []
+            assert snapshot["server"]["utilization"] is None  # unknown, not 0%
+            assert await monitor.send(snapshot)
+            if control in service.live.engine.running:
+                report = idle_report(control, backend="nvml")
+                await service.client("alice").post("api/usage-samples", report)
+            return control not in service.live.engine.running
+
+        await wait_until(report_both, 20, interval=0.1, what="the control server's cull")
+        assert "no GPU telemetry" in monitor.ignored_by_service
+        session = service.live.reaper.sessions[job_id]
+        assert session.ignored_reports >= 5 and session.last_report is None
+        assert job_id in service.live.engine.running
+        assert await reaper_events(service, job_id) == []
+    finally:
+        await service.stop()

@@ -71,6 +71,10 @@ def lab_hub():
         pytest.skip("node_modules/.bin/configurable-http-proxy is missing: run `make node_modules`")
     hub_harness._create_demo_users()
     runner = HubRunner()
+    # the demo's simulated GPUs, chosen explicitly (there is no fallback to them: docs/gpu.md)
+    runner.env.update(
+        GPUSCHED_GPU_BACKEND="simulated", GPUSCHED_SIM_CLUSTER=runner.env["GPUSCHED_CLUSTER_FILE"]
+    )
     failed = True
     try:
         hub = runner.start()

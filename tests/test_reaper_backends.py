@@ -18,6 +18,7 @@ from service_helpers import TOKENS, start_service, wait_until
 
 from jupyter_gpusched.core.errors import ConfigError
 from jupyter_gpusched.serverext.monitor import GPUMonitor
+from jupyter_gpusched.serverext.proxy import ServiceClient, build_status
 
 FAST = {"timeout_tier_2": 1.0, "warning_lead": 0.6, "shutdown_kernels_first": True}
 
@@ -192,3 +193,18 @@ async def test_a_monitor_without_nvml_reports_no_samples_and_is_not_acted_on(tmp
         assert await reaper_events(service, job_id) == []
     finally:
         await service.stop()
+
+
+async def test_the_lab_status_of_a_server_without_telemetry_says_unknown(monkeypatch):
+    """What the Lab status bar reads (serverext ``api/status``) from a monitor without GPU
+    telemetry: no utilization (unknown, not 0%) and the reason; it was a 500 (None / GPUs)."""
+    monkeypatch.delenv("GPUSCHED_GPU_BACKEND", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setenv("GPUSCHED_GPUS", "2")
+    monitor = GPUMonitor(serverapp=None)
+    monitor.start()
+    monitor.stop()
+    monitor.sample()
+    status = await build_status(ServiceClient("", ""), monitor)  # no service: the local part
+    assert status["utilization"] is None and status["devices"] == []
+    assert "nvidia-ml-py" in status["telemetry_error"]

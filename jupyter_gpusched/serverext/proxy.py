@@ -178,11 +178,12 @@ async def build_status(client: ServiceClient, monitor=None) -> dict:
     snapshot = monitor.snapshot() if monitor is not None else None
     devices = (snapshot or {}).get("devices") or []
     utils = [d["utilization"] for d in devices if d.get("utilization") is not None]
+    measured = ((snapshot or {}).get("server") or {}).get("utilization")
     if utils:
         utilization = sum(utils) / len(utils)
-    elif snapshot and snapshot.get("time") is not None and gpus:
-        utilization = snapshot["server"]["utilization"] / max(gpus, 1)
-    else:
+    elif measured is not None and gpus:
+        utilization = measured / max(gpus, 1)
+    else:  # nothing measured (no sample yet, or no GPU telemetry): unknown, not 0%
         utilization = None
     out = {
         "configured": client.configured,
@@ -195,6 +196,8 @@ async def build_status(client: ServiceClient, monitor=None) -> dict:
         "profile": os.environ.get("GPUSCHED_PROFILE") or None,
         "utilization": utilization,
         "devices": devices,
+        # why there is no utilization: the monitor has no GPU telemetry (docs/gpu.md)
+        "telemetry_error": (snapshot or {}).get("telemetry_error"),
         "reaper": None,
         "pending": [],
     }

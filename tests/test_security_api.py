@@ -157,6 +157,7 @@ OVER_THE_BOUNDS = [
     ("env", {"env": {"N" * (bounds.MAX_ENV_NAME + 1): "1"}}),
     ("env", {"env": env(8, bounds.MAX_ENV_BYTES // 8)}),  # 8 names more than the total
     ("env", {"env": {LONG: "1"}}),
+    ("env", {"env": {"NAME\n": "1"}}),  # a name may not end in a newline ($ matched it)
     ("labels", {"labels": {f"k{i}": "v" for i in range(bounds.MAX_LABELS + 1)}}),
     ("labels", {"labels": {"k" * (bounds.MAX_LABEL_KEY + 1): "v"}}),
     ("labels", {"labels": {"rack": LONG[: bounds.MAX_LABEL_VALUE + 1]}}),

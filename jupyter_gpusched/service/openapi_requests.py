@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .openapi_responses import ref
 from .requests import (
+    ENV_NAME,
     JOB_FIELDS,
     MAX_BACKEND,
     MAX_COMMAND,
@@ -45,7 +46,6 @@ NON_BLANK = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"  # some non-space character,
 JOB_ID = "^j-[0-9]+$"
 NODE_NAME = "^[A-Za-z0-9_.@-]+$"  # what a cluster file's hostlists expand to
 QUEUE_NAME = "^[A-Za-z0-9_.@-]+$"  # core/quotas.py _NAME
-ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"  # requests.py _ENV_NAME
 RESERVED_ENV = "^(CUDA_VISIBLE_DEVICES|GPUSCHED_)"  # set by the scheduler
 
 _UNITS = (("s", 1), ("m", 60), ("h", 3600), ("d", 86400), ("w", 604800))

@@ -84,7 +84,8 @@ def quote(value) -> str:
     return text if len(text) <= QUOTE else text[: QUOTE - 3] + "..."
 
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"  # an env name, as the OpenAPI document declares it
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # the same, with fullmatch: no "A\n"
 _RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "GPUSCHED_")
 
 
@@ -199,7 +200,7 @@ def parse_job_request(data: dict) -> JobRequest:
             f"'env' holds {size} characters of names and values; at most {MAX_ENV_BYTES}", "env"
         )
     for name in request.env:
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             raise RequestError(f"environment variable name {quote(name)} is not valid", "env")
         if name.startswith(_RESERVED_ENV):
             raise RequestError(f"{name} is set by the scheduler; remove it from 'env'", "env")

@@ -72,10 +72,13 @@ async def test_a_real_clusters_service_acts_on_nvml_reports_only(tmp_path):
         async def report_all():
             for kind, job_id in jobs.items():
                 if job_id in service.live.engine.running:
-                    status, answers[kind] = await alice.post(
+                    status, answer = await alice.post(
                         "api/usage-samples", idle_report(job_id, **fields[kind])
                     )
-                    assert status == 200, answers[kind]
+                    if status == 404 and job_id not in service.live.engine.running:
+                        continue  # culled while the reports before it were answered
+                    assert status == 200, answer
+                    answers[kind] = answer
             return jobs["nvml"] not in service.live.engine.running
 
         await wait_until(report_all, 20, interval=0.1, what="the nvml-measured server's cull")

@@ -9,19 +9,33 @@ below :attr:`AccountPolicy.min_uid` (Debian and most distributions give people u
 system accounts below), and an account that does not exist.
 
 The service and the hub each read it from their own config (``c.AccountPolicy.min_uid = ...``):
-set the same values in both. Here too are the two things every launcher needs once it has an
-account: :func:`run_as_ids` (Popen's arguments that run a child as it) and
-:func:`cwd_problem_for` (can it enter a directory, tried with its own rights, not root's).
+set the same values in both. Here too is what every launcher needs once it has an account:
+:func:`run_as_ids` (Popen's arguments that run a child as it), :func:`cwd_problem_for` (can it
+enter a directory, tried with its own rights, not root's) and, for an account that cannot run
+this environment's interpreter, :data:`SYSTEM_PYTHONS` with :func:`environment_pythonpath`.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import site
 import subprocess
 
 from traitlets import Integer, List, Unicode
 from traitlets.config import Configurable
+
+#: Interpreters tried when an account cannot run this environment's own (a virtual environment
+#: made from a Python under /root, which is 0700): the job launcher and the server command.
+SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def environment_pythonpath() -> str:
+    """``PYTHONPATH`` that gives another interpreter of the same version this environment: the
+    checkout first (an editable install's .pth files are not read from PYTHONPATH), then this
+    environment's site-packages."""
+    return os.pathsep.join([PACKAGE_ROOT, *site.getsitepackages()])
 
 
 class AccountRefused(Exception):

@@ -17,13 +17,11 @@ from it.
 from __future__ import annotations
 
 import os
-import site
 import stat
 import subprocess
 import sys
 
-SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .accounts import SYSTEM_PYTHONS, environment_pythonpath
 
 
 def usable_by_others(path: str) -> bool:
@@ -68,8 +66,7 @@ def singleuser_command() -> tuple[list[str], dict[str, str]]:
         return [script], {}
     jupyter = os.path.join(sys.prefix, "share", "jupyter")
     environment = {
-        # the checkout first: an editable install's .pth files are not read from PYTHONPATH
-        "PYTHONPATH": os.pathsep.join([PACKAGE_ROOT, *site.getsitepackages()]),
+        "PYTHONPATH": environment_pythonpath(),
         "JUPYTER_PATH": jupyter,
         "JUPYTER_CONFIG_PATH": os.path.join(sys.prefix, "etc", "jupyter"),
         "JUPYTERLAB_DIR": os.path.join(jupyter, "lab"),

@@ -114,6 +114,11 @@ def short_hostname() -> str:
     return socket.gethostname().split(".")[0]
 
 
+def configured_backend() -> str:
+    """The backend chosen for this process: ``$GPUSCHED_GPU_BACKEND``, else ``auto``."""
+    return os.environ.get(BACKEND_ENV, "").strip() or "auto"
+
+
 def get_telemetry(backend: str | None = None, **options) -> Telemetry:
     """The telemetry of this machine.
 
@@ -126,7 +131,7 @@ def get_telemetry(backend: str | None = None, **options) -> Telemetry:
     :class:`~.simulated.SimulatedTelemetry`.
     """
     if backend is None:
-        backend = os.environ.get(BACKEND_ENV, "").strip() or "auto"
+        backend = configured_backend()
     if backend not in BACKENDS:
         raise ValueError(
             f"unknown GPU backend {backend!r} ({BACKEND_ENV} or the gpu_backend setting); "

@@ -43,7 +43,7 @@ from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from ..gpu.telemetry import BACKEND_ENV, BACKENDS, TelemetryUnavailable
+from ..gpu.telemetry import BACKEND_ENV, TelemetryUnavailable, configured_backend
 from . import ROUTE_PREFIX
 
 SETTINGS_KEY = "gpusched_monitor"
@@ -84,7 +84,7 @@ class GPUMonitor(LoggingConfigurable):
 
     @default("gpu_backend")
     def _gpu_backend_default(self):
-        return os.environ.get(BACKEND_ENV, "").strip() or "auto"
+        return configured_backend()
 
     @default("service_url")
     def _service_url_default(self):
@@ -116,12 +116,7 @@ class GPUMonitor(LoggingConfigurable):
         if self._telemetry is None and self.telemetry_error is None:
             from ..gpu import get_telemetry
 
-            try:
-                if self.gpu_backend not in BACKENDS:
-                    raise ValueError(
-                        f"GPUMonitor.gpu_backend is {self.gpu_backend!r}; expected one of "
-                        f"{', '.join(BACKENDS)}"
-                    )
+            try:  # ValueError: an unknown gpu_backend, named in the message
                 self._telemetry = get_telemetry(self.gpu_backend)
             except (TelemetryUnavailable, ValueError) as exc:
                 self.telemetry_error = str(exc)

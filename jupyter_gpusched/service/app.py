@@ -36,9 +36,9 @@ from ..core.scheduler import Scheduler
 from ..core.settings import PolicySettings
 from ..files import load_cluster, load_policy, read_yaml
 from ..gpu.telemetry import (
-    BACKEND_ENV,
     BACKENDS,
     TelemetryUnavailable,
+    configured_backend,
     get_telemetry,
     short_hostname,
 )
@@ -225,7 +225,7 @@ class GPUSchedService(Application):
 
     @default("gpu_backend")
     def _gpu_backend_default(self):
-        return os.environ.get(BACKEND_ENV, "").strip() or "auto"
+        return configured_backend()
 
     @default("bind_url")
     def _bind_url_default(self):

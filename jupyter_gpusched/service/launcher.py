@@ -54,7 +54,6 @@ import os
 import pwd
 import re
 import signal as _signal
-import site
 import socket
 import subprocess
 import sys
@@ -67,9 +66,11 @@ from traitlets import Bool, Float, Instance, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from ..accounts import (
+    SYSTEM_PYTHONS,
     AccountPolicy,
     AccountRefused,
     cwd_problem_for,
+    environment_pythonpath,
     run_as_ids,
     submitting_account,
 )
@@ -155,10 +156,8 @@ class Launcher(LoggingConfigurable):
         if key not in self._interpreters:
             choice = (sys.executable, {})
             if account is not None and not _can_import_runner(account, sys.executable, {}):
-                package_root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-                paths = os.pathsep.join([package_root, *site.getsitepackages()])
-                for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
-                    extra = {"PYTHONPATH": paths}
+                extra = {"PYTHONPATH": environment_pythonpath()}
+                for candidate in SYSTEM_PYTHONS:
                     if os.path.exists(candidate) and _can_import_runner(account, candidate, extra):
                         choice = (candidate, extra)
                         break

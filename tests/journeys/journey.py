@@ -1,0 +1,198 @@
+"""The journey suite's pieces: the demo hub, people in a browser, screenshots when one fails.
+
+A journey is what a person of ``make demo`` does and sees: log in, pick a profile, wait in the
+queue, open JupyterLab, run a cell, get warned, get culled, read why. Each module starts one hub
+with the demo's own configuration (``hub_config/jupyterhub_config.py``, the demo cluster of
+2 x 4 H100 and the demo queues, simulated GPUs: what ``make demo`` runs), changed only where
+waiting would be idle time (the CI profile below: GPU samples every second, the spawn page asks
+the queue twice a second, the reaper's run-time settings are the admin's to change in the
+journey itself). The people are the demo's: alice and bob (group research: queues
+research/vision and research/nlp), carol (ops) and admin (a hub admin and the scheduler's).
+
+When a journey fails, every page still open is saved under ``test-output/journeys/<test>/``
+(``<user>-<n>.png``), and the hub's log tail is printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from pathlib import Path
+
+import hub_harness
+import pytest
+import requests
+import test_spawner as ts
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = ROOT / "test-output" / "journeys"
+BUILT = ROOT / "jupyter_gpusched" / "labextension" / "package.json"
+TIMEOUT_MS = 60_000  # a page's own waits (the Lab asks for notices every 10 s)
+DEMO_GPUS = 8  # hub_config/demo-cluster.yaml: 2 nodes x 4 H100
+
+try:
+    from playwright import sync_api
+except ImportError:  # the test extra; MISSING says so
+    sync_api = None
+
+# Why the journeys cannot run here (each module skips with it), or None.
+if not CHROMIUM.exists():
+    MISSING = "/usr/bin/chromium is missing: run scripts/install-system.sh (apt-get chromium)"
+elif sync_api is None:
+    MISSING = "playwright is missing: pip install playwright (the test extra)"
+elif not BUILT.exists():
+    MISSING = "the lab extension is not built: run `make labextension`"
+elif not hub_harness.CHP.exists():
+    MISSING = "node_modules/.bin/configurable-http-proxy is missing: run `make node_modules`"
+else:
+    MISSING = None
+
+
+def skip_if_missing() -> None:
+    if MISSING:
+        pytest.skip(MISSING, allow_module_level=True)
+
+
+# The CI profile: the demo's configuration, with the waits that would be idle time shortened.
+CI_POLICY = """\
+# tests/journeys: the documented defaults, except what makes a journey wait for nothing
+backfill: {interval: 1s}
+tiers:
+  3: {grace_period: 5s, minimum_run_time: 0}  # a pre-empted notebook goes in 5 s, not 1 min
+"""
+CI_CONFIG = """
+# -- added by tests/journeys (the CI profile)
+c.GPUSchedSpawner.queue_poll_interval = 0.5
+c.Spawner.args = ["--GPUMonitor.interval=1"]
+c.Spawner.http_timeout = 90
+"""
+
+
+@pytest.fixture(scope="module")
+def demo():
+    """A hub with the demo's configuration (``make demo``), on free ports, its state in /tmp."""
+    env = {
+        "GPUSCHED_CLUSTER_FILE": str(ROOT / "hub_config" / "demo-cluster.yaml"),
+        "GPUSCHED_QUEUE_FILE": str(ROOT / "hub_config" / "demo-queues.yaml"),
+        "GPUSCHED_GPU_BACKEND": "simulated",
+        "GPUSCHED_SIM_CLUSTER": str(ROOT / "hub_config" / "demo-cluster.yaml"),
+    }
+    policy = Path(os.environ.get("TMPDIR", "/tmp")) / f"journeys-policy-{os.getpid()}.yaml"
+    policy.write_text(CI_POLICY)
+    policy.chmod(0o644)
+    env["GPUSCHED_POLICY_FILE"] = str(policy)
+    try:
+        with hub_harness.running_hub(env=env, extra_config=CI_CONFIG) as hub:
+            for user in hub_harness.DEMO_USERS:
+                _no_news(hub, user)
+            yield hub
+            stop_everything(hub)
+    finally:
+        policy.unlink(missing_ok=True)
+
+
+def _no_news(hub, user: str) -> None:
+    """Turn off JupyterLab's "receive official Jupyter news?" popup for ``user``."""
+    settings = (
+        hub_harness.user_home(hub.state_dir, user)
+        / ".jupyter/lab/user-settings/@jupyterlab/apputils-extension"
+        / "notification.jupyterlab-settings"
+    )
+    hub_harness.write_as_user(user, settings, json.dumps({"fetchNews": "false"}))
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"]
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+class People:
+    """The people of one journey, each logged in in a browser context of their own."""
+
+    def __init__(self, hub, browser):
+        self.hub, self.browser = hub, browser
+        self.pages: dict[str, object] = {}
+
+    def __call__(self, user: str, width: int = 1400, height: int = 900):
+        """``user``'s page, logged in to the hub (the same page on a second call)."""
+        if user in self.pages:
+            return self.pages[user]
+        context = self.browser.new_context(viewport={"width": width, "height": height})
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(f"{self.hub.url}/hub/login")
+        page.fill("input[name=username]", user)
+        page.fill("input[name=password]", self.hub.password)
+        page.click("input[type=submit], button[type=submit]")
+        page.wait_for_url(re.compile(r".*/hub/home.*"))
+        self.pages[user] = page
+        return page
+
+    def save_screenshots(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        for user, page in self.pages.items():
+            for n, open_page in enumerate(page.context.pages):
+                with contextlib.suppress(Exception):
+                    open_page.screenshot(path=str(folder / f"{user}-{n}.png"), full_page=True)
+
+    def close(self) -> None:
+        for page in self.pages.values():
+            with contextlib.suppress(Exception):
+                page.context.close()
+
+
+@pytest.fixture
+def people(request, demo, chromium):
+    crowd = People(demo, chromium)
+    yield crowd
+    report = getattr(request.node, "journey_report", None)
+    if report is not None and report.failed:
+        crowd.save_screenshots(SHOTS / request.node.name)
+        print(f"--- {demo.log_path} (tail) ---\n{demo.log_tail(120)}")
+    crowd.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.journey_report = report
+    return report
+
+
+def shot(page, test: str, name: str) -> None:
+    """A screenshot a person would rather look at (kept, passing or not)."""
+    folder = SHOTS / test
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / f"{name}.png"))
+
+
+# -- what a journey asks the scheduler (tests/test_spawner.py has the hub's side) -----------------
+def service(hub, method: str, path: str, user: str, **kwargs) -> requests.Response:
+    return hub.service(method, path, hub.token(user), **kwargs)
+
+
+def jobs_of(hub, user: str, *states: str) -> list[dict]:
+    query = "&".join(f"state={s}" for s in states)
+    response = service(hub, "GET", "api/jobs" + (f"?{query}" if query else ""), user)
+    assert response.status_code == 200, response.text
+    return response.json()["jobs"]
+
+
+def stop_everything(hub) -> None:
+    """Stop every server and cancel every job (between journeys of one module), until all the
+    demo's 8 GPUs are free."""
+    ts.stop_every_server(hub)
+    for job in jobs_of(hub, "admin", "pending", "running"):
+        service(hub, "DELETE", f"api/jobs/{job['id']}", "admin")
+    ts.wait_free(hub, DEMO_GPUS, timeout=60)

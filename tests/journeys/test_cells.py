@@ -1,0 +1,73 @@
+"""alice submits batch jobs from notebook cells, in JupyterLab, and watches them in the widget.
+
+She starts the 1-GPU server, opens a notebook and runs, cell by cell: ``%%gpujob --wait`` (the
+job runs as alice, in her team's queue, and its output comes back into the cell); a function
+through ``client.submit(function=...)`` (its result comes back); ``%%gpujob --gpus 0`` (one line
+saying what is wrong, no traceback); the QueueWidget, where her own notebook server is not one
+click from being cancelled and ended jobs have no Cancel button.
+"""
+
+from __future__ import annotations
+
+import re
+
+import test_spawner as ts
+from journey import TIMEOUT_MS, jobs_of, shot, skip_if_missing, stop_everything, sync_api
+from lab import open_notebook, output_text, run_cell, write_notebook
+
+skip_if_missing()
+expect = sync_api.expect
+TEST = "cells"
+
+CELLS = [
+    "%load_ext jupyter_gpusched",
+    "%%gpujob --gpus 1 --wait --name from-a-cell\nimport getpass, os\n"
+    "print('user', getpass.getuser(), 'gpus', os.environ['CUDA_VISIBLE_DEVICES'])",
+    "from jupyter_gpusched.client import Client\n"
+    "job = Client().submit(function=lambda: 6 * 7, gpus=1, name='a-function')\n"
+    "print('result', job.result(timeout=120))",
+    "%%gpujob --gpus 0\nprint('never')",
+    "from jupyter_gpusched.widgets import QueueWidget\nQueueWidget(interval=1)",
+]
+
+
+def test_jobs_from_cells_run_as_alice_and_the_widget_is_safe(demo, people):
+    hub = demo
+    ts.start_server(hub, "alice", "gpu-1")
+    write_notebook(hub, "alice", "journey-cells.ipynb", CELLS)
+    page = people("alice")
+    notebook = open_notebook(page, hub, "alice", "journey-cells.ipynb")
+    run_cell(page, notebook, 0)
+
+    cell = run_cell(page, notebook, 1, timeout_ms=120_000)
+    text = output_text(cell)
+    assert re.search(r"user alice gpus \d", text), text
+    [job] = [j for j in jobs_of(hub, "alice") if j.get("name") == "from-a-cell"]
+    assert job["state"] == "completed" and job["queue"] == "research/vision", job
+
+    cell = run_cell(page, notebook, 2, timeout_ms=150_000)
+    assert "result 42" in output_text(cell), output_text(cell)
+
+    cell = run_cell(page, notebook, 3)
+    text = output_text(cell)
+    assert "gpus" in text and "Traceback" not in text, text
+    assert len(text.strip().splitlines()) <= 2, text
+    shot(page, TEST, "1-cells")
+
+    cell = run_cell(page, notebook, 4)
+    widget = cell.locator(".jp-OutputArea")
+    server = next(j for j in jobs_of(hub, "alice", "running") if j["kind"] == "notebook")
+    expect(widget).to_contain_text(server["id"], timeout=TIMEOUT_MS)
+    # her own server's row: no plain Cancel button that stops it at one click
+    row = widget.locator("tr", has_text=server["id"])
+    cancel = row.get_by_role("button", name=re.compile("^Cancel$"))
+    if cancel.count():
+        cancel.click()
+        expect(widget).to_contain_text(re.compile("stop.*server", re.I), timeout=TIMEOUT_MS)
+        assert ts.service_job(hub, "alice", server["id"])["state"] == "running"
+    # ended jobs have no Cancel button
+    ended = widget.locator("tr", has_text="from-a-cell")
+    if ended.count():
+        assert ended.get_by_role("button", name=re.compile("Cancel")).count() == 0
+    shot(page, TEST, "2-queue-widget")
+    stop_everything(hub)

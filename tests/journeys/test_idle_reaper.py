@@ -1,0 +1,96 @@
+"""alice leaves her 1-GPU server idle; admin lowers the idle timeout; alice is warned, then culled,
+and reads why.
+
+The spawn form promises the profile's idle timeout and the reaper applies that one. Then admin
+lowers it below the time alice has already been idle: she is warned first (the whole warning,
+in seconds), never culled in the same second; ``warning_lead`` later the reaper stops her
+server, her Lab says so before the connection drops, and the hub's home page she lands on says
+that the idle reaper stopped it, and why.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import test_spawner as ts
+from journey import TIMEOUT_MS, service, shot, skip_if_missing, stop_everything, sync_api
+
+skip_if_missing()
+expect = sync_api.expect
+TEST = "idle-reaper"
+WARNING_LEAD = 25  # seconds: longer than the Lab's 10 s poll of its notices
+
+
+def _session(hub, user: str) -> dict:
+    response = service(hub, "GET", "api/reaper", "admin")
+    assert response.status_code == 200, response.text
+    [session] = [s for s in response.json()["sessions"] if s["user"] == user]
+    return session
+
+
+def _events(hub, user: str, kind: str) -> list[dict]:
+    response = service(hub, "GET", f"api/events?kind={kind}&user={user}", "admin")
+    assert response.status_code == 200, response.text
+    return response.json()["events"]
+
+
+def test_warned_first_then_culled_and_told_why(demo, people):
+    hub = demo
+    alice = people("alice")
+    alice.goto(f"{hub.url}/hub/spawn")
+    expect(alice.locator("label[for=gpusched-profile-gpu-1]")).to_contain_text("1 h idle")
+    ts.start_server(hub, "alice", "gpu-1")
+    alice.goto(f"{hub.url}/user/alice/lab")
+    expect(alice.locator(".jp-gpusched-status")).to_contain_text("1x H100", timeout=TIMEOUT_MS)
+
+    # the reaper applies the profile's timeout, the one the form promised
+    deadline = time.monotonic() + 30
+    while (session := _session(hub, "alice")).get("timeout") is None:
+        assert time.monotonic() < deadline, session
+        time.sleep(0.5)
+    assert session["timeout"] == 3600, session
+
+    # alice has been idle since her server started (no kernel, GPU at 0%): admin lowers the
+    # profile's timeout below that
+    lowered = time.time()
+    response = service(
+        hub,
+        "PUT",
+        "api/reaper",
+        "admin",
+        json={"profile_timeouts": {"gpu-1": 2}, "warning_lead": WARNING_LEAD},
+    )
+    assert response.status_code == 200, response.text
+
+    # the warning comes first, whole, in seconds
+    toast = alice.locator(".Toastify__toast, .jp-Dialog").filter(has_text=re.compile("idle"))
+    expect(toast.first).to_be_visible(timeout=TIMEOUT_MS)
+    warning = toast.first.inner_text()
+    assert re.search(r"\d+ s\b|\d\d:\d\d", warning), warning
+    assert "0 min" not in warning, warning
+    shot(alice, TEST, "1-warning")
+    [warned] = _events(hub, "alice", "reaper-warning")[:1]
+    assert not _events(hub, "alice", "reaper-cull"), "culled without waiting out the warning"
+
+    # the cull, warning_lead later: Lab says so before the connection drops
+    expect(alice.get_by_text(re.compile("stopped|stopping", re.I)).first).to_be_visible(
+        timeout=(WARNING_LEAD + 30) * 1000
+    )
+    shot(alice, TEST, "2-culled-in-lab")
+    ts.wait_gone(hub, "alice")
+    [cull] = _events(hub, "alice", "reaper-cull")[:1]
+    assert cull["time"] - warned["time"] >= WARNING_LEAD - 1, (warned, cull)
+    assert cull["time"] >= lowered
+
+    # the next page alice sees: the hub's home, saying what happened and why
+    alice.goto(f"{hub.url}/hub/home")
+    expect(alice.locator("body")).to_contain_text(re.compile("idle", re.I))
+    expect(alice.locator("body")).to_contain_text(re.compile("reaper|stopped", re.I))
+    shot(alice, TEST, "3-home-says-why")
+
+    response = service(
+        hub, "PUT", "api/reaper", "admin", json={"profile_timeouts": {}, "warning_lead": 300}
+    )
+    assert response.status_code == 200, response.text
+    stop_everything(hub)

@@ -1,0 +1,127 @@
+"""Three teams share the demo's 8 GPUs: each person's work goes to their team's queue.
+
+alice (research/vision, 3 guaranteed) takes the 4-GPU research profile and borrows one GPU;
+bob (research/nlp) starts a 1-GPU server; carol (ops) an opportunistic 2-GPU one; the README's
+curl job runs, as alice, and says so. Then bob submits a 2-GPU job inside his queue's guarantee
+while only one GPU is free: carol's opportunistic server gets the pre-emption notice in her Lab
+and goes, and bob's job starts. Last, admin's start waits in a full cluster (the spawn page says
+why), he clicks Stop, lands on the hub's home page and may start again.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import test_spawner as ts
+from journey import TIMEOUT_MS, jobs_of, service, shot, skip_if_missing, stop_everything, sync_api
+
+skip_if_missing()
+expect = sync_api.expect
+TEST = "team-queues"
+
+
+def _start_from_the_form(page, hub, profile: str) -> None:
+    """What a person does: the home page's Start button, the profile, Start."""
+    page.goto(f"{hub.url}/hub/home")
+    page.get_by_role("link", name=re.compile("Start My Server")).click()
+    page.wait_for_url(re.compile(r".*/hub/spawn.*"))
+    page.check(f"#gpusched-profile-{profile}")
+
+
+def _server_job(hub, user: str) -> dict:
+    [job] = [j for j in jobs_of(hub, user, "pending", "running") if j["kind"] == "notebook"]
+    return job
+
+
+def _wait(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+    return value
+
+
+def test_three_teams_fill_the_cluster_and_a_guarantee_reclaims(demo, people):
+    hub = demo
+    # -- the README's curl job, as alice: it runs (in her team's queue) and says who it is --
+    response = service(
+        hub,
+        "POST",
+        "api/jobs",
+        "alice",
+        json={"command": "echo GPUs: $CUDA_VISIBLE_DEVICES; id -un", "gpus": 2},
+    )
+    assert response.status_code == 201, response.text
+    readme_job = ts.wait_job(hub, "alice", response.json()["id"], {"completed", "failed"}, 60)
+    assert readme_job["state"] == "completed" and readme_job["queue"] == "research/vision", (
+        readme_job
+    )
+    log = service(hub, "GET", f"api/jobs/{readme_job['id']}/log", "alice").text
+    assert "GPUs: " in log and log.strip().endswith("alice"), log
+
+    # -- alice: the spawn form shows her team's queue; the 4-GPU profile starts in it --
+    alice = people("alice")
+    _start_from_the_form(alice, hub, "gpu-4")
+    form = alice.locator("#spawn_form")
+    expect(form).to_contain_text("research/vision")
+    shot(alice, TEST, "1-alice-spawn-form")
+    alice.get_by_role("button", name=re.compile("Start")).click()
+    alice.wait_for_url(re.compile(r".*/user/alice/lab.*"), timeout=120_000)
+    status = alice.locator(".jp-gpusched-status")
+    expect(status).to_contain_text("4x H100", timeout=TIMEOUT_MS)
+    job = _server_job(hub, "alice")
+    assert job["queue"] == "research/vision" and job["state"] == "running", job
+    shot(alice, TEST, "2-alice-lab-4-gpus")
+
+    # -- bob (through the hub API, as a script would) lands in research/nlp --
+    ts.start_server(hub, "bob", "gpu-1")
+    assert _server_job(hub, "bob")["queue"] == "research/nlp"
+
+    # -- carol: the opportunistic profile, in ops --
+    carol = people("carol")
+    _start_from_the_form(carol, hub, "gpu-2-opportunistic")
+    expect(carol.locator("#spawn_form")).to_contain_text("ops")
+    carol.get_by_role("button", name=re.compile("Start")).click()
+    carol.wait_for_url(re.compile(r".*/user/carol/lab.*"), timeout=120_000)
+    expect(carol.locator(".jp-gpusched-status")).to_contain_text("2x H100", timeout=TIMEOUT_MS)
+    assert _server_job(hub, "carol")["queue"] == "ops"
+    assert ts.free_gpus(hub) == 1  # 4 + 1 + 2 of 8
+
+    # vision is borrowing: 4 running on a guarantee of 3
+    queues = {q["path"]: q for q in service(hub, "GET", "api/quotas", "admin").json()["queues"]}
+    assert queues["research/vision"]["running"] == 4 > queues["research/vision"]["guaranteed"]
+
+    # -- bob's 2-GPU job is inside nlp's guarantee (1 + 2 <= 3): carol's tier-3 server goes --
+    response = service(
+        hub, "POST", "api/jobs", "bob", json={"command": "sleep 120", "gpus": 2, "tier": 2}
+    )
+    assert response.status_code == 201, response.text
+    bobs = response.json()
+    expect(carol.get_by_text(re.compile("Pre-emption"))).to_be_visible(timeout=TIMEOUT_MS)
+    shot(carol, TEST, "3-carol-preempted")
+    ts.wait_job(hub, "bob", bobs["id"], {"running"}, timeout=60)
+    ts.wait_gone(hub, "carol")
+    assert [j for j in jobs_of(hub, "carol", "running") if j["kind"] == "notebook"] == []
+
+    # -- admin: a start in a full cluster waits, says why; Stop leads home, Start again works --
+    service(hub, "DELETE", f"api/jobs/{bobs['id']}", "bob")
+    hold = service(
+        hub, "POST", "api/jobs", "alice", json={"command": "sleep 300", "gpus": 3, "tier": 2}
+    )
+    assert hold.status_code == 201, hold.text
+    _wait(lambda: ts.free_gpus(hub) == 0, 30, "the cluster did not fill")
+    admin = people("admin")
+    _start_from_the_form(admin, hub, "gpu-1")
+    admin.get_by_role("button", name=re.compile("Start")).click()
+    admin.wait_for_url(re.compile(r".*/hub/spawn-pending/admin.*"))
+    expect(admin.locator("body")).to_contain_text(re.compile(r"queue|position|wait", re.I))
+    shot(admin, TEST, "4-admin-queued")
+    # the hub's home page: Stop My Server on the queued start
+    admin.goto(f"{hub.url}/hub/home")
+    admin.locator("#stop").click()
+    expect(admin.get_by_role("link", name=re.compile("Start My Server"))).to_be_visible()
+    assert "Redirect loop" not in admin.content()
+    assert [j for j in jobs_of(hub, "admin", "pending", "running") if j["kind"] == "notebook"] == []
+    shot(admin, TEST, "5-admin-stopped-the-queued-start")
+    stop_everything(hub)

@@ -28,6 +28,11 @@ from traitlets.config import Configurable
 #: Interpreters tried when an account cannot run this environment's own (a virtual environment
 #: made from a Python under /root, which is 0700): the job launcher and the server command.
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+#: The variable that names, in every batch job's environment, the Python the launcher chose for
+#: that job's account (with this package; the environment it needs is set too). The notebook
+#: client and ``%%gpujob`` run ``"$GPUSCHED_PYTHON"`` rather than the kernel's own
+#: ``sys.executable``, so the one rule of the launcher decides, whoever submits.
+JOB_PYTHON_ENV = "GPUSCHED_PYTHON"
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

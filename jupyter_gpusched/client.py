@@ -19,19 +19,19 @@ See ``docs/notebook.md`` for what a ``function=`` job captures.
 from __future__ import annotations
 
 import html
-import json
 import os
 import pickle
-import shlex
 import sys
 import time
-import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
 import requests
+
+from . import payloads
 
 __all__ = [
     "Client",
@@ -47,7 +47,6 @@ __all__ = [
 FINISHED = frozenset({"completed", "failed", "cancelled", "preempted", "rejected"})
 ACTIVE = ("pending", "running")
 MAX_LOG_BYTES = 1 << 20  # the most the service returns in one log request
-FUNCTION_DIR = ".gpusched"  # under the working directory: function payloads, cells, results
 
 
 class GPUSchedError(Exception):
@@ -150,8 +149,10 @@ class Client:
     ) -> Job:
         """Submit a batch job: exactly one of ``command`` (a shell command), ``notebook`` (a
         notebook path, executed with nbclient) and ``function`` (a Python callable, called with
-        ``args`` and ``kwargs`` by this Python in the job; see :meth:`Job.result`). ``cwd``
-        defaults to the current directory. ``more``: other fields of POST api/jobs
+        ``args`` and ``kwargs`` in the job; see :meth:`Job.result`). The job's Python is
+        ``$GPUSCHED_PYTHON``, the one the launcher chose for your account. ``cwd`` defaults to
+        the current directory, or your home if the job could not enter it (a warning says so).
+        ``more``: other fields of POST api/jobs
         (``gpus_per_node``, ``gpu_fraction``, ``cpus``, ``memory_gb``, ``labels``, ``held``)."""
         given = [n for n, v in (("command", command), ("notebook", notebook)) if v is not None]
         if function is not None:
@@ -160,15 +161,22 @@ class Client:
             raise GPUSchedError(
                 "give exactly one of command=, notebook= and function=", (given or ["command"])[0]
             )
-        cwd = os.path.abspath(os.fspath(cwd)) if cwd is not None else os.getcwd()
-        result_path = None
+        payload = None
         if function is not None:
-            command, result_path = _function_payload(function, args, kwargs or {}, cwd)
+            try:
+                call = payloads.pickled_call(function, args, kwargs or {})
+            except payloads.PayloadError as exc:
+                raise GPUSchedError(exc.message, exc.field) from None
             name = name or getattr(function, "__qualname__", None) or "function"
-        body: dict[str, Any] = {"gpus": gpus, "cwd": cwd, **more}
+
+            def payload(where):
+                return payloads.function_payload(call, where)
+
+        if notebook is not None:  # relative to this directory, wherever the job runs
+            notebook = os.path.abspath(os.fspath(notebook))
+        fields: dict[str, Any] = {"gpus": gpus, **more}
         for key, value in (
-            ("command", command),
-            ("notebook", os.fspath(notebook) if notebook is not None else None),
+            ("notebook", notebook),
             ("tier", tier),
             ("queue", queue),
             ("gpu_model", gpu_model),
@@ -177,8 +185,48 @@ class Client:
             ("name", name),
         ):
             if value is not None:
-                body[key] = value
-        view = self.request("POST", "api/jobs", body)
+                fields[key] = value
+        return self._submit(fields, command=command, payload=payload, cwd=cwd)
+
+    def _submit(self, fields: dict, command=None, payload=None, cwd=None) -> Job:
+        """POST api/jobs with ``fields``, and ``command`` or the command of ``payload(cwd)``
+        (see ``payloads.py``). ``cwd`` None: this directory, or, if the job's user may not
+        enter it (the service's 400 for ``cwd``) or the payload cannot be written there, the
+        home directory, with a warning: the job should run where its user can work."""
+        if cwd is not None:
+            return self._post(fields, command, payload, os.path.abspath(os.fspath(cwd)))
+        home = os.path.expanduser("~")
+        try:
+            here = os.getcwd()
+        except OSError as exc:  # this directory was removed
+            here, problem = None, str(exc)
+        else:
+            try:
+                return self._post(fields, command, payload, here)
+            except (GPUSchedError, OSError) as exc:
+                refused = isinstance(exc, GPUSchedError) and (exc.status, exc.field) == (400, "cwd")
+                if not (refused or isinstance(exc, OSError)) or here == home:
+                    raise
+                problem = str(exc)
+        warnings.warn(
+            f"the job cannot run in {here or 'this directory'} ({problem}); it runs in your "
+            f"home directory {home}",
+            stacklevel=3,
+        )
+        return self._post(fields, command, payload, home)
+
+    def _post(self, fields: dict, command, payload, cwd: str) -> Job:
+        result_path = written = None
+        if payload is not None:
+            command, result_path, written = payload(cwd)
+        body = {**fields, "cwd": cwd}
+        if command is not None:
+            body["command"] = command
+        try:
+            view = self.request("POST", "api/jobs", body)
+        except GPUSchedError:
+            payloads.remove(written)
+            raise
         return Job(self, view["id"], view, result_path=result_path)
 
     def jobs(self, state: str | list[str] | None = None, limit: int | None = None) -> list[Job]:
@@ -227,7 +275,7 @@ class Job:
         self.data = dict(data or {})
         self._result_path = result_path
         if result_path is None:
-            self._result_path = _result_path_from_command(self.data.get("command"))
+            self._result_path = payloads.result_path_from_command(self.data.get("command"))
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -394,102 +442,6 @@ class Job:
         except ImportError:  # no ipywidgets
             return bundle
         return job_widget_bundle(self, bundle)
-
-
-# -- function jobs ---------------------------------------------------------------------------
-_RUNNER = '''\
-"""Runs a function submitted with jupyter_gpusched.client.submit(function=...)."""
-import json, os, pickle, sys, traceback
-
-here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.getcwd())
-with open(os.path.join(here, "path.json")) as f:
-    sys.path.extend(p for p in json.load(f) if p not in sys.path)
-try:
-    import cloudpickle as dumper
-except ImportError:
-    dumper = pickle
-
-
-def save(outcome):
-    tmp = os.path.join(here, "result.pkl.tmp")
-    with open(tmp, "wb") as f:
-        try:
-            dumper.dump(outcome, f)
-        except Exception as exc:  # a value or exception that cannot be pickled
-            f.seek(0)
-            f.truncate()
-            pickle.dump({"ok": False, "type": type(exc).__name__, "exception": None,
-                         "message": "the result could not be pickled: %s" % exc,
-                         "traceback": traceback.format_exc()}, f)
-    os.replace(tmp, os.path.join(here, "result.pkl"))
-
-
-try:
-    with open(os.path.join(here, "call.pkl"), "rb") as f:
-        function, args, kwargs = pickle.load(f)
-    value = function(*args, **kwargs)
-except BaseException as exc:
-    text = traceback.format_exc()
-    sys.stderr.write(text)
-    try:
-        raised = dumper.dumps(exc)
-    except Exception:
-        raised = None
-    save({"ok": False, "type": type(exc).__name__, "message": str(exc), "exception": raised,
-          "traceback": text})
-    sys.exit(1)
-save({"ok": True, "value": value})
-'''
-
-
-def _function_payload(function: Callable, args: tuple, kwargs: dict, cwd: str):
-    """Write the call to ``<cwd>/.gpusched/fn-<id>/`` and return (command, result path)."""
-    if not callable(function):
-        raise GPUSchedError("function= must be callable", "function")
-    try:
-        import cloudpickle as dumper
-    except ImportError:
-        dumper = None
-        qualname = getattr(function, "__qualname__", "")
-        module = getattr(function, "__module__", None)
-        if module in (None, "__main__") or "<locals>" in qualname or "<lambda>" in qualname:
-            raise GPUSchedError(
-                f"{qualname or function!r} is defined in the notebook ({module or 'no module'}) "
-                "and cannot be pickled by reference: install cloudpickle (pip install "
-                "cloudpickle), or move the function into a module importable from the working "
-                "directory",
-                "function",
-            ) from None
-    stamp = f"fn-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
-    directory = Path(cwd) / FUNCTION_DIR / stamp
-    try:
-        payload = (dumper or pickle).dumps((function, tuple(args), dict(kwargs)))
-    except Exception as exc:
-        raise GPUSchedError(
-            f"the function or its arguments cannot be pickled: {exc}", "function"
-        ) from None
-    directory.mkdir(parents=True, exist_ok=False)
-    (directory / "call.pkl").write_bytes(payload)
-    paths = [p for p in sys.path if p and os.path.isdir(p)]
-    (directory / "path.json").write_text(json.dumps(paths))
-    runner = directory / "run.py"
-    runner.write_text(_RUNNER)
-    command = f"{shlex.quote(sys.executable)} -u {shlex.quote(str(runner))}"
-    return command, str(directory / "result.pkl")
-
-
-def _result_path_from_command(command: str | None) -> str | None:
-    """A function job found again (``client.jobs()``): its result file, from its command."""
-    if not command or f"/{FUNCTION_DIR}/fn-" not in command:
-        return None
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return None
-    if len(words) == 3 and words[2].endswith("/run.py"):
-        return str(Path(words[2]).with_name("result.pkl"))
-    return None
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -2,12 +2,16 @@
 
 ``%%gpujob --gpus 2 --tier 2 [--queue Q] [--gpu-model M] [--walltime 2h] [--name N] [--wait]``
     Runs the cell's code as a batch job. The cell text is written to
-    ``.gpusched/cell-<time>-<id>.py`` under the kernel's working directory and run there with
-    this kernel's Python (``sys.executable -u``), the working directory first on ``sys.path``.
+    ``.gpusched/cell-<time>-<id>.py`` under the kernel's working directory (your home, with a
+    warning, when the job could not enter that) and run there by ``$GPUSCHED_PYTHON`` (the
+    interpreter the scheduler's launcher chose for your account, this environment's packages
+    with it), the working directory first on ``sys.path``.
     Captured: the cell's text and the working directory (and so the files in it). Not captured:
     the kernel's variables, imports and earlier cells, IPython syntax (``%magics``, ``!shell``),
     and the kernel's environment variables (the job gets the scheduler's minimal environment).
-    A service error raises :class:`~jupyter_gpusched.client.GPUSchedError`.
+    A bad option (``--gpus 0``, an unknown one, a tier the service refuses) is a one-line
+    ``UsageError`` naming it; any other service error raises
+    :class:`~jupyter_gpusched.client.GPUSchedError`.
     Prints the job id and returns the :class:`~jupyter_gpusched.client.Job`; ``--wait`` prints
     the job's output as it comes and returns once it ended.
 
@@ -19,22 +23,24 @@
 
 from __future__ import annotations
 
-import os
-import shlex
 import sys
-import time
-import uuid
-from pathlib import Path
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .client import ACTIVE, FUNCTION_DIR, Client, GPUSchedError, Job
+from .client import ACTIVE, Client, GPUSchedError, Job
+from .payloads import cell_payload
 
-_RUN_CELL = (
-    "import runpy, sys; sys.path.insert(0, ''); sys.argv = [{path!r}]; "
-    "runpy.run_path({path!r}, run_name='__main__')"
-)
+#: The request fields the options of %%gpujob set: a 400 naming one is a usage error.
+OPTIONS = {
+    "gpus": "--gpus",
+    "tier": "--tier",
+    "queue": "--queue",
+    "gpu_model": "--gpu-model",
+    "walltime": "--walltime",
+    "name": "--name",
+}
 
 
 @magics_class
@@ -64,31 +70,27 @@ class GPUSchedMagics(Magics):
     def gpujob(self, line, cell):
         """Run this cell as a batch job on the GPU scheduler (see the module's docstring)."""
         args = parse_argstring(self.gpujob, line)
-        cwd = os.getcwd()
-        directory = Path(cwd) / FUNCTION_DIR
-        directory.mkdir(exist_ok=True)
-        path = directory / f"cell-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}.py"
-        path.write_text(cell)
-        command = f"{shlex.quote(sys.executable)} -u -c " + shlex.quote(
-            _RUN_CELL.format(path=str(path))
-        )
+        fields = {"gpus": args.gpus, "name": args.name or "gpujob"}
+        for key in ("tier", "queue", "gpu_model", "walltime"):
+            if getattr(args, key) is not None:
+                fields[key] = getattr(args, key)
+        written = []
+
+        def payload(where):
+            command, result, path = cell_payload(cell, where)
+            written[:] = [path]
+            return command, result, path
+
         try:
-            job = self.client.submit(
-                command,
-                gpus=args.gpus,
-                tier=args.tier,
-                queue=args.queue,
-                gpu_model=args.gpu_model,
-                walltime=args.walltime,
-                name=args.name or "gpujob",
-                cwd=cwd,
-            )
-        except GPUSchedError:
-            path.unlink(missing_ok=True)
+            job = self.client._submit(fields, payload=payload)
+        except GPUSchedError as exc:
+            option = OPTIONS.get(exc.field or "")
+            if exc.status == 400 and option:  # a bad option: one line, no traceback
+                raise UsageError(f"%%gpujob {option}: {exc.message}") from None
             raise
         position = job.data.get("position")
         where = f" · queued #{position + 1}" if position is not None else ""
-        print(f"Submitted {job.id} ({job.state}{where}); the cell is in {path}")
+        print(f"Submitted {job.id} ({job.state}{where}); the cell is in {written[0]}")
         if args.wait:
             job.logs(follow=True)
             print(f"{job.id}: {job.state}")

@@ -6,6 +6,13 @@ job's live display (``Job._repr_mimebundle_``).
 
 Refreshing: on the kernel's running asyncio loop when there is one (the requests run in a worker
 thread, the widgets are updated on the loop); otherwise in a daemon thread of its own.
+
+Cancel buttons: only on jobs that can still be cancelled (not on ended or stopping ones), and
+never on a notebook server's job (kind ``notebook``). A server is stopped from the hub's home
+page, which the row links to: one click in a jobs list should not end the server the user is
+typing in (the widget itself runs in it), and the hub's stop is the one that ends the server's
+processes before its GPUs are given back. A confirmation dialog would still be one slip away
+from that, and ipywidgets has none that the user would not have to learn first.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import os
 import threading
 import time
 
@@ -164,7 +172,7 @@ class QueueWidget(w.VBox):
                 job.data["position"] = entry["position"]
             row = self.rows.get(job.id) or self._make_row(job)
             row["job"] = job
-            row["html"].value = _job_line(job)
+            self._show(row)
             rows[job.id] = row
         for job_id, row in self.rows.items():
             if job_id not in rows:
@@ -178,7 +186,13 @@ class QueueWidget(w.VBox):
         self.status_line.value = f"<small>updated {stamp} · every {self.interval:g} s</small>"
 
     def _make_row(self, job: Job) -> dict:
+        """A job's line, after a Cancel button, or for a notebook server a link to the hub's
+        home page (``cancel`` None; see the module docstring)."""
         line = w.HTML()
+        if _is_server(job):
+            hint = w.HTML(server_hint(job))
+            hint.add_class("gpusched-server-hint")
+            return {"job": job, "html": line, "cancel": None, "box": w.HBox([hint, line])}
         button = w.Button(description="Cancel", button_style="danger", tooltip=f"cancel {job.id}")
         button.layout.width = "80px"
         row = {"job": job, "html": line, "cancel": button}
@@ -186,19 +200,50 @@ class QueueWidget(w.VBox):
         button.on_click(lambda _button, job_id=job.id: self.cancel(job_id))
         return row
 
+    @staticmethod
+    def _show(row: dict) -> None:
+        row["html"].value = _job_line(row["job"])
+        if row["cancel"] is not None:
+            row["cancel"].layout.display = "" if _cancellable(row["job"]) else "none"
+
     def cancel(self, job_id: str) -> None:
         """Cancel one of my jobs (the cancel buttons call this) and refresh."""
         row = self.rows.get(job_id)
-        if row is not None:
+        if row is not None and row["cancel"] is not None:
             row["cancel"].disabled = True
         try:
-            self.client.cancel(job_id)
+            view = self.client.cancel(job_id)
         except GPUSchedError as exc:
             self.status_line.value = f"<span style='color:#c62828'>{html.escape(str(exc))}</span>"
-            if row is not None:
+            if row is not None and row["cancel"] is not None:
                 row["cancel"].disabled = False
             return
+        if row is not None:  # ended (or stopping) now, whatever the refresh finds
+            row["job"].data = view
+            self._show(row)
         self.refresh()
+
+
+def _is_server(job: Job) -> bool:
+    return job.data.get("kind") == "notebook"
+
+
+def _cancellable(job: Job) -> bool:
+    return not job.finished and not job.data.get("stopping")
+
+
+def server_hint(job: Job) -> str:
+    """What a notebook server's row says instead of a Cancel button."""
+    name = job.data.get("server_name")
+    if job.id == os.environ.get("GPUSCHED_JOB_ID"):  # the spawner sets it in the server
+        what = "this notebook server (the one you are working in)"
+    else:
+        what = f"notebook server {name!r}" if name else "your notebook server"
+    home = os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/home"
+    return (
+        f"<small>{html.escape(what)}: stop it from the "
+        f"<a href='{html.escape(home)}' target='_blank'>hub's home page</a></small>"
+    )
 
 
 def _job_line(job: Job) -> str:
@@ -259,15 +304,21 @@ def _cluster_html(cluster: dict, queue: dict) -> str:
 
 
 class JobWidget(w.HBox):
-    """One job: its state (refreshing until it ends) and a cancel button."""
+    """One job: its state (refreshing until it ends) and a cancel button while it can be
+    cancelled; a notebook server's job links to the hub's home page instead (``cancel_button``
+    None)."""
 
     def __init__(self, job: Job, interval: float = 5, autostart=True):
         self.job = job
         self.html = w.HTML(job._repr_html_())
-        self.cancel_button = w.Button(description="Cancel", button_style="danger")
-        self.cancel_button.on_click(lambda _b: self.cancel())
-        self.cancel_button.disabled = job.finished
-        super().__init__([self.html, self.cancel_button])
+        self.cancel_button = None
+        if _is_server(job):
+            side = w.HTML(server_hint(job))
+        else:
+            side = self.cancel_button = w.Button(description="Cancel", button_style="danger")
+            self.cancel_button.on_click(lambda _b: self.cancel())
+        super().__init__([self.html, side])
+        self._show_cancel()
         self._refresher = _Refresher(
             lambda: self.job.refresh(), self._render, interval, done=self._ended
         )
@@ -281,7 +332,11 @@ class JobWidget(w.HBox):
         if isinstance(data, GPUSchedError):
             return
         self.html.value = self.job._repr_html_()
-        self.cancel_button.disabled = self.job.finished
+        self._show_cancel()
+
+    def _show_cancel(self) -> None:
+        if self.cancel_button is not None:
+            self.cancel_button.layout.display = "" if _cancellable(self.job) else "none"
 
     def cancel(self) -> None:
         with contextlib.suppress(GPUSchedError):

@@ -245,7 +245,8 @@ def test_gpujob_runs_the_cell_in_the_working_directory(shell, workdir, capsys):
     out = capsys.readouterr().out
     assert f"Submitted {job.id}" in out
     assert "data: forty-two" in out and "cvd: 2" in out and "False" in out
-    assert f"python: {sys.executable}" in out
+    assert f"python: {sys.executable}" in out  # $GPUSCHED_PYTHON: the launcher's choice
+    assert job.data["command"].startswith('"$GPUSCHED_PYTHON" -u -c ')
     assert job.state == "completed" and job.data["name"] == "cell"
     assert job.data["cwd"] == str(workdir)
     assert list((workdir / ".gpusched").glob("cell-*.py"))
@@ -271,10 +272,29 @@ def test_gpujob_without_wait_and_status(shell, service, capsys):
     assert f"{job.id}: cancelled" in capsys.readouterr().out
 
 
-def test_gpujob_service_errors_raise(shell):
-    with pytest.raises(GPUSchedError) as info:
-        run(shell, "%%gpujob --gpus 2 --tier 9\nprint(1)\n")
-    assert info.value.field == "tier" and "1 (never pre-empted" in info.value.message
+def test_gpujob_bad_options_are_one_line_usage_errors(shell, workdir, capsys):
+    from IPython.core.error import UsageError
+
+    cases = [
+        ("--gpus 0", "%%gpujob --gpus: 'gpus' must be a whole number from 1"),  # the service's
+        ("--tier 9", "%%gpujob --tier: 1 (never pre-empted"),
+        ("--walltime soon", "%%gpujob --walltime: "),
+        ("--gpus two", "argument --gpus: invalid int value: 'two'"),  # IPython's parser
+        ("--gpus 1 --nodes 2", "unrecognized arguments: --nodes 2"),
+    ]
+    for options, text in cases:
+        result = shell.run_cell(f"%%gpujob {options}\nprint(1)\n", store_history=False)
+        assert isinstance(result.error_in_exec, UsageError), (options, result.error_in_exec)
+        shown = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(shown) == 1 and shown[0].startswith("UsageError: "), (options, shown)
+        assert text in shown[0], (options, shown)
+    assert not list(workdir.glob(".gpusched/cell-*.py"))  # refused cells leave no file
+    shell.run_line_magic("gpusched", "status")  # the magic's client: the service still answers
+    capsys.readouterr()
+    magics = shell.magics_manager.registry["GPUSchedMagics"]
+    magics._client = Client("http://127.0.0.1:1/", "t")  # errors that are not options: raised
+    with pytest.raises(GPUSchedError, match="cannot reach"):
+        run(shell, "%%gpujob --gpus 1\nprint(1)\n")
 
 
 # -- the widget --------------------------------------------------------------------------------
@@ -356,6 +376,7 @@ def test_job_display(service):
     assert job_widget_bundle(job, {}) == {}  # no kernel here: no widget view
     widget = JobWidget(job, interval=0.05)
     widget.cancel_button.click()
-    assert job.state == "cancelled" and widget.cancel_button.disabled
+    assert job.state == "cancelled"
+    assert widget.cancel_button.layout.display == "none"  # an ended job: no Cancel button
     assert "cancelled" in widget.html.value
     widget.close()

@@ -173,7 +173,11 @@ async def test_a_gang_runs_on_the_nodes_the_engine_chose(slurm_service, slurm):
     assert all(n["gpus"] == 4 and n["gpu_model"] == "h100" for n in nodes.values())
     assert nodes["n1"]["labels"] == {"fast": "true"} and nodes["n1"]["leaf"] == "leaf1"
 
-    command = 'echo "task on $SLURMD_NODENAME sees $CUDA_VISIBLE_DEVICES ($GPUSCHED_JOB_ID)"'
+    command = (
+        'echo "task on $SLURMD_NODENAME sees $CUDA_VISIBLE_DEVICES ($GPUSCHED_JOB_ID)"; '
+        '"$GPUSCHED_PYTHON" -c "import jupyter_gpusched, os; '
+        "print('python on', os.environ['SLURMD_NODENAME'])\""
+    )
     status, job = await alice.post("api/jobs", {"gpus": 4, "gpus_per_node": 2, "command": command})
     assert status == 201, job
     done = await wait_job(alice, job["id"], ("completed", "failed"), timeout=60)
@@ -195,6 +199,7 @@ async def test_a_gang_runs_on_the_nodes_the_engine_chose(slurm_service, slurm):
     for node in chosen:
         assert f"task on {node} sees 0,1 ({job['id']})" in log, log
         assert f"===== {node}: CUDA_VISIBLE_DEVICES=0,1" in log, log
+        assert f"python on {node}" in log, log  # $GPUSCHED_PYTHON: SlurmLauncher.python
 
 
 async def test_preemption_signals_checkpoints_requeues_and_resumes(slurm_service, tmp_path):

@@ -4,7 +4,8 @@
 A notebook server's GPU monitor reports to the service's reaper (``POST api/usage-samples``, as
 ``serverext/monitor.py`` does); the service's job view then carries the latest utilization, and
 the client's displays (``QueueWidget``, a ``Job``'s HTML and widget) show it, or an em dash when
-nobody measured it (a batch job; a server that has not reported).
+nobody measured it (a batch job; a server that has not reported). A notebook server's row has no
+Cancel button but says where to stop it; ended jobs have none either.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ def service(tmp_path):
     running.close()
 
 
-def start_notebook(client, gpus=2) -> dict:
+def start_notebook(client, gpus=2, **fields) -> dict:
     """A notebook-server job (what the spawner submits: the service only allocates)."""
-    view = client.request("POST", "api/jobs", {"kind": "notebook", "gpus": gpus})
+    view = client.request("POST", "api/jobs", {"kind": "notebook", "gpus": gpus, **fields})
     assert view["state"] == "running", view
     return view
 
@@ -127,3 +128,46 @@ def test_me_says_who_the_caller_is(service):
         "groups": [],
     }
     assert service.client("admin").request("GET", "api/me")["admin"] is True
+
+
+def test_a_notebook_server_has_no_cancel_button_but_a_link_to_stop_it(service, monkeypatch):
+    import ipywidgets as w
+
+    from jupyter_gpusched.widgets import JobWidget, QueueWidget
+
+    alice = service.client("alice")
+    mine = start_notebook(alice, gpus=1)  # the server this kernel runs in
+    named = start_notebook(alice, gpus=1, server_name="big")
+    batch = alice.submit(command="sleep 30", gpus=1, name="batch")
+    monkeypatch.setenv("GPUSCHED_JOB_ID", mine["id"])  # as the spawner sets it in the server
+    monkeypatch.setenv("JUPYTERHUB_BASE_URL", "/jhub/")
+
+    widget = QueueWidget(alice, interval=60, autostart=False)
+    widget.refresh()
+    for server, says in (
+        (mine, "this notebook server (the one you are working in)"),
+        (named, "notebook server &#x27;big&#x27;"),
+    ):
+        row = widget.rows[server["id"]]
+        assert row["cancel"] is None
+        assert not [c for c in row["box"].children if isinstance(c, w.Button)]
+        hint = row["box"].children[0].value
+        assert says in hint and "stop it from the" in hint
+        assert "href='/jhub/hub/home'" in hint
+
+    button = widget.rows[batch.id]["cancel"]
+    assert button.layout.display != "none"
+    button.click()
+    assert button.layout.display == "none"  # stopping or ended: nothing more to cancel
+    assert batch.id not in widget.rows or widget.rows[batch.id]["cancel"].layout.display == "none"
+    assert alice.job(mine["id"]).state == "running"  # the widget stopped no server
+    widget.close()
+
+    live = JobWidget(alice.job(mine["id"]), autostart=False)
+    assert live.cancel_button is None and "hub's home page" in live.children[1].value
+    live.close()
+    ended = JobWidget(alice.job(batch.id), autostart=False)
+    ended.job.wait(timeout=15)
+    ended._render(ended.job)
+    assert ended.cancel_button.layout.display == "none"
+    ended.close()

@@ -23,7 +23,8 @@ can pick up the jobs its predecessor started.
   the account it runs as, ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so that CUDA numbers GPUs as
   nvidia-smi does), the user-supplied ``spec.env`` (GPUSCHED_* included), and last
   ``CUDA_VISIBLE_DEVICES`` from ``spec.gpus`` (``""``: no GPU), which ``spec.env`` cannot
-  override.
+  override, and ``GPUSCHED_PYTHON``: the interpreter chosen for the job's account (below), which
+  the notebook client's and ``%%gpujob``'s commands run.
 * **Accounts.** When the service runs as root, a job runs as the Unix account named like the
   hub user who submitted it, as JupyterHub's LocalProcessSpawner does, but only an account that
   :class:`~jupyter_gpusched.accounts.AccountPolicy` allows (``c.AccountPolicy.min_uid``,
@@ -32,7 +33,10 @@ can pick up the jobs its predecessor started.
   :class:`LaunchError`: the account may have changed meanwhile). When the service is not root,
   or :attr:`LocalLauncher.run_as_submitting_user` is False, jobs run as the service's own user;
   the deny list still refuses the hub users named in it. Either way the interpreter
-  (:attr:`LocalLauncher.python`) with this package must be usable by that account.
+  (:attr:`LocalLauncher.python`) with this package must be usable by that account. This is the
+  one rule for a job's Python: :meth:`Launcher._interpreter` (this interpreter if the account
+  can import this package with it, else a system ``python3`` with this environment on
+  ``PYTHONPATH``); it runs the runner and is what ``$GPUSCHED_PYTHON`` names in the job.
 * **Working directory.** The runner starts in ``/`` and enters the working directory itself,
   with the job's uid, gids and groups (``Popen(cwd=...)`` would enter it as root, before the
   privileges are dropped): a directory the user cannot enter fails the job with a message saying
@@ -66,6 +70,7 @@ from traitlets import Bool, Float, Instance, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from ..accounts import (
+    JOB_PYTHON_ENV,
     SYSTEM_PYTHONS,
     AccountPolicy,
     AccountRefused,
@@ -354,6 +359,7 @@ class LocalLauncher(Launcher):
             record_fd = _open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, None)
             python, extra_env = self._interpreter(account)
             env.update(extra_env)
+            env[JOB_PYTHON_ENV] = python  # what the client's commands run (accounts.py)
             argv = [python, "-m", "jupyter_gpusched.service.runner"]
             argv += [f"--exit-fd={record_fd}", f"--run={run}", f"--cwd={cwd}"]
             if spec.command is not None:

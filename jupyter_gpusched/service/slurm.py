@@ -88,7 +88,7 @@ import uuid
 
 from traitlets import Bool, Float, Unicode
 
-from ..accounts import AccountRefused
+from ..accounts import JOB_PYTHON_ENV, AccountRefused
 from ..slurm_commands import (
     SlurmCommandError,
     SlurmOptions,
@@ -133,7 +133,8 @@ class SlurmLauncher(Launcher, SlurmOptions):
     python = Unicode(
         sys.executable,
         help="Python interpreter, on the nodes, with this package, nbclient and the kernels: "
-        "runs notebook jobs (command jobs do not need it).",
+        "runs notebook jobs, and is $GPUSCHED_PYTHON in every job (the notebook client's "
+        "function= and %%gpujob jobs run it).",
     ).tag(config=True)
 
     state_cache = Float(
@@ -223,6 +224,7 @@ class SlurmLauncher(Launcher, SlurmOptions):
             fail = f"echo '===== the job did not run: could not enter the directory' {where}"
             lines.append(f"cd -- {where} || {{ {fail}; exit 1; }}")
         lines.append("export CUDA_DEVICE_ORDER=PCI_BUS_ID")
+        lines.append(f"export {JOB_PYTHON_ENV}={shlex.quote(self.python)}")
         try:
             lines += export_lines(spec.env)
         except ValueError as exc:

@@ -1,0 +1,203 @@
+"""Jobs submitted from a notebook cell under a real hub, as ``make demo`` runs it: JupyterHub,
+configurable-http-proxy, the scheduler service, GPUSchedSpawner and alice's real single-user
+server and kernel (the demo cluster and queues, simulated GPUs). As root, her server, her kernel
+and her jobs run as her own Unix account.
+
+In the kernel (over its websocket, as JupyterLab sends cells): ``%%gpujob`` with a two-line
+script, ``client.submit(command=...)``, ``client.submit(function=lambda: 6 * 7)`` and
+``client.submit(notebook=...)`` all end ``completed``, as alice (her uid, checked inside each
+job), in the kernel's working directory, with a log she can read through the API; they run
+``"$GPUSCHED_PYTHON"``, the launcher's choice, not the kernel's interpreter. A kernel whose
+working directory alice can no longer enter still gets its ``%%gpujob`` run, in her home.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pwd
+import re
+import uuid
+
+import hub_harness
+import pytest
+import requests
+import test_spawner as ts
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
+
+DEMO = hub_harness.ROOT / "hub_config"
+JOB_TIMEOUT = 120  # seconds a job may take in the kernel (a notebook job starts a kernel)
+
+
+@pytest.fixture(scope="module")
+def hub():
+    cluster = str(DEMO / "demo-cluster.yaml")
+    env = {
+        "GPUSCHED_CLUSTER_FILE": cluster,
+        "GPUSCHED_QUEUE_FILE": str(DEMO / "demo-queues.yaml"),
+        "GPUSCHED_GPU_BACKEND": "simulated",  # as make demo
+        "GPUSCHED_SIM_CLUSTER": cluster,
+    }
+    with hub_harness.running_hub(env=env) as running:
+        yield running
+        ts.stop_every_server(running)
+
+
+@pytest.fixture(scope="module")
+def kernel(hub):
+    """alice's 1-GPU server (the demo's default profile) and a kernel in it."""
+    ts.start_server(hub, "alice", "gpu-1")
+    url = hub.url + "/user/alice/api/kernels"
+    headers = {"Authorization": f"token {hub.token('alice')}"}
+    response = requests.post(url, json={"name": "python3"}, headers=headers, timeout=30)
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+async def _execute(ws_url: str, token: str, code: str, timeout: float) -> tuple[str, str]:
+    """Run ``code`` in the kernel; (the reply's status, everything the cell showed as text)."""
+    request = HTTPRequest(ws_url, headers={"Authorization": f"token {token}"})
+    connection = await asyncio.wait_for(websocket_connect(request), 30)
+    msg_id, shown = uuid.uuid4().hex, []
+    header = {"msg_id": msg_id, "msg_type": "execute_request", "username": "alice"}
+    header.update(session=uuid.uuid4().hex, version="5.3", date="")
+    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {}}
+    content.update(allow_stdin=False, stop_on_error=True)
+    message = {"header": header, "parent_header": {}, "metadata": {}, "content": content}
+    message.update(channel="shell", buffers=[])
+    try:
+        await connection.write_message(json.dumps(message))
+        while True:
+            raw = await asyncio.wait_for(connection.read_message(), timeout)
+            assert raw is not None, "the kernel websocket closed before the reply"
+            reply = json.loads(raw)
+            if reply["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind = reply["header"]["msg_type"]
+            if kind == "stream":
+                shown.append(reply["content"]["text"])
+            elif kind == "error":
+                shown.append("\n".join(reply["content"]["traceback"]))
+            elif kind == "execute_reply":
+                return reply["content"]["status"], "".join(shown)
+    finally:
+        connection.close()
+
+
+def execute(hub, kernel_id: str, code: str, timeout: float = JOB_TIMEOUT) -> str:
+    """Run ``code`` in alice's kernel; what it printed (the cell must succeed)."""
+    ws_url = hub.url.replace("http", "ws", 1) + f"/user/alice/api/kernels/{kernel_id}/channels"
+    status, shown = asyncio.run(_execute(ws_url, hub.token("alice"), code, timeout))
+    assert status == "ok", shown
+    return shown
+
+
+def job_of_alice(hub, job_id: str) -> tuple[dict, str]:
+    """The job as alice sees it, and its log (which she must be able to read)."""
+    token = hub.token("alice")
+    view = hub.service("GET", f"api/jobs/{job_id}", token)
+    assert view.status_code == 200, view.text
+    log = hub.service("GET", f"api/jobs/{job_id}/log", token)
+    assert log.status_code == 200, log.text
+    return view.json(), log.text
+
+
+def alice() -> tuple[int, str]:
+    # a hub that is not root runs everything as its own user
+    entry = pwd.getpwnam("alice") if os.geteuid() == 0 else pwd.getpwuid(os.geteuid())
+    return entry.pw_uid, entry.pw_name
+
+
+def test_gpujob_and_every_kind_of_submit_run_as_the_user(hub, kernel):
+    uid, account = alice()
+    workdir = execute(
+        hub,
+        kernel,
+        "import os, uuid\n"
+        "os.chdir(os.path.expanduser('~'))\n"
+        "work = os.path.abspath(f'gpusched-jobs-test-{uuid.uuid4().hex[:8]}')\n"
+        "os.mkdir(work)\n"
+        "os.chdir(work)\n"
+        "print(work)\n",
+    ).strip()
+    try:
+        execute(hub, kernel, "%load_ext jupyter_gpusched")
+        shown = execute(
+            hub, kernel, "%%gpujob --wait --name two-lines\nimport os\nprint('uid', os.getuid())\n"
+        )
+        cell_id = re.search(r"Submitted (j-\d+)", shown).group(1)
+        assert f"{cell_id}: completed" in shown, shown
+        assert f"uid {uid}" in shown  # --wait printed the job's output in the cell
+
+        shown = execute(
+            hub,
+            kernel,
+            "import json, nbformat\n"
+            "from jupyter_gpusched import client\n"
+            "out = {}\n"
+            "job = client.submit(command='id -u; pwd', gpus=1, name='command')\n"
+            "out['command'] = [job.id, job.wait(120)]\n"
+            "job = client.submit(function=lambda: 6 * 7, gpus=1)\n"
+            "out['function'] = [job.id, job.result(120)]\n"
+            "job = client.submit(function=os.getuid, gpus=1)\n"
+            "out['function uid'] = [job.id, job.result(120)]\n"
+            "cell = nbformat.v4.new_code_cell(\n"
+            '    \'import os\\nopen("notebook-uid.txt", "w").write(str(os.getuid()))\')\n'
+            "nbformat.write(nbformat.v4.new_notebook(cells=[cell]), 'uid.ipynb')\n"
+            "job = client.submit(notebook='uid.ipynb', gpus=1)\n"
+            "out['notebook'] = [job.id, job.wait(120), open('notebook-uid.txt').read()]\n"
+            "print(json.dumps(out))\n",
+        )
+        out = json.loads(shown.strip().splitlines()[-1])
+        assert out["command"][1] == "completed", out
+        assert out["function"][1] == 42
+        assert out["function uid"][1] == uid  # the function ran as alice
+        assert out["notebook"][1:] == ["completed", str(uid)]  # the notebook's kernel too
+
+        for name, job_id in [("cell", cell_id)] + [(key, value[0]) for key, value in out.items()]:
+            view, log = job_of_alice(hub, job_id)
+            assert view["state"] == "completed", (name, view)
+            assert view["cwd"] == workdir, (name, view)  # the kernel's working directory
+            assert f" as {account}: CUDA_VISIBLE_DEVICES=" in log, (name, log)
+            if view.get("command") and name != "command":  # the launcher's Python, no other
+                assert view["command"].startswith('"$GPUSCHED_PYTHON" -u '), (name, view)
+        _, log = job_of_alice(hub, out["command"][0])
+        assert f"\n{uid}\n{workdir}\n" in log
+        _, log = job_of_alice(hub, cell_id)
+        assert f"uid {uid}\n" in log
+    finally:
+        execute(hub, kernel, f"import shutil; os.chdir('/'); shutil.rmtree({workdir!r})")
+
+
+def test_a_working_directory_the_job_cannot_enter_falls_back_to_home(hub, kernel):
+    _, account = alice()
+    home = pwd.getpwnam(account).pw_dir if os.geteuid() == 0 else None
+    shown = execute(
+        hub,
+        kernel,
+        "import os, tempfile\n"
+        "os.chdir(os.path.expanduser('~'))\n"
+        "closed = tempfile.mkdtemp(prefix='gpusched-closed-', dir=os.getcwd())\n"
+        "os.chdir(closed)\n"
+        "os.chmod('.', 0)  # the kernel is still in it; nobody of alice's may enter it\n"
+        "print(os.path.expanduser('~'))\n",
+    )
+    home = home or shown.strip()
+    cell_file = None
+    try:
+        execute(hub, kernel, "%load_ext jupyter_gpusched")
+        shown = execute(hub, kernel, "%%gpujob --wait\nimport os\nprint('in', os.getcwd())\n")
+        job_id = re.search(r"Submitted (j-\d+)", shown).group(1)
+        cell_file = re.search(r"the cell is in (\S+)", shown).group(1)
+        assert cell_file.startswith(f"{home}/.gpusched/cell-"), shown
+        assert "it runs in your home directory" in shown, shown  # the warning
+        view, log = job_of_alice(hub, job_id)
+        assert view["state"] == "completed" and view["cwd"] == home, view
+        assert f"in {home}\n" in log
+    finally:
+        cleanup = "os.chmod(closed, 0o700); os.chdir(os.path.expanduser('~')); os.rmdir(closed)"
+        if cell_file:  # this test's cell, in alice's real home
+            cleanup += f"; os.remove({cell_file!r})"
+        execute(hub, kernel, cleanup)

@@ -23,7 +23,7 @@ def valid_queue_path(path) -> bool:
     """Is ``path`` shaped like a queue path (``research/vision``: names of letters, digits,
     '_', '-', '.', '@', joined by '/')? Whether the queue exists is the queue file's to say."""
     return isinstance(path, str) and all(
-        _NAME.match(part) and part != ROOT for part in path.split("/")
+        _NAME.match(part) and part not in (ROOT, ".", "..") for part in path.split("/")
     )
 
 

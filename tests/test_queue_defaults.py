@@ -110,4 +110,4 @@ def test_reasons_count_gpus_in_words():
     scheduler.submit(job("big", 1), 0)
     scheduler.submit(job("small", 1, t=1), 1)
     scheduler.schedule(1)
-    assert scheduler.jobs["small"].reason.message.startswith("needs 1 GPU; 0 are free")
+    assert scheduler.jobs["small"].reason.message.startswith("needs 1 GPU; 0 free")

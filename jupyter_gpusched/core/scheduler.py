@@ -355,9 +355,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
                 return block
         free = self._free_for(job)
         if free < job.amount - 1e-9:
-            return Reason(
-                "capacity", "gpus-busy", f"needs {gpus_text(job.amount)}; {free:g} are free"
-            )
+            return Reason("capacity", "gpus-busy", f"needs {gpus_text(job.amount)}; {free:g} free")
         exclude = self._maintenance_excluded(job, now)
         if reservation is not None and not may_backfill(reservation, self._walltime(job), now):
             exclude = exclude | reservation.nodes

@@ -12,6 +12,8 @@ from jupyterhub.spawner import SpawnException
 from traitlets import TraitError
 
 from .core.durations import parse_duration
+from .core.quotas import valid_queue_path
+from .core.wording import gpus_text
 
 TIERS = (1, 2, 3)
 PROFILE_KEYS = {
@@ -22,7 +24,8 @@ PROFILE_KEYS = {
     "gpus": "how many GPUs (whole number >= 1)",
     "gpu_models": "GPU models to choose from (empty: any); users pick one or any of them",
     "groups": "hub groups whose members may use it (empty: everyone)",
-    "queue": "the scheduler queue to submit to (default: the user's first queue)",
+    "queue": "the scheduler queue it always uses, e.g. research/vision (default: the user's "
+    "choice in the form, else their team queue)",
     "idle_timeout": "seconds (or 30m, 2h) without activity before the server shuts down",
     "max_lifetime": "the longest the server runs (seconds or 8h, 1d); the job's walltime",
     "max_queue_wait": "this profile's maximum queue wait (default: max_queue_wait)",
@@ -98,8 +101,11 @@ def normalize_profiles(profiles) -> list[dict]:
         if tier not in TIERS or isinstance(tier, bool):
             raise TraitError(f"{where}: tier must be 1, 2 or 3, got {tier!r}")
         queue = raw.get("queue")
-        if queue is not None and (not isinstance(queue, str) or not queue.strip()):
-            raise TraitError(f"{where}: queue must be a queue path")
+        if queue is not None and not valid_queue_path(queue):
+            raise TraitError(
+                f"{where}: queue must be a queue path like 'research/vision' (names of letters, "
+                f"digits, '_', '-', '.', '@' joined by '/'), got {queue!r}"
+            )
         description = raw.get("description", "")
         if not isinstance(description, str):
             raise TraitError(f"{where}: description must be a string")
@@ -181,14 +187,37 @@ def select_profile(profiles: list[dict], username: str, groups, user_options) ->
     return profile, models
 
 
+def select_queue(profile: dict, user_options) -> str | None:
+    """The queue the server's job asks for: the profile's own (a pinned queue wins over a
+    choice), else the one chosen (form or REST ``{"queue": path}``), else None: the service
+    puts it in the user's team queue. Whether the user may use it is the service's to say (its
+    403 or 400 message reaches the spawn page)."""
+    if profile["queue"]:
+        return profile["queue"]
+    options = user_options if isinstance(user_options, dict) else {}
+    queue = _first(options.get("queue"))
+    if queue in (None, ""):
+        return None
+    if not valid_queue_path(queue):
+        raise GPUSchedSpawnError(
+            f"{str(queue)[:100]!r} is not a queue path (like 'research/vision').",
+            reason="queue",
+        )
+    return queue
+
+
 def profile_options_from_form(form_data: dict) -> dict:
     """The options form's fields -> ``user_options``: ``{"profile": slug}``, plus ``"gpu_model"``
-    when one was chosen for that profile (the form has one model list per profile)."""
+    when one was chosen for that profile (the form has one model list per profile) and
+    ``"queue"`` when the form offered a choice of queues."""
     slug = _first(form_data.get("profile"))
     options = {"profile": slug} if slug else {}
     model = _first(form_data.get(f"gpu_model:{slug}")) if slug else None
     if model and model != "any":
         options["gpu_model"] = model
+    queue = _first(form_data.get("queue"))
+    if queue:
+        options["queue"] = queue
     return options
 
 
@@ -202,8 +231,15 @@ def describe_duration(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
-def render_options_form(profiles: list[dict], selected: str | None = None) -> str:
-    """The HTML of the options form (JupyterHub adds the <form> and the start button)."""
+def render_options_form(
+    profiles: list[dict],
+    selected: str | None = None,
+    queues: list[dict] | str | None = None,
+    chosen_queue: str | None = None,
+) -> str:
+    """The HTML of the options form (JupyterHub adds the <form> and the start button).
+    ``queues``: the user's queues as ``GET api/me`` lists them (a list to choose from below the
+    profiles), or why they could not be listed (a string), or None (no queue section)."""
     if not profiles:
         return (
             '<p class="alert alert-warning">No GPU profile is available to you: ask the hub '
@@ -217,13 +253,15 @@ def render_options_form(profiles: list[dict], selected: str | None = None) -> st
         slug = html.escape(profile["slug"])
         checked = " checked" if profile["slug"] == default else ""
         facts = [
-            f"{profile['gpus']} GPU{'s' if profile['gpus'] != 1 else ''}",
+            gpus_text(profile["gpus"]),
             f"tier {profile['tier']}" + (" (pre-emptible)" if profile["tier"] == 3 else ""),
         ]
         if profile["idle_timeout"]:
             facts.append(f"stops after {describe_duration(profile['idle_timeout'])} idle")
         if profile["max_lifetime"]:
             facts.append(f"runs at most {describe_duration(profile['max_lifetime'])}")
+        if profile["queue"]:
+            facts.append(f"in queue {profile['queue']}")
         rows.append(
             f'<div class="radio"><label for="gpusched-profile-{slug}">'
             f'<input type="radio" name="profile" id="gpusched-profile-{slug}" value="{slug}"'
@@ -245,4 +283,42 @@ def render_options_form(profiles: list[dict], selected: str | None = None) -> st
             rows.append(f"<small> on {html.escape(profile['gpu_models'][0])}</small>")
         rows.append("</div>")
     rows.append("</div>")
+    rows.append(render_queue_choice(queues, chosen_queue, pinned=any(p["queue"] for p in profiles)))
+    return "\n".join(rows)
+
+
+def describe_queue(queue: dict) -> str:
+    """``research/vision: 1 of 3 guaranteed GPUs in use, limit 8`` (a queue of ``api/me``)."""
+    limit = "no limit" if queue.get("limit") is None else f"limit {queue['limit']:g}"
+    return (
+        f"{queue['path']}: {queue['in_use']:g} of {gpus_text(queue['guaranteed'])} "
+        f"guaranteed in use, {limit}"
+    )
+
+
+def render_queue_choice(queues, chosen: str | None, pinned: bool = False) -> str:
+    """The form's queue section: a list of the user's queues with their figures, the default
+    (or the previous choice) preselected."""
+    if queues is None:
+        return ""
+    note = " (a profile that names its own queue uses that one)" if pinned else ""
+    if isinstance(queues, str) or not queues:
+        why = html.escape(queues) if isinstance(queues, str) and queues else "none listed"
+        return (
+            f'<p class="gpusched-queues"><small>Queue: your default queue{note} (the queues '
+            f"could not be listed: {why}).</small></p>"
+        )
+    paths = {q["path"] for q in queues}
+    chosen = chosen if chosen in paths else next((q["path"] for q in queues if q["default"]), None)
+    rows = [
+        '<div class="form-group gpusched-queues">',
+        f'<label for="gpusched-queue">Queue{html.escape(note)}</label>',
+        '<select class="form-control" name="queue" id="gpusched-queue">',
+    ]
+    for queue in queues:
+        path = html.escape(queue["path"])
+        mark = " selected" if queue["path"] == chosen else ""
+        text = describe_queue(queue) + (" (your default)" if queue["default"] else "")
+        rows.append(f'<option value="{path}"{mark}>{html.escape(text)}</option>')
+    rows.append("</select></div>")
     return "\n".join(rows)

@@ -6,8 +6,11 @@ managed service ``gpusched``), so notebooks and batch jobs share one queue, one 
 one placement logic:
 
 1. The user picks a profile (the options form lists those their groups may use; through the REST
-   API, ``{"profile": "<slug>"}``, optionally ``"gpu_model"``). A profile they may not use is
-   refused with a message (HTTP 403) before anything is asked of the scheduler.
+   API, ``{"profile": "<slug>"}``, optionally ``"gpu_model"``) and a queue (the form lists the
+   user's queues from the service's ``GET api/me`` with GPUs in use, guaranteed and limit, their
+   default preselected; REST: ``"queue"``; a profile with a ``queue`` always uses that one). A
+   profile they may not use is refused with a message (HTTP 403) before anything is asked of
+   the scheduler; a queue they may not use, with the scheduler's message.
 2. ``start()`` submits a ``kind: notebook`` job to the service *as the user* (a token of the user
    that the spawner creates, limited to the service's access scope and the user's groups) and
    waits while it is pending; ``progress()`` streams the position in the queue, the reason
@@ -72,6 +75,7 @@ from .profiles import (  # noqa: F401 (importable from here too)
     profile_options_from_form,
     render_options_form,
     select_profile,
+    select_queue,
     slugify,
 )
 from .spawner_queue import SchedulerClient, ServiceUnavailable
@@ -93,7 +97,9 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         help="""The GPU profiles users choose from, like KubeSpawner's profile_list. Each a dict:
         display_name (required), slug (default: from display_name), description, tier (1, 2 or
         3; default 2), gpus (default 1), gpu_models (choices; empty: any model), groups (hub
-        groups whose members may use it; empty: everyone), queue (scheduler queue), idle_timeout
+        groups whose members may use it; empty: everyone), queue (a scheduler queue it always
+        uses, e.g. 'research/vision'; default: the user's choice in the form, else the team
+        queue the scheduler gives them), idle_timeout
         and max_lifetime (seconds or '30m', '8h'; none by default), max_queue_wait (overrides
         GPUSchedSpawner.max_queue_wait), default (preselected).""",
     ).tag(config=True)
@@ -179,6 +185,7 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         self._launch_timeout = self.start_timeout  # the configured value: the launch alone
         self._profile: dict | None = None
         self._gpu_models: list[str] | None = None
+        self._queue: str | None = None  # the queue chosen for this start (None: the default)
         self._starting = self._stopping = False
         self._service_token: str | None = None  # the spawner's own (spawner_queue.py)
         self._started_token: str | None = None  # the server's, while this hub started it
@@ -202,6 +209,7 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
             self.profile_list, self.user.name, self.user_groups(), user_options
         )
         self._profile, self._gpu_models = profile, models
+        self._queue = select_queue(profile, user_options)
         return profile
 
     async def get_options_form(self):
@@ -209,7 +217,9 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
             return await super().get_options_form()
         mine = allowed_profiles(self.profile_list, self.user_groups())
         previous = _first((self.user_options or {}).get("profile"))
-        return render_options_form(mine, previous)
+        queues = await self.my_queues() if mine else None
+        chosen = _first((self.user_options or {}).get("queue"))
+        return render_options_form(mine, previous, queues, chosen)
 
     def server_account(self) -> pwd.struct_passwd | None:
         """The OS account the server runs as: the hub user's own, if the account policy allows

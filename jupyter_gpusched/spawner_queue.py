@@ -160,11 +160,23 @@ class SchedulerClient:
         }
         if self._gpu_models:
             body["gpu_model"] = self._gpu_models
-        if profile["queue"]:
-            body["queue"] = profile["queue"]
+        if self._queue:  # the profile's queue or the user's choice (profiles.select_queue)
+            body["queue"] = self._queue
         if profile["max_lifetime"]:
             body["walltime"] = profile["max_lifetime"]
         return body
+
+    async def my_queues(self) -> list[dict] | str:
+        """The user's queues as the service lists them (``GET api/me``: path, GPUs in use,
+        guaranteed, limit, default) for the options form; a string saying why not when the
+        service does not answer (the form then says so, and the start uses the default)."""
+        try:
+            status, data = await self.api("GET", "api/me")
+        except (ServiceUnavailable, GPUSchedSpawnError) as exc:
+            return f"the GPU scheduler is not reachable ({exc})"
+        if status != 200 or not isinstance(data, dict) or "queues" not in data:
+            return f"the GPU scheduler answered {status}"
+        return data["queues"]
 
     async def release(self, job_id: str, why: str) -> None:
         """Give the allocation (or the queued request) back. Never raises: a failure is logged

@@ -56,14 +56,16 @@ TOKENS = {
 ADMINS = {"admin"}
 
 #: A queue file for the tests (24 GPUs): alice and bob share "team"; "small" has a limit of 2
-#: GPUs; only carol may use "private"; dave may have 2 jobs pending at most.
+#: GPUs and is the catch-all default_queue (their jobs without a queue still go to "team", the
+#: queue that names them: core/quotas.py default_for); only carol may use "private"; dave may
+#: have 2 jobs pending at most.
 QUEUES = {
     "queues": {
         "team": {"guaranteed": 12, "limit": 24, "users": ["alice", "bob", "dave"]},
         "small": {"guaranteed": 0, "limit": 2, "users": ["alice", "bob"]},
         "private": {"guaranteed": 12, "users": ["carol"]},
     },
-    "default_queue": "team",
+    "default_queue": "small",
     "user_limits": {"default": {"pending_jobs": 1000}, "dave": {"pending_jobs": 2}},
 }
 

@@ -228,6 +228,36 @@ async def test_a_queue_the_user_is_not_a_member_of_is_forbidden(service_factory)
     )
 
 
+async def test_a_job_without_a_queue_lands_in_the_team_queue_and_me_lists_the_queues(
+    service_factory,
+):
+    """``small`` is the catch-all default_queue and names alice too; her job without a queue
+    goes to ``team``, the queue that names her (issue 15: every job went to the catch-all).
+    ``api/me`` lists her queues with GPUs in use, guarantee and limit, marking the default."""
+    service = await service_factory()
+    alice = service.client("alice")
+    job = await submit(alice, h100(3))
+    assert (job["queue"], job["state"]) == ("team", "running")  # small's limit is 2
+    _, me = await alice.get("api/me")
+    assert me["queues"] == [
+        {"path": "small", "in_use": 0, "guaranteed": 0, "limit": 2, "default": False},
+        {"path": "team", "in_use": 3, "guaranteed": 12, "limit": 24, "default": True},
+    ]
+    _, carol = await service.client("carol").get("api/me")
+    assert [(q["path"], q["default"]) for q in carol["queues"]] == [("private", True)]
+
+
+async def test_my_jobs_are_listed_newest_first(service_factory):
+    """docs/service.md and the OpenAPI document say newest first; so does client.jobs()."""
+    service = await service_factory()
+    bob = service.client("bob")
+    ids = [(await submit(bob, {**JOB, "held": True}))["id"] for _ in range(3)]
+    _, listed = await bob.get("api/jobs")
+    assert [j["id"] for j in listed["jobs"]] == ids[::-1]
+    _, page = await bob.get("api/jobs", params={"limit": 1, "offset": 1})
+    assert [j["id"] for j in page["jobs"]] == [ids[1]]
+
+
 async def test_too_many_pending_jobs_get_429(service_factory):
     service = await service_factory()
     dave = service.client("dave")

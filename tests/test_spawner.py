@@ -36,6 +36,7 @@ from jupyter_gpusched.spawner import (
     profile_options_from_form,
     render_options_form,
     select_profile,
+    select_queue,
 )
 
 # -- profiles and the options form, without a hub -----------------------------------------------
@@ -86,6 +87,9 @@ def test_profiles_are_filled_in_and_filtered_by_group():
         ([{"display_name": "a", "max_lifetime": "soon"}], "max_lifetime"),
         ([{"display_name": "a", "slug": "Not A Slug"}], "slug"),
         ([{"display_name": "a", "groups": [1]}], "groups must be a list of names"),
+        ([{"display_name": "a", "queue": "research//vision"}], "queue must be a queue path"),
+        ([{"display_name": "a", "queue": ["ops"]}], "queue must be a queue path"),
+        ([{"display_name": "a", "queue": "ops team"}], "got 'ops team'"),
     ],
 )
 def test_bad_profiles_are_refused_with_the_key(profiles, error):
@@ -148,7 +152,47 @@ def test_options_from_form():
     assert profile_options_from_form(form) == {"profile": "1-gpu-tier-2", "gpu_model": "H100"}
     form["gpu_model:1-gpu-tier-2"] = ["any"]
     assert profile_options_from_form(form) == {"profile": "1-gpu-tier-2"}
+    form["queue"] = ["research/nlp"]
+    assert profile_options_from_form(form) == {"profile": "1-gpu-tier-2", "queue": "research/nlp"}
     assert profile_options_from_form({}) == {}
+
+
+MY_QUEUES = [  # GET api/me's "queues"
+    {"path": "research/nlp", "in_use": 0, "guaranteed": 3, "limit": 8, "default": False},
+    {"path": "research/vision", "in_use": 4, "guaranteed": 3, "limit": 8, "default": True},
+    {"path": "sandbox", "in_use": 1, "guaranteed": 0, "limit": None, "default": False},
+]
+
+
+def test_the_options_form_lists_the_users_queues_with_their_figures():
+    form = render_options_form(allowed_profiles(PROFILES, ["research"]), None, MY_QUEUES)
+    assert '<select class="form-control" name="queue"' in form
+    assert (
+        '<option value="research/vision" selected>research/vision: 4 of 3 GPUs guaranteed in '
+        "use, limit 8 (your default)</option>"
+    ) in form
+    assert "research/nlp: 0 of 3 GPUs guaranteed in use, limit 8</option>" in form
+    assert "sandbox: 1 of 0 GPUs guaranteed in use, no limit</option>" in form
+    again = render_options_form(PROFILES, None, MY_QUEUES, chosen_queue="research/nlp")
+    assert '<option value="research/nlp" selected>' in again
+    assert '<option value="research/vision" selected>' not in again
+    down = render_options_form(PROFILES, None, "the GPU scheduler answered 503")
+    assert "your default queue" in down and "answered 503" in down and "<select" in down
+    assert 'name="queue"' not in down
+    pinned = normalize_profiles([{"display_name": "ops", "queue": "ops"}])
+    assert "in queue ops" in render_options_form(pinned, None, MY_QUEUES)
+
+
+def test_a_profiles_queue_wins_over_a_choice_and_a_bad_choice_is_refused():
+    free, pinned = normalize_profiles(
+        [{"display_name": "free"}, {"display_name": "pinned", "queue": "research/vision"}]
+    )
+    assert select_queue(free, {}) is None  # the service's default: the user's team queue
+    assert select_queue(free, {"queue": ["research/nlp"]}) == "research/nlp"
+    assert select_queue(pinned, {"queue": "sandbox"}) == "research/vision"
+    with pytest.raises(GPUSchedSpawnError, match="is not a queue path") as refused:
+        select_queue(free, {"queue": "../etc"})
+    assert refused.value.status_code == 400
 
 
 def test_start_timeout_covers_the_queue_wait():

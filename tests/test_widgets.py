@@ -122,11 +122,14 @@ def test_utilization_view_and_text():
 
 
 def test_me_says_who_the_caller_is(service):
-    assert service.client("alice").request("GET", "api/me") == {
+    me = service.client("alice").request("GET", "api/me")
+    assert {key: me[key] for key in ("name", "admin", "groups")} == {
         "name": "alice",
         "admin": False,
         "groups": [],
     }
+    # her queues (service_helpers.QUEUES), her team's queue as her default
+    assert [(q["path"], q["default"]) for q in me["queues"]] == [("small", False), ("team", True)]
     assert service.client("admin").request("GET", "api/me")["admin"] is True
 
 

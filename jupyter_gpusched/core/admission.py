@@ -11,6 +11,7 @@ from .cluster import Cluster
 from .errors import ConfigError
 from .jobs import KINDS, TIERS, Job, Reason
 from .quotas import Queue, QueueTree
+from .wording import gpus_text
 
 #: The smallest share of a GPU the engine places: shares are tracked to six decimals, so a much
 #: smaller one could not be told from none (the service asks for more: requests.MIN_GPU_FRACTION).
@@ -101,7 +102,7 @@ def rejection(
         labels = labels if len(labels) <= QUOTED else labels[: QUOTED - 3] + "..."
         return f"no node has the labels {labels}", "labels"
     if job.gpus > total:
-        return f"asks for {job.gpus} GPUs but the cluster has {total} that match", "gpus"
+        return f"asks for {gpus_text(job.gpus)} but the cluster has {total} that match", "gpus"
     per_node = job.gpus_per_node or (job.gpus if job.gpus <= cluster.max_node_gpus else None)
     if per_node:
         share = per_node / job.gpus  # of the job's CPUs and memory, on each of its nodes
@@ -111,7 +112,7 @@ def rejection(
         if fitting < job.gpus // per_node:
             if job.gpus_per_node is None:
                 return (
-                    f"no node has {job.gpus} GPUs with {job.cpus or 0:g} CPUs and "
+                    f"no node has {gpus_text(job.gpus)} with {job.cpus or 0:g} CPUs and "
                     f"{job.memory_gb or 0:g} GB of memory for it",
                     "gpus",
                 )
@@ -137,14 +138,14 @@ def rejection(
     for node in queue.chain():
         if job.gpus > node.limit:
             return (
-                f"asks for {job.gpus} GPUs, more than queue {node.label()}'s limit "
+                f"asks for {gpus_text(job.gpus)}, more than queue {node.label()}'s limit "
                 f"of {node.limit:g}",
                 "gpus",
             )
     if guarantees and job.tier == 1 and job.gpus > queue.guaranteed:
         return (
             f"a tier-1 job runs only inside its queue's guarantee; {queue.label()} guarantees "
-            f"{queue.guaranteed:g} GPUs and the job asks for {job.gpus}",
+            f"{gpus_text(queue.guaranteed)} and the job asks for {job.gpus}",
             "tier",
         )
     return None
@@ -174,7 +175,7 @@ def policy_block(
                 Reason(
                     "policy",
                     "queue-limit",
-                    f"queue {node.label()} is at its limit of {node.limit:g} GPUs "
+                    f"queue {node.label()} is at its limit of {gpus_text(node.limit)} "
                     f"({node.running + node.claimed:g} in use)",
                 ),
                 node,

@@ -19,6 +19,14 @@ _QUEUE_FIELDS = {"guaranteed", "limit", "weight", "children", "users", "groups"}
 ROOT = "root"
 
 
+def valid_queue_path(path) -> bool:
+    """Is ``path`` shaped like a queue path (``research/vision``: names of letters, digits,
+    '_', '-', '.', '@', joined by '/')? Whether the queue exists is the queue file's to say."""
+    return isinstance(path, str) and all(
+        _NAME.match(part) and part not in (ROOT, ".", "..") for part in path.split("/")
+    )
+
+
 @dataclass(eq=False)
 class Queue:
     name: str
@@ -80,6 +88,7 @@ class QueueTree:
             stack.extend(queue.children)
         self.default_queue = default_queue
         self.leaves = [q for q in self.by_path.values() if q.is_leaf]
+        self._file_order = {path: i for i, path in enumerate(_preorder(root))}
 
     @classmethod
     def single(cls, cluster_gpus: int) -> QueueTree:
@@ -100,6 +109,34 @@ class QueueTree:
             for leaf in self.leaves
             if any(user in q.users or groups & set(q.groups) for q in leaf.chain())
         ]
+
+    def default_for(self, user: str, groups=()) -> Queue | None:
+        """The queue a job of ``user`` goes to when it names none (None: the user may use no
+        queue).
+
+        The most specific leaf queue that names the user or one of ``groups``: a leaf is named
+        for the user by the deepest entry on its chain (the leaf or an ancestor) listing the
+        user or a group, and the leaf whose naming entry is deepest wins (a team's own queue
+        before its department's). ``default_queue`` is a catch-all, not a team: it is chosen
+        only when no other queue names the user. Ties go to the first queue in file order. A
+        tree that names nobody sends everyone to ``default_queue`` (else its first leaf)."""
+        allowed = self.queues_for(user, groups)
+        catch_all = self.get("")
+        groups = set(groups)
+
+        def naming_depth(leaf: Queue) -> int:
+            chain = leaf.chain()  # leaf first, root last
+            for index, node in enumerate(chain):
+                if user in node.users or groups & set(node.groups):
+                    return len(chain) - 1 - index
+            return 0  # a tree that names nobody
+
+        named = [q for q in allowed if naming_depth(q) > 0 and q is not catch_all]
+        if named:
+            return min(named, key=lambda q: (-naming_depth(q), self._file_order[q.path]))
+        if catch_all in allowed:
+            return catch_all
+        return min(allowed, key=lambda q: self._file_order[q.path], default=None)
 
     def adopt(self, other: QueueTree) -> None:
         """Take the settings (guarantees, limits, weights, members, user limits) of ``other``,
@@ -205,6 +242,13 @@ class QueueTree:
                 line=line_of(data, "default_queue"),
             )
         return tree
+
+
+def _preorder(queue: Queue):
+    """Queue paths in the order the file lists them (parents before their children)."""
+    yield queue.path
+    for child in queue.children:
+        yield from _preorder(child)
 
 
 def _parse_children(parent: Queue, entries, source: str, container) -> None:

@@ -41,6 +41,7 @@ from .reservation import Reservation, may_backfill, reserve
 from .retries import RetrySteps
 from .settings import PolicySettings
 from .state import ClusterState, Placement
+from .wording import gpus_text
 from .workload import Workload
 
 PREEMPTION_TRIES_PER_PASS = 8  # successful pre-emptions per pass; the first failure ends them
@@ -116,6 +117,11 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         validate(job)
         if job.id in self.jobs:
             raise ConfigError(f"a job with id {job.id!r} already exists", field="id")
+        if self.policy.quotas and not job.queue and job.user:
+            # a trace row without a queue: its user's team queue, as the live service does
+            default = self.tree.default_for(job.user)
+            if default is not None:
+                job.queue = default.path
         reason = rejection(
             job, self._capacity, self.tree, self.policy.quotas, self.policy.guarantees
         )
@@ -349,7 +355,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
                 return block
         free = self._free_for(job)
         if free < job.amount - 1e-9:
-            return Reason("capacity", "gpus-busy", f"needs {job.amount:g} GPUs; {free:g} are free")
+            return Reason("capacity", "gpus-busy", f"needs {gpus_text(job.amount)}; {free:g} free")
         exclude = self._maintenance_excluded(job, now)
         if reservation is not None and not may_backfill(reservation, self._walltime(job), now):
             exclude = exclude | reservation.nodes
@@ -381,7 +387,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             reason = Reason(
                 "placement",
                 "one-leaf",
-                f"{free:g} GPUs free, but not under one leaf switch; it waits for one for "
+                f"{gpus_text(free)} free, but not under one leaf switch; it waits for one for "
                 f"{self.settings.leaf_patience / 60:g} min, then may span leaves",
             )
             pass_.failed[shape], pass_.reasons[shape] = job.amount, reason
@@ -420,7 +426,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             return Reason(
                 "policy",
                 "user-limit",
-                f"{job.user} already runs {gpus:g} GPUs; the limit per user is {limit.gpus:g}",
+                f"{job.user} already runs {gpus_text(gpus)}; the limit per user is {limit.gpus:g}",
             )
         if limit.running_jobs is not None and count + 1 > limit.running_jobs:
             return Reason(
@@ -572,11 +578,14 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             n = job.gpus // job.gpus_per_node
             return (
                 "gang-shape",
-                f"{free} GPUs free, but not {n} nodes with {job.gpus_per_node} each",
+                f"{gpus_text(free)} free, but not {n} nodes with {job.gpus_per_node} each",
             )
         if job.gpus <= self.cluster.max_node_gpus:
-            return "fragmented", f"{free} GPUs free, but no single node has {job.gpus} free"
-        return "constraints", f"{free} GPUs free, but none in a shape that meets its constraints"
+            return "fragmented", f"{gpus_text(free)} free, but no single node has {job.gpus} free"
+        return (
+            "constraints",
+            f"{gpus_text(free)} free, but none in a shape that meets its constraints",
+        )
 
     def next_wakeup(self) -> float | None:
         """When the adapter should call :meth:`schedule` even if nothing happens: a pre-emption

@@ -278,12 +278,29 @@ def latest_utilization(live, job_id: str) -> dict | None:
 
 class MeHandler(APIHandler):
     """``GET api/me``: who the service takes the caller to be (``name``, ``admin``,
-    ``groups``): the JupyterLab panel shows the admin-only parts (reaper settings) from it."""
+    ``groups``): the JupyterLab panel shows the admin-only parts (reaper settings) from it;
+    ``queues``: the leaf queues the caller may submit to, with the GPUs in use there, the
+    guarantee and the limit, ``default`` marking the one a job without a queue goes to (the
+    spawn form lists them)."""
 
     @api
     def get(self):
         who = self.identity
-        self.send({"name": who.name, "admin": who.admin, "groups": sorted(who.groups)})
+        tree = self.live.engine.tree
+        default = tree.default_for(who.name, who.groups)
+        queues = [
+            {
+                "path": queue.label(),
+                "in_use": queue.running + queue.claimed,
+                "guaranteed": queue.guaranteed,
+                "limit": None if queue.limit == float("inf") else queue.limit,
+                "default": queue is default,
+            }
+            for queue in sorted(tree.queues_for(who.name, who.groups), key=lambda q: q.path)
+        ]
+        self.send(
+            {"name": who.name, "admin": who.admin, "groups": sorted(who.groups), "queues": queues}
+        )
 
 
 class ClusterHandler(APIHandler):
@@ -397,7 +414,9 @@ class JobsHandler(APIHandler):
             )
         limit = self.whole("limit", 500, maximum=MAX_LIST_LIMIT)
         offset = self.whole("offset", 0)
-        rows = self.live.store.jobs(states=states, user=user, limit=limit, offset=offset)
+        rows = self.live.store.jobs(
+            states=states, user=user, limit=limit, offset=offset, newest_first=True
+        )
         live = self.live  # unfinished jobs from memory; the rest as read (no query per row)
         rows = [live.row(r["id"]) if r["id"] in live.extras else r for r in rows]
         self.send({"jobs": [self.view(r) for r in rows]})

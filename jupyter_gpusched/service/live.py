@@ -27,6 +27,7 @@ from ..core.decisions import Preempt, Start, Stop
 from ..core.errors import ConfigError
 from ..core.jobs import Job, JobState
 from ..core.scheduler import Scheduler
+from ..core.wording import gpus_text
 from .launcher import Exit, LaunchError, LaunchSpec
 from .records import Extra, allocation_rows, job_id_for, row_for, state_fields
 from .requests import JobRequest, RequestError
@@ -88,14 +89,11 @@ class LiveScheduler:
         self._check_account(who, request)
         tree = self.engine.tree
         allowed = tree.queues_for(who.name, who.groups)
-        if request.queue is None:
-            default = tree.get("")
-            if default is not None and default.is_leaf and default in allowed:
-                request.queue = default.path
-            elif allowed:
-                request.queue = allowed[0].path
-            else:
+        if request.queue is None:  # the user's team queue (core/quotas.py: default_for)
+            default = tree.default_for(who.name, who.groups)
+            if default is None:
                 raise RequestError(f"{who.name} belongs to no queue", "queue", status=403)
+            request.queue = default.path
         queue = tree.get(request.queue)
         if queue is None:
             known = ", ".join(q.path for q in allowed) or "none"
@@ -160,7 +158,7 @@ class LiveScheduler:
             env=request.env,
             cwd=request.cwd,
         )
-        message = f"{job.gpus:g} GPUs, tier {job.tier}"
+        message = f"{gpus_text(job.gpus)}, tier {job.tier}"
         event = self._event("submitted", job, who.name, message)
         self.extras[job.id] = extra
         self._count_pending(job, +1)

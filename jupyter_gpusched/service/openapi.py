@@ -149,7 +149,10 @@ JOB_LINKS = {
 PATHS = {
     "/api/me": {
         "get": _op(
-            "getMe", "Who the service takes the caller to be: name, admin, groups", ref("Me")
+            "getMe",
+            "Who the service takes the caller to be: name, admin, groups; the queues they may "
+            "use (GPUs in use, guaranteed, limit) and which is their default",
+            ref("Me"),
         )
     },
     "/api/cluster": {

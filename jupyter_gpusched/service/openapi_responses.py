@@ -225,7 +225,26 @@ SCHEMAS = {
     "Reason": REASON,
     "Job": JOB,
     "JobList": strict({"jobs": {"type": "array", "items": ref("Job")}}),
-    "Me": strict({"name": STRING, "admin": BOOLEAN, "groups": NAMES}),
+    "Me": strict(
+        {
+            "name": STRING,
+            "admin": BOOLEAN,
+            "groups": NAMES,
+            # the caller's leaf queues; default: where a job without a queue goes
+            "queues": {
+                "type": "array",
+                "items": strict(
+                    {
+                        "path": STRING,
+                        "in_use": NUMBER,
+                        "guaranteed": NUMBER,
+                        "limit": nullable("number"),
+                        "default": BOOLEAN,
+                    }
+                ),
+            },
+        }
+    ),
     "QueueEntry": QUEUE_ENTRY,
     "Queue": strict(
         {

@@ -277,10 +277,12 @@ class Store:
         user: str | None = None,
         limit: int | None = None,
         offset: int = 0,
+        newest_first: bool = False,
     ) -> list[dict[str, Any]]:
-        """Jobs in submit (``number``) order, optionally only some states / one user's."""
+        """Jobs in submit (``number``) order, or the newest first (``GET api/jobs``),
+        optionally only some states / one user's."""
         j = jobs_table
-        query = j.select().order_by(j.c.number)
+        query = j.select().order_by(j.c.number.desc() if newest_first else j.c.number)
         if states is not None:
             query = query.where(j.c.state.in_(states))
         if user is not None:

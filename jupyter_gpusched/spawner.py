@@ -283,7 +283,7 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         except BaseException as exc:  # CancelledError too: the spawn was cancelled
             if job_id:
                 why = (
-                    "the spawn was cancelled"
+                    "the start was cancelled through the hub"
                     if isinstance(exc, asyncio.CancelledError)
                     else (f"the start failed: {exc}")
                 )
@@ -410,7 +410,7 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         status = await self.poll_server()  # clears the state when the server is gone
         if status is not None:
             if job_id and not self._stopping:
-                await self.release(job_id, f"the server process exited ({status})")
+                await self.release(job_id, f"the server process exited (status {status})")
             return status
         if not job_id or self._stopping:
             return None
@@ -426,8 +426,14 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
             return None
         if code == 404:
             return await self._end(job_id, f"the scheduler has no job {job_id}", False)
-        if code != 200 or not isinstance(job, dict) or job.get("state") == "running":
+        if code != 200 or not isinstance(job, dict):
             return None
+        if job.get("state") == "running":
+            if job.get("stopping") != "cancelled":  # a pre-empted one has its grace period
+                return None
+            # cancelled through the service, which asked the hub to stop the server; should
+            # that request not have come through, the server stops here, and is released
+            return await self._end(job_id, "cancelled through the scheduler", True)
         why = (job.get("message") or job["state"]) if job["state"] in ENDED else job["state"]
         return await self._end(job_id, f"its allocation ended ({why})", False)
 
@@ -453,8 +459,8 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
                 await self.stop_server(now=now)
         finally:
             self._stopping = False
-        if job_id:
-            await self.release(job_id, "the server was stopped")
+        if job_id:  # JupyterHub does not say who asked (its user, an admin, a service, itself)
+            await self.release(job_id, "server stopped through the hub")
         self.job_id, self.allocation = "", []
 
     def delete_forever(self):

@@ -290,10 +290,23 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
                 await asyncio.shield(self.release(job_id, why))
             self.job_id, self.allocation = "", []
             self._revoke_server_token()  # a server that never started uses none
+            if isinstance(exc, asyncio.CancelledError):
+                self._forget_server()
             raise
         finally:
             self._starting, self._progress_done = False, True
             self._wake()
+
+    def _forget_server(self) -> None:
+        """A start cancelled by the hub (Stop Server on a queued start): JupyterHub stops this
+        spawner only about a second later, and meanwhile the server record it made for this
+        start makes the spawner look ready, so the spawn page is told to go to the server that
+        never started (a redirect loop, then a 424). Without the record the page hears "Spawn
+        cancelled" and the home page offers Start."""
+        if self.orm_spawner is None or getattr(self.user, "db", None) is None:
+            return
+        self.server = None  # JupyterHub's setter deletes the record
+        self.user.db.commit()
 
     def _save_state(self) -> None:
         """Write the state to the hub's database now (the hub itself does so only once start()

@@ -44,8 +44,11 @@ curl -s -H "Authorization: token $$TOKEN" $$H/services/gpusched/api/jobs/$$JOB
 curl -s -H "Authorization: token $$TOKEN" $$H/services/gpusched/api/jobs/$$JOB/log
 curl -s -H "Authorization: token $$TOKEN" $$H/services/gpusched/api/queue
 
-Ctrl-C stops the hub, the proxy and the scheduler. State: $(GPUSCHED_STATE_DIR); simulated
-GPUs' loads: $(GPUSCHED_SIM_GPU_DIR). As root, each user's server runs as their Unix account.
+Ctrl-C stops the hub, the proxy and the scheduler, and leaves running notebook servers and
+batch jobs running (cleanup_servers = False: the next `make demo` finds them, with their GPUs);
+stop servers from the hub's home page and cancel jobs (DELETE api/jobs/ID) first to end them.
+State: $(GPUSCHED_STATE_DIR); simulated GPUs' loads: $(GPUSCHED_SIM_GPU_DIR). As root, each
+user's server runs as their Unix account.
 
 endef
 export DEMO_HELP

@@ -106,6 +106,9 @@ c.JupyterHub.load_groups = {"research": {"users": ["alice", "bob"]}}
 # After login users land on the hub's home page (its Services menu links to the scheduler; its
 # "Start My Server" button leads to the profile form), not straight into a spawn.
 c.JupyterHub.default_url = "/hub/home"
+# The hub's pages, with one change (hub_config/templates/spawn_pending.html): "Stop Server" on a
+# start waiting in the GPU queue leads back to the home page.
+c.JupyterHub.template_paths = [os.path.join(HERE, "templates")]
 
 
 # -- the scheduler service -----------------------------------------------------------------------

@@ -293,17 +293,30 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         except BaseException as exc:  # CancelledError too: the spawn was cancelled
             if job_id:
                 why = (
-                    "the spawn was cancelled"
+                    "the start was cancelled through the hub"
                     if isinstance(exc, asyncio.CancelledError)
                     else (f"the start failed: {exc}")
                 )
                 await asyncio.shield(self.release(job_id, why))
             self.job_id, self.allocation = "", []
             self._revoke_server_token()  # a server that never started uses none
+            if isinstance(exc, asyncio.CancelledError):
+                self._forget_server()
             raise
         finally:
             self._starting, self._progress_done = False, True
             self._wake()
+
+    def _forget_server(self) -> None:
+        """A start cancelled by the hub (Stop Server on a queued start): JupyterHub stops this
+        spawner only about a second later, and meanwhile the server record it made for this
+        start makes the spawner look ready, so the spawn page is told to go to the server that
+        never started (a redirect loop, then a 424). Without the record the page hears "Spawn
+        cancelled" and the home page offers Start."""
+        if self.orm_spawner is None or getattr(self.user, "db", None) is None:
+            return
+        self.server = None  # JupyterHub's setter deletes the record
+        self.user.db.commit()
 
     def _save_state(self) -> None:
         """Write the state to the hub's database now (the hub itself does so only once start()
@@ -420,7 +433,7 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         status = await self.poll_server()  # clears the state when the server is gone
         if status is not None:
             if job_id and not self._stopping:
-                await self.release(job_id, f"the server process exited ({status})")
+                await self.release(job_id, f"the server process exited (status {status})")
             return status
         if not job_id or self._stopping:
             return None
@@ -436,8 +449,14 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
             return None
         if code == 404:
             return await self._end(job_id, f"the scheduler has no job {job_id}", False)
-        if code != 200 or not isinstance(job, dict) or job.get("state") == "running":
+        if code != 200 or not isinstance(job, dict):
             return None
+        if job.get("state") == "running":
+            if job.get("stopping") != "cancelled":  # a pre-empted one has its grace period
+                return None
+            # cancelled through the service, which asked the hub to stop the server; should
+            # that request not have come through, the server stops here, and is released
+            return await self._end(job_id, "cancelled through the scheduler", True)
         why = (job.get("message") or job["state"]) if job["state"] in ENDED else job["state"]
         return await self._end(job_id, f"its allocation ended ({why})", False)
 
@@ -463,8 +482,8 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
                 await self.stop_server(now=now)
         finally:
             self._stopping = False
-        if job_id:
-            await self.release(job_id, "the server was stopped")
+        if job_id:  # JupyterHub does not say who asked (its user, an admin, a service, itself)
+            await self.release(job_id, "server stopped through the hub")
         self.job_id, self.allocation = "", []
 
     def delete_forever(self):

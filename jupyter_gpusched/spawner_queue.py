@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from urllib.parse import urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
@@ -178,11 +179,14 @@ class SchedulerClient:
             return f"the GPU scheduler answered {status}"
         return data["queues"]
 
-    async def release(self, job_id: str, why: str) -> None:
-        """Give the allocation (or the queued request) back. Never raises: a failure is logged
+    async def release(self, job_id: str, why: str, server_gone: bool = True) -> None:
+        """Give the allocation (or the queued request) back, saying why (the job's message).
+        ``server_gone``: nothing of the server runs any more (the service checks where it can
+        see the server's processes: service/server_stops.py). Never raises: a failure is logged
         (the service then ends the job itself when its walltime runs out)."""
+        query = urlencode({"server_gone": "true" if server_gone else "false", "reason": why[:200]})
         try:
-            status, data = await self.api("DELETE", f"api/jobs/{job_id}")
+            status, data = await self.api("DELETE", f"api/jobs/{job_id}?{query}")
         except Exception as exc:
             self.log.warning(
                 "%s: could not release job %s (%s): %s", self._log_name, job_id, why, exc

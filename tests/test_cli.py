@@ -133,3 +133,39 @@ def test_console_script_and_jupyter_subcommand_are_installed():
                                  capture_output=True, text=True, check=False)  # fmt: skip
     assert via_jupyter.returncode == 0
     assert via_jupyter.stdout == result.stdout
+
+
+def test_reaper_show_follows_the_demo_hub_port(monkeypatch, capsys):
+    """``jupyter-gpusched reaper`` without --url goes to the hub of GPUSCHED_HUB_PORT, like the
+    rest of the demo (a second demo on another port is not the first one's)."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            body = json.dumps({"settings": {"timeout_tier_2": 60}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for name in ("GPUSCHED_SERVICE_URL", "GPUSCHED_URL"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("GPUSCHED_HUB_PORT", str(server.server_address[1]))
+        monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "t0ken")
+        assert main(["reaper", "show"]) == 0
+        assert json.loads(capsys.readouterr().out)["settings"] == {"timeout_tier_2": 60}
+        assert seen == [("/services/gpusched/api/reaper", "token t0ken")]
+    finally:
+        server.shutdown()
+        server.server_close()

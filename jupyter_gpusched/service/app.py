@@ -159,8 +159,9 @@ class GPUSchedService(Application):
     ).tag(config=True)
     notebook_stop_wait = Float(
         30.0,
-        help="After asking the hub to stop a pre-empted notebook server, how long to wait for "
-        "its spawner to release the GPUs before the service releases them itself.",
+        help="After asking the hub to stop a notebook server (cancelled, pre-empted, culled), "
+        "how long to wait for its spawner's release; then the service kills what is left of "
+        "the server on this machine and ends its job (service/server_stops.py).",
     ).tag(config=True)
     slurm_node_interval = Float(
         10.0,
@@ -180,8 +181,9 @@ class GPUSchedService(Application):
         help="""Nodes of the cluster file whose GPUs this machine sees (through gpu_backend):
         the service checks them for rogue GPU processes every
         rogue_check_interval (see service/rogue.py; the reaper setting rogue_processes says
-        report, kill or off). Default: the node named like this host, if the cluster has one;
-        [] turns the checks off.""",
+        report, kill or off), and a notebook server placed on them is over only when its
+        processes are gone here (service/server_stops.py). Default: the node named like
+        this host, if the cluster has one; [] turns the checks off.""",
     ).tag(config=True)
     rogue_check_interval = Float(
         30.0, help="Seconds between checks of the local GPUs for rogue processes."
@@ -293,6 +295,8 @@ class GPUSchedService(Application):
         live.quota_document = _plain(document)
         live.reaper = Reaper(live, _plain(settings.reaper), self.metrics, self.gpu_backend)
         live.rogue_watch = self._rogue_watch(live, cluster)
+        # where the service sees notebook servers' processes (service/server_stops.py)
+        live.server_stops.local_nodes = set() if live.node_sync else set(self._local_nodes(cluster))
         counts = recover(live)
         self.log.info("recovered from the database: %s", counts)
         return live
@@ -320,6 +324,13 @@ class GPUSchedService(Application):
         os.chmod(path, mode)
         self.log.warning("%s, %s: mode set to %o (it was %o)", what, path, mode, current)
 
+    def _local_nodes(self, cluster) -> list[str]:
+        """local_gpu_nodes, or the node named like this host."""
+        if self.local_gpu_nodes is not None:
+            return list(self.local_gpu_nodes)
+        host = short_hostname()
+        return [host] if any(node.name == host for node in cluster.nodes) else []
+
     def _rogue_watch(self, live, cluster) -> RogueWatch | None:
         if live.node_sync is not None:  # the Slurm launcher
             if self.local_gpu_nodes:
@@ -328,10 +339,7 @@ class GPUSchedService(Application):
                     "Slurm's, not the engine's"
                 )
             return None
-        names = self.local_gpu_nodes
-        if names is None:
-            host = short_hostname()
-            names = [host] if any(node.name == host for node in cluster.nodes) else []
+        names = self._local_nodes(cluster)
         telemetries = {}
         for name in names:
             cluster.node(name)  # ConfigError when the cluster has no such node

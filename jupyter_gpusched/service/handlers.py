@@ -37,6 +37,7 @@ from .requests import (
     parse_body,
     parse_job_request,
 )
+from .server_stops import MAX_REASON
 
 MAX_MESSAGE = 1000  # characters of an error message, whatever raised it (a last safety net)
 DRAIN_FACTOR = 64  # bodies up to this many times max_body_bytes are read (and dropped) for a 413
@@ -432,7 +433,15 @@ class JobHandler(APIHandler):
         row = self.job_row(job_id)
         if row["state"] not in ("pending", "running"):
             raise APIError(409, f"job {job_id} has already ended ({row['state']})", "id")
-        self.live.cancel(job_id, self.identity.name)
+        gone = self.get_argument("server_gone", "false")
+        if gone not in ("true", "false"):
+            raise APIError(400, "'server_gone' must be true or false", "server_gone")
+        reason = self.get_argument("reason", None)
+        if reason is not None and (len(reason) > MAX_REASON or not reason.isprintable()):
+            raise APIError(
+                400, f"'reason' must be printable text of at most {MAX_REASON} characters", "reason"
+            )
+        self.live.cancel(job_id, self.identity.name, server_gone=gone == "true", reason=reason)
         self.send(self.view(self.live.row(job_id)))
 
 

@@ -31,6 +31,7 @@ from ..core.wording import gpus_text
 from .launcher import Exit, LaunchError, LaunchSpec
 from .records import Extra, allocation_rows, job_id_for, row_for, state_fields
 from .requests import JobRequest, RequestError
+from .server_stops import ServerStops
 
 log = logging.getLogger("jupyter_gpusched.service")
 
@@ -79,7 +80,8 @@ class LiveScheduler:
         self._unsaved: list[tuple[Job, dict]] = []  # submissions not yet committed
         self._saved: asyncio.Future | None = None  # resolved when they are
         self._batch_of: dict[str, asyncio.Future] = {}  # job -> its batch, until awaited
-        self.server_stop_wait = 30.0  # after asking the hub to stop a pre-empted server
+        self.server_stop_wait = 30.0  # after asking the hub to stop a server (server_stops.py)
+        self.server_stops = ServerStops(self)  # notebook servers: ended once they are gone
         self.reaper = None  # the idle reaper (service/reaper.py), ticked by poll()
         self.rogue_watch = None  # checks for rogue GPU processes (service/rogue.py), by poll()
         self.node_sync = None  # Slurm's node states into the engine (slurm_inventory.py)
@@ -222,15 +224,16 @@ class LiveScheduler:
         if future is not None and not future.done():
             future.set_result(None)
 
-    def cancel(self, job_id: str, actor: str) -> Job:
+    def cancel(
+        self, job_id: str, actor: str, server_gone: bool = False, reason: str | None = None
+    ) -> Job:
+        """``server_gone`` and ``reason``: a notebook server's spawner releasing its job (see
+        server_stops.py); ``reason`` is also the message of a pending job's cancel."""
         self._save_submissions()
         job = self.engine.jobs[job_id]
         if job.kind == "notebook" and job.state == JobState.RUNNING:
-            # a notebook server's allocation: its spawner has stopped the server (or is about
-            # to), so the GPUs are free at once
-            culled = self.reaper.stop_reason(job_id) if self.reaper is not None else None
-            message = culled or f"server stopped by {actor}"
-            self.process_exited(job_id, job.runs, Exit(0, "completed", message))
+            # a notebook server's GPUs are free only once it is gone (server_stops.py)
+            self.server_stops.cancel(job, actor, server_gone, reason)
             return job
         was_pending = job.state == JobState.PENDING
         self.engine.cancel(job_id, self.clock())
@@ -238,7 +241,7 @@ class LiveScheduler:
             self.store.add_event(self._event("cancelling", job, actor, f"cancelled by {actor}"))
         if was_pending:
             self._count_pending(job, -1)
-            event = self._event("cancelled", job, actor, f"cancelled by {actor}")
+            event = self._event("cancelled", job, actor, reason or f"cancelled by {actor}")
             self.store.update_job(job.id, self._fields(job), event)
         self.run_pass()
         if was_pending:  # after the pass: a job that was pre-empting is due to be looked at
@@ -513,42 +516,15 @@ class LiveScheduler:
     async def _stop(self, job_id: str, run: int, handle, signame: str, grace: float) -> None:
         job = self.engine.jobs.get(job_id)
         if handle is None and job is not None and job.kind == "notebook":
-            await self._stop_server(job, run, grace)
+            why = self._stopping.get(job_id, (None, "cancelled"))[1]
+            await self.server_stops.stop(job, run, why, grace)
             return
-        if handle is None:  # a notebook server (its spawner stops it), or never launched
+        if handle is None:  # never launched
             await asyncio.sleep(grace)
             result = Exit(None, "killed", f"stopped ({signame}, grace {grace:g} s)")
         else:
             result = await self.launcher.stop(handle, signame, grace)
         self.process_exited(job_id, run, result)
-
-    async def _stop_server(self, job: Job, run: int, grace: float) -> None:
-        """Pre-empt a notebook server: notice to the server, the grace period, then the hub
-        stops it (its spawner then releases the allocation). Without a hub, or if the release
-        does not come, the allocation is ended here."""
-        extra = self.extras.get(job.id)
-        server = extra.server_name if extra and extra.server_name is not None else ""
-        deadline = self.clock() + grace
-        if self.hub is not None:
-            notice = {
-                "kind": "preemption",
-                "job_id": job.id,
-                "deadline": deadline,
-                "message": f"This server's GPUs are needed by a higher-priority job. Save your "
-                f"work: the server stops in {grace:g} s.",
-            }
-            await self.hub.post_notice(job.user, server, notice)
-        await asyncio.sleep(grace)
-        if self.hub is not None and job.state == JobState.RUNNING and job.runs == run:
-            await self.hub.stop_server(job.user, server)
-            waited = 0.0
-            while (
-                job.state == JobState.RUNNING and job.runs == run and waited < self.server_stop_wait
-            ):
-                await asyncio.sleep(0.2)
-                waited += 0.2
-        result = Exit(None, "killed", f"server stopped after a pre-emption notice ({grace:g} s)")
-        self.process_exited(job.id, run, result)
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -571,6 +547,7 @@ class LiveScheduler:
     def _forget(self, job: Job) -> None:
         self.extras.pop(job.id, None)
         self._stopping.pop(job.id, None)
+        self.server_stops.forget(job.id)
         self.engine.forget(job.id)
 
     def _count_pending(self, job: Job, sign: int) -> None:

@@ -39,6 +39,7 @@ from .openapi_requests import (
 )
 from .openapi_responses import JOB_STATES, SCHEMAS, ref
 from .requests import MAX_EVENTS_LIMIT, MAX_LIST_LIMIT, MAX_LOG_BYTES
+from .server_stops import MAX_REASON
 
 # -- operations --------------------------------------------------------------------------------
 JSON = "application/json"
@@ -206,7 +207,17 @@ PATHS = {
             params=_JOB,
         ),
         "delete": _op(
-            "cancelJob", "Cancel one of your jobs", ref("Job"), params=_JOB, errors=("409",)
+            "cancelJob",
+            "Cancel one of your jobs (a notebook server: the hub stops it; its GPUs stay held, "
+            "with `stopping` set, until its processes are gone)",
+            ref("Job"),
+            params=[
+                *_JOB,
+                # the server's spawner, releasing a server it stopped or found exited
+                ("server_gone", "query", {"type": "boolean"}),
+                ("reason", "query", {"type": "string", "maxLength": MAX_REASON}),
+            ],
+            errors=("409",),
         ),
     },
     "/api/jobs/{id}/log": {

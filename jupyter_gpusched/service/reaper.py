@@ -373,19 +373,11 @@ class Reaper:
 
     async def _stop(self, job, run: int, server_name: str, message: str) -> None:
         """The hub stops the server; its spawner releases the allocation. Without a hub, or if
-        the release does not come, the allocation ends here."""
+        the release does not come, the allocation ends here once nothing of the server is left
+        (service/server_stops.py)."""
         live = self.live
         try:
-            if live.hub is not None:
-                await live.hub.stop_server(job.user, server_name)
-                waited = 0.0
-                while (
-                    job.state == JobState.RUNNING
-                    and job.runs == run
-                    and waited < live.server_stop_wait
-                ):
-                    await asyncio.sleep(0.2)
-                    waited += 0.2
+            await live.server_stops.stop_and_wait(job, run, server_name)
             live.process_exited(job.id, run, Exit(0, "completed", message))
         finally:
             self._culling.pop(job.id, None)

@@ -1,8 +1,10 @@
 """``jupyter-gpusched reaper show|set key=value ...``: the idle reaper's settings over the REST API.
 
-The service's URL: ``--url``, else ``$GPUSCHED_URL``, else
-``http://127.0.0.1:8000/services/gpusched/`` (through the hub's proxy); the token: ``--token``,
-else ``$JUPYTERHUB_API_TOKEN``. ``set`` needs an admin of the scheduler.
+The service's URL: ``--url``, else ``$GPUSCHED_SERVICE_URL`` (what the client and the magics
+use; the spawner sets it in every server), else ``$GPUSCHED_URL`` (its older name), else the
+demo hub's proxy, ``http://127.0.0.1:$GPUSCHED_HUB_PORT/services/gpusched/`` (8000 without the
+variable, as in ``make demo``). The token: ``--token``, else ``$JUPYTERHUB_API_TOKEN``. ``set``
+needs an admin of the scheduler.
 
 Values: JSON where it parses (``300``, ``null``, ``true``, ``["a","b"]``), else text (``30m``);
 ``exempt_*`` also take ``a,b``; ``off`` turns a timeout off; ``profile_timeouts.SLUG=15m`` sets one
@@ -17,7 +19,20 @@ import sys
 import urllib.error
 import urllib.request
 
-DEFAULT_URL = "http://127.0.0.1:8000/services/gpusched/"
+DEFAULT_URL = "http://127.0.0.1:$GPUSCHED_HUB_PORT/services/gpusched/"
+
+
+def service_url(given: str | None = None) -> str:
+    """The service's URL (see the module's docstring)."""
+    if given:
+        return given
+    for name in ("GPUSCHED_SERVICE_URL", "GPUSCHED_URL"):
+        if os.environ.get(name):
+            return os.environ[name]
+    port = os.environ.get("GPUSCHED_HUB_PORT") or "8000"
+    return f"http://127.0.0.1:{port}/services/gpusched/"
+
+
 LISTS = ("exempt_users", "exempt_groups", "exempt_profiles")
 
 
@@ -75,7 +90,7 @@ def request(url: str, token: str | None, method: str = "GET", body=None) -> tupl
 
 
 def run(args) -> int:
-    base = args.url or os.environ.get("GPUSCHED_URL") or DEFAULT_URL
+    base = service_url(args.url)
     url = base.rstrip("/") + "/api/reaper"
     token = args.token or os.environ.get("JUPYTERHUB_API_TOKEN")
     try:

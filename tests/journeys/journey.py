@@ -61,7 +61,7 @@ CI_POLICY = """\
 # tests/journeys: the documented defaults, except what makes a journey wait for nothing
 backfill: {interval: 1s}
 tiers:
-  3: {grace_period: 20s, minimum_run_time: 0}  # pre-empted in 20 s, not 1 min (the Lab asks every 10 s)
+  3: {grace_period: 20s, minimum_run_time: 0}  # not 1 min; the Lab asks every 10 s
 """
 CI_CONFIG = """
 # -- added by tests/journeys (the CI profile)

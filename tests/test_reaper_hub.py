@@ -551,10 +551,13 @@ def test_after_a_cull_the_hub_pages_say_why(hub):
         finally:
             browser.close()
     # a new start of the server ends the story
-    ts.start_server(hub, "bob", "t2-1", name="work")
+    again = ts.start_server(hub, "bob", "t2-1", name="work", wait=False)
+    assert again.status_code in (201, 202), f"{again.text}\n{hub.log_tail(80)}"
+    ts.wait_ready(hub, "bob", "work")
     home = logged_in(hub, "bob").get(hub.url + "/hub/home", timeout=10)
     assert home.status_code == 200 and "Named Servers" in home.text, home.text[-3000:]
-    assert "idle reaper stopped" not in home.text
+    assert 'data-server-name="work"' in home.text  # its row in the server table
+    assert 'class="alert alert-warning" data-server-name="work"' not in home.text
 
 
 def logged_in(hub, user) -> requests.Session:

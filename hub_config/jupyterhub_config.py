@@ -45,7 +45,10 @@ import os
 import sys
 
 from jupyter_gpusched.gpu.simulated import make_load_dir
+from jupyter_gpusched.profiles import pass_idle_timeouts_to_service
 from jupyter_gpusched.singleuser_command import singleuser_command
+from jupyter_gpusched.stop_notice import TEMPLATE_DIR as STOP_NOTICE_TEMPLATES
+from jupyter_gpusched.stop_notice import stopped_servers
 
 c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
 
@@ -106,9 +109,12 @@ c.JupyterHub.load_groups = {"research": {"users": ["alice", "bob"]}}
 # After login users land on the hub's home page (its Services menu links to the scheduler; its
 # "Start My Server" button leads to the profile form), not straight into a spawn.
 c.JupyterHub.default_url = "/hub/home"
-# The hub's pages, with one change (hub_config/templates/spawn_pending.html): "Stop Server" on a
-# start waiting in the GPU queue leads back to the home page.
-c.JupyterHub.template_paths = [os.path.join(HERE, "templates")]
+# The hub's pages, changed in two ways: "Stop Server" on a start waiting in the GPU queue leads
+# back to the home page (hub_config/templates/spawn_pending.html); the home page (and its "Server
+# not running" page) says when and why the idle reaper stopped a server of the user's
+# (jupyter_gpusched/stop_notice.py; templates that extend JupyterHub's own).
+c.JupyterHub.template_paths = [os.path.join(HERE, "templates"), STOP_NOTICE_TEMPLATES]
+c.JupyterHub.template_vars = {"gpusched_stopped": stopped_servers}
 
 
 # -- the scheduler service -----------------------------------------------------------------------
@@ -189,7 +195,7 @@ c.GPUSchedSpawner.profiles = [
         "tier": 2,
         "gpus": 1,
         "gpu_models": ["H100", "L40S"],  # the user picks one, or takes any of them
-        "idle_timeout": "1h",  # idle kernels are culled, then the idle server stops
+        "idle_timeout": "1h",  # GPUs idle this long: warned, then stopped by the reaper
         "max_lifetime": "8h",  # the job's walltime: the server is stopped after it
         "default": True,
     },
@@ -236,6 +242,10 @@ c.JupyterHub.allow_named_servers = True  # several GPU servers per user, within 
 c.JupyterHub.named_server_limit_per_user = 4
 # A hub restart keeps running servers and their allocations (the default stops them all).
 c.JupyterHub.cleanup_servers = False
+# The profiles' idle_timeout is what the idle reaper applies to their servers: passed to the
+# service here (GPUSchedService.profile_idle_timeouts). A config that changes the profiles
+# later calls this again.
+pass_idle_timeouts_to_service(c)
 
 # -- scopes and roles ----------------------------------------------------------------------------
 c.JupyterHub.custom_scopes = {

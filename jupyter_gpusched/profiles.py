@@ -11,7 +11,7 @@ import re
 from jupyterhub.spawner import SpawnException
 from traitlets import TraitError
 
-from .core.durations import parse_duration
+from .core.durations import describe_duration, parse_duration
 from .core.quotas import valid_queue_path
 from .core.wording import gpus_text
 
@@ -26,7 +26,7 @@ PROFILE_KEYS = {
     "groups": "hub groups whose members may use it (empty: everyone)",
     "queue": "the scheduler queue it always uses, e.g. research/vision (default: the user's "
     "choice in the form, else their team queue)",
-    "idle_timeout": "seconds (or 30m, 2h) without activity before the server shuts down",
+    "idle_timeout": "seconds (or 30m, 2h) of idle GPUs before the reaper stops the server",
     "max_lifetime": "the longest the server runs (seconds or 8h, 1d); the job's walltime",
     "max_queue_wait": "this profile's maximum queue wait (default: max_queue_wait)",
     "default": "preselected in the form (true/false)",
@@ -221,16 +221,6 @@ def profile_options_from_form(form_data: dict) -> dict:
     return options
 
 
-def describe_duration(seconds: float) -> str:
-    if seconds % 86400 == 0:
-        return f"{seconds / 86400:g} d"
-    if seconds % 3600 == 0 or seconds > 6 * 3600:
-        return f"{seconds / 3600:g} h"
-    if seconds >= 60:
-        return f"{seconds / 60:g} min"
-    return f"{seconds:g} s"
-
-
 def render_options_form(
     profiles: list[dict],
     selected: str | None = None,
@@ -322,3 +312,27 @@ def render_queue_choice(queues, chosen: str | None, pinned: bool = False) -> str
         rows.append(f'<option value="{path}"{mark}>{html.escape(text)}</option>')
     rows.append("</select></div>")
     return "\n".join(rows)
+
+
+IDLE_TIMEOUTS_OPTION = "--GPUSchedService.profile_idle_timeouts="
+
+
+def pass_idle_timeouts_to_service(config, service_name: str = "gpusched") -> list[str]:
+    """In a hub's config file, after ``c.GPUSchedSpawner.profiles`` and ``c.JupyterHub.services``:
+    give the scheduler service (the managed service ``service_name``) each profile's
+    ``idle_timeout``, which the idle reaper then applies to that profile's servers (what the
+    spawn form promises). Call it again after changing the profiles; returns the options set."""
+    section = config.GPUSchedSpawner
+    # unset: the default profile, which has no idle_timeout of its own
+    profiles = normalize_profiles(section.profiles) if "profiles" in section else []
+    options = [
+        f"{IDLE_TIMEOUTS_OPTION}{p['slug']}={p['idle_timeout']:g}"
+        for p in profiles
+        if p["idle_timeout"]
+    ]
+    for service in config.JupyterHub.services:
+        if service.get("name") == service_name and service.get("command"):
+            kept = [a for a in service["command"] if not a.startswith(IDLE_TIMEOUTS_OPTION)]
+            service["command"] = kept + options
+            return options
+    raise ValueError(f"JupyterHub.services has no managed service {service_name!r}")

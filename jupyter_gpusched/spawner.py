@@ -79,6 +79,8 @@ from .profiles import (  # noqa: F401 (importable from here too)
     slugify,
 )
 from .spawner_queue import SchedulerClient, ServiceUnavailable
+from .stop_notice import STATE_KEY as STOP_STATE_KEY
+from .stop_notice import stop_record
 
 SERVER_EXTENSION = "jupyter_gpusched.serverext"
 ENDED = ("completed", "failed", "cancelled", "preempted", "rejected", "lost")
@@ -99,8 +101,9 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         3; default 2), gpus (default 1), gpu_models (choices; empty: any model), groups (hub
         groups whose members may use it; empty: everyone), queue (a scheduler queue it always
         uses, e.g. 'research/vision'; default: the user's choice in the form, else the team
-        queue the scheduler gives them), idle_timeout
-        and max_lifetime (seconds or '30m', '8h'; none by default), max_queue_wait (overrides
+        queue the scheduler gives them), idle_timeout (the idle reaper's timeout for its
+        servers, see pass_idle_timeouts_to_service) and max_lifetime (seconds or '30m', '8h';
+        none by default), max_queue_wait (overrides
         GPUSchedSpawner.max_queue_wait), default (preselected).""",
     ).tag(config=True)
 
@@ -162,6 +165,9 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
     job_tier = Float(0.0)
     job_gpus = Float(0.0)
     pid_created = Float(0.0)  # the server process's start time (0: unknown)
+    # why the last server stopped, when the reaper stopped it (stop_notice.py): kept until
+    # the next start, for the hub's pages
+    last_stop = Dict()
 
     @validate("profiles")
     def _check_profiles(self, proposal):
@@ -262,6 +268,7 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         if self._profile is None:
             self.choose_profile(self.user_options)
         profile = self._profile
+        self.last_stop = {}  # a new start: the last stop's story is over
         self._starting, self._progress_done = True, False
         self._progress_event = {}
         self.job_id = ""
@@ -349,13 +356,8 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         args = list(super().get_args())
         if self.enable_server_extension:
             args.append(f"--ServerApp.jpserver_extensions={SERVER_EXTENSION}=True")
-        idle = (self._profile or {}).get("idle_timeout")
-        if idle:  # kernels idle this long are culled; then the server shuts itself down
-            args += [
-                f"--MappingKernelManager.cull_idle_timeout={int(idle)}",
-                f"--MappingKernelManager.cull_interval={max(1, min(300, int(idle) // 4))}",
-                f"--ServerApp.shutdown_no_activity_timeout={int(idle)}",
-            ]
+        # The profile's idle_timeout is the idle reaper's (service/reaper_policy.py), which warns
+        # first and records why: no culling of jupyter-server's own, unannounced, beside it.
         return args
 
     def _home(self) -> str:
@@ -463,6 +465,7 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
     async def _end(self, job_id: str, why: str, release: bool) -> int:
         """Stop the server's process because its allocation is gone (or must go)."""
         self.log.warning("%s: stopping the server: %s", self._log_name, why)
+        allocation = list(self.allocation)  # the poll of the stopped server clears it
         self._stopping = True
         try:
             if self.server_started():
@@ -471,11 +474,12 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
             self._stopping = False
         if release:
             await self.release(job_id, why)
+        await self._remember_stop(job_id, allocation)
         self.clear_state()
         return 0
 
     async def stop(self, now=False):
-        job_id = self.job_id
+        job_id, allocation = self.job_id, list(self.allocation)
         self._stopping = True
         try:
             if self.server_started():
@@ -484,7 +488,12 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
             self._stopping = False
         if job_id:  # JupyterHub does not say who asked (its user, an admin, a service, itself)
             await self.release(job_id, "server stopped through the hub")
+            await self._remember_stop(job_id, allocation)
         self.job_id, self.allocation = "", []
+
+    async def _remember_stop(self, job_id: str, allocation: list) -> None:
+        """Keep why the allocation ended, if the reaper ended it (the hub's home page says so)."""
+        self.last_stop = await stop_record(self, job_id, allocation)
 
     def delete_forever(self):
         """The server is deleted (a named server removed, or the user): its tokens go too."""
@@ -494,6 +503,8 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
     # -- state ---------------------------------------------------------------------------------
     def get_state(self):
         state = super().get_state()
+        if self.last_stop:
+            state[STOP_STATE_KEY] = dict(self.last_stop)
         if self.job_id:
             state["gpusched"] = {
                 "job_id": self.job_id,
@@ -509,6 +520,7 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
 
     def load_state(self, state):
         super().load_state(state)
+        self.last_stop = dict(state.get(STOP_STATE_KEY) or {})
         saved = state.get("gpusched") or {}
         if saved.get("job_id"):
             self.job_id = saved["job_id"]

@@ -44,15 +44,41 @@ def settings(**kw) -> dict:
 
 # -- decide ------------------------------------------------------------------------------------
 def test_defaults_per_tier():
-    idle_40m = NOW - 40 * 60
-    s1 = session(job_id="t1", tier=1, last_busy=idle_40m - 10 * 3600)
-    s2 = session(job_id="t2", tier=2, last_busy=idle_40m)
-    s3 = session(job_id="t3", tier=3, last_busy=idle_40m)
+    idle_35m = NOW - 35 * 60
+    s1 = session(job_id="t1", tier=1, last_busy=idle_35m - 10 * 3600)
+    s2 = session(job_id="t2", tier=2, last_busy=idle_35m)
+    s3 = session(job_id="t3", tier=3, last_busy=idle_35m, warned=idle_35m + 20 * 60)
     actions = decide([s1, s2, s3], settings(), NOW)
     assert actions == [
-        Warn("t2", idle_40m + 2700, 2700.0, idle_40m),  # 45 min, warned 10 min before
-        Cull("t3", "idle", 1800.0, idle_40m),  # 30 min
+        Warn("t2", idle_35m + 2700, 2700.0, idle_35m),  # 45 min, warned 10 min before
+        Cull("t3", "idle", 1800.0, idle_35m),  # 30 min, warned at 20
     ]
+
+
+def test_warned_first_however_far_past_the_timeout():
+    """A server already idle past its timeout (the timeout just lowered, the lead shortened, an
+    exemption lifted, the reaper restarted) is warned now, with the whole lead, never culled in
+    the same moment; it goes when that lead, and the deadline its warning named, have passed."""
+    s = session(last_busy=NOW - 3 * 3600)  # 3 h idle, tier 2 (45 min): never warned
+    assert decide([s], settings(), NOW) == [Warn("j-000001", NOW + 600, 2700.0, NOW - 3 * 3600)]
+    assert next_moment([s], settings(), NOW) is None  # acts now (the tick that warns)
+    s.warned, s.warn_deadline = NOW, NOW + 600  # the reaper sent it
+    s.last_report = NOW + 590  # still reporting, still idle
+    assert decide([s], settings(), NOW + 599) == []
+    assert next_moment([s], settings(), NOW + 1) == NOW + 600
+    assert decide([s], settings(), NOW + 600) == [Cull("j-000001", "idle", 2700.0, NOW - 3 * 3600)]
+    # the lead shortened after the warning: the deadline it named still holds
+    assert decide([s], settings(warning_lead=5), NOW + 10) == []
+    # the lead lengthened after the warning: a whole new lead from the warning
+    assert decide([s], settings(warning_lead="20m"), NOW + 600) == []
+    # GPU use ends the stretch: the next idle stretch gets its own warning
+    fresh = session(last_busy=NOW - 3 * 3600, warned=None)
+    lowered = settings(timeout_tier_2=60, warning_lead=30)
+    assert decide([fresh], lowered, NOW) == [Warn("j-000001", NOW + 30, 60.0, NOW - 3 * 3600)]
+    # the kernels-first step waits for the warning too
+    fresh.samples.append({"kernels": {"k": {"utilization": 0.0, "memory_gb": 6.0}}})
+    first = settings(shutdown_kernels_first=True, warning_lead=30, timeout_tier_2=60)
+    assert [type(a) for a in decide([fresh], first, NOW)] == [Warn]
 
 
 def test_warned_once_per_idle_stretch_and_busy_resets():
@@ -63,15 +89,17 @@ def test_warned_once_per_idle_stretch_and_busy_resets():
 
 
 def test_never_reported_busy_counts_from_the_start():
-    s = session(started=NOW - 46 * 60, last_busy=None)
-    assert decide([s], settings(), NOW) == [Cull("j-000001", "idle", 2700.0, NOW - 46 * 60)]
+    s = session(started=NOW - 35 * 60, last_busy=None)
+    assert decide([s], settings(), NOW) == [
+        Warn("j-000001", NOW - 35 * 60 + 2700, 2700.0, NOW - 35 * 60)
+    ]
 
 
 def test_start_up_is_not_idle_time():
-    # allocated 46 min ago, first report (the server up) 40 min ago, never busy: 40 min idle
-    s = session(started=NOW - 46 * 60, first_report=NOW - 40 * 60, last_busy=None)
+    # allocated 46 min ago, first report (the server up) 35 min ago, never busy: 35 min idle
+    s = session(started=NOW - 46 * 60, first_report=NOW - 35 * 60, last_busy=None)
     assert decide([s], settings(), NOW) == [
-        Warn("j-000001", NOW - 40 * 60 + 2700, 2700.0, NOW - 40 * 60)
+        Warn("j-000001", NOW - 35 * 60 + 2700, 2700.0, NOW - 35 * 60)
     ]
 
 
@@ -147,7 +175,7 @@ def test_kernels_holding_memory_go_first_then_the_server():
     assert decide([s], first, NOW + 299) == []
     assert decide([s], first, NOW + 300) == [Cull("j-000001", "idle", 2700.0, idle_since)]
     # no kernel holds GPU memory: nothing to shut down first, the server goes at the timeout
-    bare = session(last_busy=idle_since)
+    bare = session(last_busy=idle_since, warned=NOW - 600)
     bare.samples.append({"kernels": {"cpu-only": {"utilization": 0.0, "memory_gb": 0.0}}})
     assert decide([bare], first, NOW) == [Cull("j-000001", "idle", 2700.0, idle_since)]
     # off (the default): the server goes at the timeout, kernels and all
@@ -318,8 +346,9 @@ def test_a_late_report_after_a_busy_one_is_not_idleness():
     session.last_report = session.last_busy = 100.0
     assert decide([session], settings, 100.0 + 59) == []
     assert decide([session], settings, 100.0 + 200) == []
-    session.last_report = 300.0  # an idle report: idle since the last busy one
-    assert [type(a).__name__ for a in decide([session], settings, 301.0)] == ["Cull"]
+    session.last_report = 300.0  # an idle report: idle since the last busy one (past the
+    # timeout, never warned: warned first)
+    assert [type(a).__name__ for a in decide([session], settings, 301.0)] == ["Warn"]
 
 
 class _GroupsHub:
@@ -364,3 +393,46 @@ async def test_group_exemptions_hold_before_the_first_report(tmp_path):
         assert session.last_report is None and session.groups == {"research"}
     finally:
         await service.stop()
+
+
+def test_the_profiles_own_idle_timeout_between_the_admins_and_the_tiers():
+    """Precedence: the admin's profile_timeouts for the profile, else the profile's own
+    idle_timeout (the hub's profiles), else the tier's; the hub's values are not set by PUT."""
+    from jupyter_gpusched.service.reaper_policy import timeout_for, with_profile_idle_timeouts
+
+    hub = with_profile_idle_timeouts(settings(), {"gpu-1": 3600.0, "plain": None})
+    assert hub["profile_idle_timeouts"] == {"gpu-1": 3600.0}
+    assert timeout_for(session(profile="gpu-1"), hub) == 3600  # not the tier's 2700
+    assert timeout_for(session(profile="plain"), hub) == 2700
+    assert timeout_for(session(profile=None), hub) == 2700
+    admin = validate({"profile_timeouts": {"gpu-1": "20m"}}, hub)
+    assert timeout_for(session(profile="gpu-1"), admin) == 1200
+    assert validate({"timeout_tier_2": 60}, hub)["profile_idle_timeouts"] == {"gpu-1": 3600.0}
+    with pytest.raises(RequestError) as raised:
+        validate({"profile_idle_timeouts": {"gpu-1": 1}}, hub)
+    assert raised.value.field == "profile_idle_timeouts"
+    assert "profile_timeouts" in raised.value.message
+    with pytest.raises(RequestError) as raised:
+        with_profile_idle_timeouts(settings(), {"gpu-1": "soon"})
+    assert raised.value.field == "profile_idle_timeouts.gpu-1"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        *[(0.4, "0 s"), (45, "45 s"), (90, "1 min 30 s"), (599, "9 min 59 s"), (600, "10 min")],
+        *[(2700, "45 min"), (3600, "1 h"), (5400, "90 min"), (86400, "1 d")],
+    ],
+)
+def test_durations_as_people_read_them(seconds, text):
+    from jupyter_gpusched.core.durations import describe_duration
+
+    assert describe_duration(seconds) == text
+
+
+def test_the_stop_phrase_says_seconds_and_the_clock():
+    from jupyter_gpusched.service.reaper_policy import stop_phrase
+
+    deadline = 1_700_000_045.0  # 22:14:05 UTC
+    assert stop_phrase(deadline, deadline - 45) == "in 45 s (at 22:14:05 UTC)"
+    assert stop_phrase(deadline, deadline - 600) == "in 10 min (at 22:14:05 UTC)"

@@ -8,8 +8,14 @@ few seconds. The servers and their kernels run as their users' own accounts (the
   the websocket closed: no browser) is never culled, past the timeout;
 * an idle server is warned (the notice reaches the server), then stopped; its GPUs go back and a
   queued user's server starts;
-* an admin lowers the timeout at run time (``PUT api/reaper``): it applies within one interval;
-  an exempt user is never culled; a non-admin cannot change the settings;
+* an admin lowers the timeout at run time (``PUT api/reaper``) below a server's idle time: the
+  server is warned at once and stopped ``warning_lead`` later, never in the same second; an
+  exempt user is never culled; a non-admin cannot change the settings;
+* a profile's own ``idle_timeout`` is the reaper's timeout for its servers (the spawn form,
+  ``api/reaper`` and the server's status say the same), unless the admin's ``profile_timeouts``
+  names the profile;
+* after a cull of a named server, the hub's home page and its "Server not running" page say, in
+  Chromium, that the idle reaper stopped it, when and why;
 * a server that outlived a hub restart keeps reporting (its token for the service survives the
   restart) and is warned, then culled, like any other; its token goes with it.
 
@@ -24,6 +30,7 @@ import contextlib
 import json
 import os
 import pwd
+import re
 import time
 import uuid
 
@@ -34,6 +41,8 @@ import requests
 import test_spawner as ts
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
+
+from jupyter_gpusched.core.durations import describe_duration
 
 MONITOR_INTERVAL = 1.0  # the servers' GPUMonitor.interval
 SERVICE_POLL = 1.0  # the service's poll_interval (its default): the reaper ticks at each poll
@@ -49,7 +58,11 @@ EXTRA_CONFIG = """
 c.GPUSchedSpawner.profiles = [
     {"display_name": "1 GPU (tier 2)", "slug": "t2-1", "gpus": 1},
     {"display_name": "2 GPUs (tier 2)", "slug": "t2-2", "gpus": 2},
+    {"display_name": "1 GPU, 2 h idle", "slug": "t2-idle", "gpus": 1, "idle_timeout": "2h"},
 ]
+from jupyter_gpusched.profiles import pass_idle_timeouts_to_service
+
+pass_idle_timeouts_to_service(c)  # the service learns the profiles' idle timeouts
 c.GPUSchedSpawner.queue_poll_interval = 0.3
 c.Spawner.http_timeout = 60
 c.Spawner.args = ["--GPUMonitor.interval=MONITOR_INTERVAL"]
@@ -154,6 +167,12 @@ def cull_events(hub, job_id) -> list[dict]:
     response = hub.service(
         "GET", f"api/events?kind=reaper-cull&job_id={job_id}", hub.token("admin")
     )
+    assert response.status_code == 200, response.text
+    return response.json()["events"]
+
+
+def reaper_events(hub, job_id, kind) -> list[dict]:
+    response = hub.service("GET", f"api/events?kind={kind}&job_id={job_id}", hub.token("admin"))
     assert response.status_code == 200, response.text
     return response.json()["events"]
 
@@ -341,7 +360,8 @@ def test_admin_lowers_the_timeout_at_run_time_exempt_users_stay(hub):
     assert read.status_code == 200, read.text
     assert read.json()["defaults"]["stale_after"] == 10  # the policy file's reaper: section
 
-    configure(hub, timeout_tier_2=None, warning_lead=1, exempt_users=["carol"])
+    lead = 3.0
+    configure(hub, timeout_tier_2=None, warning_lead=lead, exempt_users=["carol"])
     ts.start_server(hub, "bob", "t2-1")
     ts.start_server(hub, "carol", "t2-1")
     bob_job = job_id_of(hub, "bob")
@@ -354,13 +374,19 @@ def test_admin_lowers_the_timeout_at_run_time_exempt_users_stay(hub):
     changed = time.time()
     settings = configure(hub, timeout_tier_2=timeout)
     assert settings["timeout_tier_2"] == timeout and settings["exempt_users"] == ["carol"]
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10 + lead
+    seen = []
     while not (events := cull_events(hub, bob_job)):
+        seen = notices(hub, "bob") or seen
         assert time.monotonic() < deadline, f"bob was not culled: {sessions(hub)}"
         time.sleep(0.1)
-    # bob had been idle longer than the new timeout: the next tick culls him (1 s of slack for
-    # a loaded machine)
-    assert events[0]["time"] - changed <= SERVICE_POLL + 1.0, events[0]
+    # bob had been idle longer than the new timeout: the next tick warns him (1 s of slack for
+    # a loaded machine), and he is stopped warning_lead later, not at once
+    (warning,) = reaper_events(hub, bob_job, "reaper-warning")
+    assert warning["time"] - changed <= SERVICE_POLL + 1.0, warning
+    assert events[0]["time"] - warning["time"] >= lead, (warning, events[0])
+    assert f"stopped in {lead:g} s (at " in warning["message"], warning["message"]
+    assert [n["message"] for n in seen if n["kind"] == "idle"] == [warning["message"]]
     assert events[0]["data"]["settings"]["timeout_tier_2"] == timeout
     ts.wait_gone(hub, "bob", timeout=10)
 
@@ -462,3 +488,87 @@ def test_a_server_that_outlived_a_hub_restart_keeps_reporting_and_is_culled(reap
     assert gone.status_code in (401, 403), gone.text
     notes = [t["note"] for t in service_tokens(hub, "bob")]
     assert notes == ["gpusched spawner (hub): bob/"], notes
+
+
+def test_the_profiles_idle_timeout_is_the_one_the_reaper_applies(hub):
+    configure(hub, timeout_tier_2=60, warning_lead=2, exempt_users=[], profile_timeouts={})
+    page = logged_in(hub, "alice").get(hub.url + "/hub/spawn/alice", timeout=10)
+    assert page.status_code == 200 and 'value="t2-idle"' in page.text, page.text[-3000:]
+    assert "stops after 2 h idle" in page.text  # the form's promise
+    ts.start_server(hub, "alice", "t2-idle")
+    found = wait_reported(hub, "alice")
+    assert found["alice"]["profile"] == "t2-idle"
+    assert found["alice"]["timeout"] == 7200  # the profile's, not the tier's 60 s
+    settings = hub.service("GET", "api/reaper", hub.token("alice")).json()["settings"]
+    assert settings["profile_idle_timeouts"] == {"t2-idle": 7200}  # t2-1, t2-2 have none
+    assert server_get(hub, "alice", "gpusched/api/status")["reaper"]["timeout"] == 7200
+    refused = set_reaper(hub, hub.token("admin"), profile_idle_timeouts={"t2-idle": 1})
+    assert refused.status_code == 400 and refused.json()["field"] == "profile_idle_timeouts"
+    try:  # the admin's setting for the profile wins over the profile's own
+        configure(hub, profile_timeouts={"t2-idle": "20m"})
+        assert sessions(hub)["alice"]["timeout"] == 1200
+        assert server_get(hub, "alice", "gpusched/api/status")["reaper"]["timeout"] == 1200
+    finally:
+        configure(hub, profile_timeouts={})
+
+
+def test_after_a_cull_the_hub_pages_say_why(hub):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    chromium = "/usr/bin/chromium"
+    if not os.path.exists(chromium):
+        pytest.skip("/usr/bin/chromium is missing: run scripts/install-system.sh")
+    configure(hub, timeout_tier_2=None, warning_lead=1, exempt_users=[])
+    ts.start_server(hub, "bob", "t2-1", name="work")  # a named server
+    job_id = job_id_of_named(hub, "bob", "work")
+    wait_reported(hub, "bob")
+    configure(hub, timeout_tier_2=1)  # already past it: warned now, stopped 1 s later
+    ts.wait_job(hub, "bob", job_id, ts.RELEASED, timeout=10 + ts.RELEASE_TIMEOUT)
+    ts.wait_gone(hub, "bob", "work", timeout=15)
+    (cull,) = cull_events(hub, job_id)
+    idle = re.escape(describe_duration(cull["data"]["idle_seconds"]))
+    expected = re.compile(
+        r"The idle reaper stopped your server 'work' at \d\d:\d\d:\d\d UTC \(\d{4}-\d\d-\d\d\): "
+        rf"its GPUs \(\w+: \d+\) were idle for {idle}, and the idle timeout is 1 s\."
+    )
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=chromium, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(30_000)
+            page.goto(f"{hub.url}/hub/login")
+            page.fill("input[name=username]", "bob")
+            page.fill("input[name=password]", hub.password)
+            page.click("input[type=submit], button[type=submit]")
+            page.wait_for_url("**/hub/**")
+            page.goto(f"{hub.url}/hub/home")
+            note = page.locator(".gpusched-stopped [data-server-name=work]")
+            sync_api.expect(note).to_have_text(expected)
+            # Lab, reloaded after its server went: the hub's "Server not running" page
+            page.goto(f"{hub.url}/hub/user/bob/work/lab")
+            sync_api.expect(page.locator("p.gpusched-stopped")).to_have_text(expected)
+        finally:
+            browser.close()
+    # a new start of the server ends the story
+    again = ts.start_server(hub, "bob", "t2-1", name="work", wait=False)
+    assert again.status_code in (201, 202), f"{again.text}\n{hub.log_tail(80)}"
+    ts.wait_ready(hub, "bob", "work")
+    home = logged_in(hub, "bob").get(hub.url + "/hub/home", timeout=10)
+    assert home.status_code == 200 and "Named Servers" in home.text, home.text[-3000:]
+    assert 'data-server-name="work"' in home.text  # its row in the server table
+    assert 'class="alert alert-warning" data-server-name="work"' not in home.text
+
+
+def logged_in(hub, user) -> requests.Session:
+    """A session logged in to the hub's pages as ``user`` (pages take no API token)."""
+    session = requests.Session()
+    session.get(hub.url + "/hub/login", timeout=10)
+    form = {"username": user, "password": hub.password, "_xsrf": session.cookies["_xsrf"]}
+    response = session.post(hub.url + "/hub/login", data=form, timeout=10)
+    assert response.status_code == 200 and "/hub/login" not in response.url, response.url
+    return session
+
+
+def job_id_of_named(hub, user, name) -> str:
+    return ts.server_env(hub, user, name)["GPUSCHED_JOB_ID"]

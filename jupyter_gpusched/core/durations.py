@@ -37,3 +37,21 @@ def parse_duration(value) -> float:
             "(e.g. 300, 5m, 1h30m, 7d)"
         )
     return total
+
+
+def describe_duration(seconds: float) -> str:
+    """A duration as people read it: ``45 s``, ``2 min 6 s``, ``45 min``, ``1 h``, ``1.5 h``,
+    ``2 d``. Exact to the second under 10 min, where the seconds matter (a warning's lead);
+    whole minutes up to 6 h, unless a round number of hours."""
+    seconds = max(0.0, float(seconds))
+    if seconds >= 86400 and seconds % 86400 == 0:
+        return f"{seconds / 86400:g} d"
+    if (seconds % 3600 == 0 and seconds > 0) or seconds > 6 * 3600:
+        return f"{round(seconds / 3600, 1):g} h"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    minutes, rest = divmod(whole, 60)
+    if seconds >= 600 or rest == 0:
+        return f"{round(seconds / 60)} min"
+    return f"{minutes} min {rest} s"

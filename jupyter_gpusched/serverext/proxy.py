@@ -227,9 +227,9 @@ async def build_status(client: ServiceClient, monitor=None) -> dict:
     for session in (reaper or {}).get("sessions", []):
         if job_id and session.get("job_id") == job_id:
             timeout, idle_since = session.get("timeout"), session.get("idle_since")
-            reclaim = None
-            if timeout is not None and idle_since is not None and not session.get("exempt"):
-                reclaim = idle_since + timeout
+            reclaim = session.get("stop_at")  # the service's: never before a warning's lead
+            if "stop_at" not in session and timeout is not None and idle_since is not None:
+                reclaim = None if session.get("exempt") else idle_since + timeout  # older ones
             out["reaper"] = {
                 "timeout": timeout,
                 "idle_since": idle_since,

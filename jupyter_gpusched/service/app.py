@@ -50,8 +50,9 @@ from .launcher import Launcher, LocalLauncher
 from .live import LiveScheduler
 from .metrics import Metrics
 from .reaper import Reaper, ReaperHandler, UsageSamplesHandler
+from .reaper_policy import with_profile_idle_timeouts
 from .recovery import recover
-from .requests import MAX_BODY_BYTES
+from .requests import MAX_BODY_BYTES, RequestError
 from .rogue import SYSTEM_PROCESSES, RogueWatch
 from .store import Store, sqlite_file
 
@@ -151,6 +152,13 @@ class GPUSchedService(Application):
         {},
         help="Showback: price of one GPU-hour per GPU model, e.g. {'H100': 2.5}; api/usage "
         "?by=gpu_model then reports a cost.",
+    ).tag(config=True)
+    profile_idle_timeouts = Dict(
+        {},
+        help="The idle_timeout of each of the hub's GPU profiles (slug -> seconds), which the "
+        "spawn form promises: the reaper applies it to that profile's servers, unless an admin "
+        "sets profile_timeouts for the profile. hub_config/jupyterhub_config.py passes it from "
+        "GPUSchedSpawner.profiles (jupyter_gpusched.profiles.pass_idle_timeouts_to_service).",
     ).tag(config=True)
     proxy_url = Unicode(
         help="The hub's public URL (its proxy), through which the service posts pre-emption "
@@ -263,6 +271,12 @@ class GPUSchedService(Application):
             else None
         )
         settings = load_policy(self.policy_file) if self.policy_file else PolicySettings()
+        try:  # checked here, before anything is opened: exit code 2 naming the profile
+            with_profile_idle_timeouts({}, self.profile_idle_timeouts)
+        except RequestError as exc:
+            raise ConfigError(
+                exc.message, source="GPUSchedService.profile_idle_timeouts", field=exc.field
+            ) from None
         engine = Scheduler(cluster, tree, settings, self.policy)
         launcher = self.launcher_class(parent=self)
         if os.geteuid() == 0 and not getattr(launcher, "run_as_submitting_user", True):
@@ -293,7 +307,13 @@ class GPUSchedService(Application):
             live.node_sync = SlurmNodeSync(live, interval=self.slurm_node_interval)
         live.server_stop_wait = self.notebook_stop_wait
         live.quota_document = _plain(document)
-        live.reaper = Reaper(live, _plain(settings.reaper), self.metrics, self.gpu_backend)
+        live.reaper = Reaper(
+            live,
+            _plain(settings.reaper),
+            self.metrics,
+            self.gpu_backend,
+            profile_idle_timeouts=self.profile_idle_timeouts,
+        )
         live.rogue_watch = self._rogue_watch(live, cluster)
         # where the service sees notebook servers' processes (service/server_stops.py)
         live.server_stops.local_nodes = set() if live.node_sync else set(self._local_nodes(cluster))

@@ -8,7 +8,9 @@ over its processes) is below ``idle_threshold``, whatever the CPU or the browser
 function, in the style of jupyterhub-idle-culler) what to do and carries it out:
 
 * :class:`Warn` at ``timeout - warning_lead`` idle: a notice to the server (``kind: "idle"``),
-  once per idle stretch; GPU activity ends the stretch (and so cancels the warning);
+  once per idle stretch; GPU activity ends the stretch (and so cancels the warning). Always
+  before a cull for idleness, with a whole ``warning_lead``: a server found past its timeout
+  (the timeout lowered, the service restarted) is warned now and stopped a lead later;
 * :class:`ShutdownKernels` at ``timeout`` idle, when ``shutdown_kernels_first`` is set and some
   of the server's kernels hold GPU memory: a notice (``kind: "shutdown-kernels"``) tells the
   server extension to shut down just those kernels; the server is culled if it stays GPU-idle
@@ -39,6 +41,7 @@ import time
 
 from prometheus_client import Counter
 
+from ..core.durations import describe_duration
 from ..core.jobs import JobState
 from .launcher import Exit
 from .reaper_policy import (  # noqa: F401 (the policy's names are importable from here too)
@@ -55,10 +58,13 @@ from .reaper_policy import (  # noqa: F401 (the policy's names are importable fr
     idle_kernels_holding_memory,
     next_moment,
     reported_devices,
+    stop_at,
+    stop_phrase,
     timeout_for,
     trusted_backends,
     untrusted_reason,
     validate,
+    with_profile_idle_timeouts,
 )
 from .requests import RequestError, check_reaper_changes, check_usage_report, quote
 
@@ -66,9 +72,17 @@ log = logging.getLogger("jupyter_gpusched.service")
 
 
 class Reaper:
-    def __init__(self, live, defaults: dict | None = None, metrics=None, gpu_backend: str = "auto"):
+    def __init__(
+        self,
+        live,
+        defaults: dict | None = None,
+        metrics=None,
+        gpu_backend: str = "auto",
+        profile_idle_timeouts: dict | None = None,
+    ):
         self.live = live
-        self.defaults = validate(defaults or {})
+        # the policy file's reaper: section, and the hub profiles' own idle timeouts
+        self.defaults = with_profile_idle_timeouts(validate(defaults or {}), profile_idle_timeouts)
         self.trusted_backends = trusted_backends(gpu_backend)  # whose samples count
         self.sessions: dict[str, Session] = {}
         self.since = live.clock()  # servers running before this (a restart): no history
@@ -160,7 +174,8 @@ class Reaper:
             session.first_report = now
         if busy(report, settings["idle_threshold"]):
             session.last_busy = now
-            session.warned = session.kernels_shut = None  # GPU activity cancels the warning
+            # GPU activity cancels the warning
+            session.warned = session.warn_deadline = session.kernels_shut = None
         return session
 
     def _session(self, job) -> Session:
@@ -200,6 +215,7 @@ class Reaper:
             "timeout": timeout,
             "exempt": exempt(session, settings),
             "warned": session.warned,
+            "stop_at": stop_at(session, settings, self.live.clock()),
             "last_sample": session.samples[-1] if session.samples else None,
             "backend": session.backend,
             "ignored_reports": session.ignored_reports,
@@ -309,12 +325,12 @@ class Reaper:
         }
 
     def _warn(self, session: Session, action: Warn, settings: dict, now: float) -> None:
-        session.warned = now
-        minutes = max(0.0, (action.deadline - now) / 60)
+        session.warned, session.warn_deadline = now, action.deadline
         message = (
             f"This server's GPUs have been idle since "
             f"{time.strftime('%H:%M:%S UTC', time.gmtime(action.idle_since))}. It will be "
-            f"stopped in {minutes:.0f} min unless its GPUs are used; save your work."
+            f"stopped {stop_phrase(action.deadline, now)} unless its GPUs are used; save your "
+            "work."
         )
         data = self._evidence(session, action, settings, now)
         self._tell(session, "reaper-warning", message, data, kind="idle", deadline=action.deadline)
@@ -325,10 +341,10 @@ class Reaper:
         session.kernels_shut = now
         count = len(action.kernel_ids)
         message = (
-            f"This server's GPUs have been idle for {(now - action.idle_since) / 60:.0f} min: "
+            f"This server's GPUs have been idle for {describe_duration(now - action.idle_since)}: "
             f"{count} kernel{'s' if count > 1 else ''} holding GPU memory "
-            f"{'were' if count > 1 else 'was'} shut down. The server will be stopped in "
-            f"{max(0.0, action.deadline - now) / 60:.0f} min unless its GPUs are used."
+            f"{'were' if count > 1 else 'was'} shut down. The server will be stopped "
+            f"{stop_phrase(action.deadline, now)} unless its GPUs are used."
         )
         kernels = list(action.kernel_ids)
         data = {**self._evidence(session, action, settings, now), "kernel_ids": kernels}
@@ -343,8 +359,10 @@ class Reaper:
         )
 
     def _tell(self, session: Session, event_kind: str, message: str, data: dict, **notice):
-        """Audit ``event_kind`` with its evidence, and post the notice to the server."""
+        """Audit ``event_kind`` with its evidence, log it, and post the notice to the server:
+        one message for all three."""
         job = self.live.engine.jobs[session.job_id]
+        log.info("reaper: %s of %s (%s): %s", event_kind, job.id, job.user, message)
         event = self.live._event(event_kind, job, "reaper", message)
         event["data"] = data
         self.live.store.add_event(event)
@@ -356,11 +374,12 @@ class Reaper:
     def _cull(self, session: Session, action: Cull, settings: dict, now: float) -> None:
         job = self.live.engine.jobs[session.job_id]
         if action.reason == "idle":
-            why = f"GPUs idle for {(now - action.idle_since) / 60:.1f} min (timeout "
-            why += f"{action.timeout / 60:g} min)"
+            why = f"GPUs idle for {describe_duration(now - action.idle_since)} (timeout "
+            why += f"{describe_duration(action.timeout)})"
         else:
-            why = f"ran past the maximum lifetime of {action.timeout / 3600:g} h"
+            why = f"ran past the maximum lifetime of {describe_duration(action.timeout)}"
         message = f"culled by the reaper: {why}"
+        log.info("reaper: reaper-cull of %s (%s): %s", job.id, job.user, message)
         event = self.live._event("reaper-cull", job, "reaper", message)
         event["data"] = self._evidence(session, action, settings, now)
         self.live.store.add_event(event)

@@ -1,16 +1,29 @@
 """The reaper's policy, as plain data and functions (no I/O): its settings and their checks,
 what it knows of a session, and :func:`decide`, which says what to do with each session now.
 
+Two rules hold whatever the settings and whenever they change:
+
+* **warned first**: a server is stopped for idleness only after a warning that went out at
+  least ``warning_lead`` before, in the same idle stretch, and not before the deadline that
+  warning named. A server already idle past its timeout when the timeout is lowered, the lead
+  shortened, an exemption lifted or the service restarted gets the warning now and its whole
+  ``warning_lead``;
+* **one timeout per server** (:func:`timeout_for`): the admin's ``profile_timeouts`` for its
+  profile, else its profile's own ``idle_timeout`` (the hub's ``GPUSchedSpawner.profiles``, passed
+  to the service as ``GPUSchedService.profile_idle_timeouts``: what the spawn form shows), else
+  its tier's ``timeout_tier_N``.
+
 :class:`~.reaper.Reaper` feeds it the monitors' reports and carries out its decisions.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..core.durations import parse_duration
+from ..core.durations import describe_duration, parse_duration
 from .requests import RequestError
 
 DEFAULTS: dict = {
@@ -20,7 +33,9 @@ DEFAULTS: dict = {
     "timeout_tier_1": None,  # None (or 0): never culled for idleness
     "timeout_tier_2": 2700.0,
     "timeout_tier_3": 1800.0,
-    "profile_timeouts": {},  # profile slug -> seconds or None; wins over the tier's
+    "profile_timeouts": {},  # profile slug -> seconds or None; wins over the two below
+    # profile slug -> the profile's own idle_timeout (the hub's profiles; not set through PUT)
+    "profile_idle_timeouts": {},
     "exempt_users": [],
     "exempt_groups": [],
     "exempt_profiles": [],
@@ -36,6 +51,7 @@ ROGUE_MODES = ("report", "kill", "off")
 DURATIONS = ("warning_lead", "timeout_tier_1", "timeout_tier_2", "timeout_tier_3")
 OPTIONAL = ("timeout_tier_1", "timeout_tier_2", "timeout_tier_3", "max_lifetime")
 LISTS = ("exempt_users", "exempt_groups", "exempt_profiles")
+FROM_THE_HUB = ("profile_idle_timeouts",)  # settings the hub's configuration gives, read-only
 SAMPLES_KEPT = 60  # per session, the evidence of a cull
 
 
@@ -66,8 +82,14 @@ def validate(changes, base: dict | None = None) -> dict:
     result = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (base or DEFAULTS).items()}
     for name, value in changes.items():
         if name not in DEFAULTS:
-            known = ", ".join(DEFAULTS)
+            known = ", ".join(k for k in DEFAULTS if k not in FROM_THE_HUB)
             raise RequestError(f"unknown reaper setting {name!r}; known: {known}", name)
+        if name in FROM_THE_HUB:
+            raise RequestError(
+                f"'{name}' are the idle_timeout of the hub's profiles (GPUSchedSpawner.profiles); "
+                "set profile_timeouts to override one",
+                name,
+            )
         if name in ("enabled", "shutdown_kernels_first"):
             if not isinstance(value, bool):
                 raise RequestError(f"'{name}' must be true or false", name)
@@ -115,6 +137,7 @@ class Session:
     last_report: float | None = None
     last_busy: float | None = None  # the last report that showed GPU use
     warned: float | None = None  # when the warning of this idle stretch went out
+    warn_deadline: float | None = None  # the stop time that warning named
     kernels_shut: float | None = None  # when its idle kernels were shut down, this stretch
     samples: deque = field(default_factory=lambda: deque(maxlen=SAMPLES_KEPT))  # trusted only
     backend: str | None = None  # the backend the latest report named (None: none, or no report)
@@ -188,10 +211,55 @@ def untrusted_reason(report: dict, trusted: frozenset[str]) -> str | None:
     return f"unknown GPU backend {str(backend)[:40]!r}"
 
 
+def with_profile_idle_timeouts(settings: dict, profiles: dict) -> dict:
+    """``settings`` with the hub profiles' own idle timeouts (slug -> seconds; None or 0: the
+    profile has none and its tier's applies)."""
+    timeouts = {}
+    for slug, seconds in (profiles or {}).items():
+        value = _duration(seconds, f"profile_idle_timeouts.{slug}", True)
+        if value is not None:
+            timeouts[str(slug)] = value
+    return {**settings, "profile_idle_timeouts": timeouts}
+
+
 def timeout_for(session: Session, settings: dict) -> float | None:
-    if session.profile is not None and session.profile in settings["profile_timeouts"]:
-        return settings["profile_timeouts"][session.profile]
+    """The idle timeout of this server: the admin's ``profile_timeouts`` for its profile, else
+    the profile's own ``idle_timeout``, else its tier's (None: never culled for idleness)."""
+    profile = session.profile
+    if profile is not None:
+        if profile in settings["profile_timeouts"]:
+            return settings["profile_timeouts"][profile]
+        if profile in settings.get("profile_idle_timeouts", {}):
+            return settings["profile_idle_timeouts"][profile]
     return settings.get(f"timeout_tier_{session.tier}")
+
+
+def stop_due(session: Session, timeout: float, settings: dict) -> float:
+    """The earliest moment the idle ``session`` may be stopped: its timeout, and never before a
+    warning's ``warning_lead`` has passed or the deadline that warning named."""
+    due = session.idle_since + timeout
+    if session.warned is not None:
+        due = max(due, session.warned + settings["warning_lead"], session.warn_deadline or 0.0)
+    return due
+
+
+def stop_at(session: Session, settings: dict, now: float) -> float | None:
+    """When this server will be stopped if its GPUs stay idle (None: never, as things stand):
+    what the warning says, and the Lab's status shows."""
+    timeout = timeout_for(session, settings)
+    if timeout is None or not settings["enabled"] or exempt(session, settings):
+        return None
+    due = stop_due(session, timeout, settings)
+    if session.warned is None:  # the warning is still to come: a whole lead from it
+        due = max(due, now + settings["warning_lead"])
+    return due
+
+
+def stop_phrase(deadline: float, now: float) -> str:
+    """``in 45 s (at 14:05:30 UTC)``: when a warned server will be stopped, in the notice, the
+    audit and the log alike."""
+    clock = time.strftime("%H:%M:%S UTC", time.gmtime(deadline))
+    return f"in {describe_duration(deadline - now)} (at {clock})"
 
 
 def exempt(session: Session, settings: dict) -> bool:
@@ -222,22 +290,26 @@ def decide(sessions, settings: dict, now: float) -> list:
         timeout = timeout_for(s, settings)
         if timeout is None:
             continue
-        idle = now - s.idle_since
-        if idle >= timeout:
-            if settings["shutdown_kernels_first"]:
-                if s.kernels_shut is None:
-                    kernels = idle_kernels_holding_memory(s, settings["idle_threshold"])
-                    if kernels:
-                        deadline = now + settings["warning_lead"]
-                        actions.append(
-                            ShutdownKernels(s.job_id, kernels, deadline, timeout, s.idle_since)
-                        )
-                        continue
-                elif now < s.kernels_shut + settings["warning_lead"]:
-                    continue  # its kernels went first; the server gets warning_lead more
-            actions.append(Cull(s.job_id, "idle", timeout, s.idle_since))
-        elif idle >= timeout - settings["warning_lead"] and s.warned is None:
-            actions.append(Warn(s.job_id, s.idle_since + timeout, timeout, s.idle_since))
+        lead = settings["warning_lead"]
+        if now - s.idle_since < timeout - lead:
+            continue
+        if s.warned is None:  # warned first, always: a whole lead, even past the timeout
+            deadline = max(s.idle_since + timeout, now + lead)
+            actions.append(Warn(s.job_id, deadline, timeout, s.idle_since))
+            continue
+        if now < stop_due(s, timeout, settings):
+            continue
+        if settings["shutdown_kernels_first"]:
+            if s.kernels_shut is None:
+                kernels = idle_kernels_holding_memory(s, settings["idle_threshold"])
+                if kernels:
+                    actions.append(
+                        ShutdownKernels(s.job_id, kernels, now + lead, timeout, s.idle_since)
+                    )
+                    continue
+            elif now < s.kernels_shut + lead:
+                continue  # its kernels went first; the server gets warning_lead more
+        actions.append(Cull(s.job_id, "idle", timeout, s.idle_since))
     return actions
 
 
@@ -255,6 +327,8 @@ def next_moment(sessions, settings: dict, now: float) -> float | None:
         timeout = timeout_for(s, settings)
         if timeout is not None:
             moments += [s.idle_since + timeout - lead, s.idle_since + timeout]
+            if s.warned is not None:
+                moments.append(stop_due(s, timeout, settings))
         if s.kernels_shut is not None:
             moments.append(s.kernels_shut + lead)
     later = [m for m in moments if m > now]

@@ -138,3 +138,39 @@ def test_a_shutdown_kernels_notice_shuts_down_just_those_kernels(fetch):
         assert other in {k["id"] for k in json.loads(fetch("api", "kernels").body)}
     finally:
         fetch("api", "kernels", other, method="DELETE")
+
+
+def test_a_cull_notice_is_answered_once_the_lab_has_fetched_it(fetch, jp_fetch, jp_asyncio_loop):
+    """The reaper posts ``reaper-cull`` and then has the hub stop the server: the answer waits
+    for a GET (the Lab's poll) to return the notice, so the Lab shows it before the server goes."""
+    import asyncio
+
+    cull = {"kind": "reaper-cull", "message": "culled by the reaper: GPUs idle for 3 min"}
+
+    async def post_then_get():
+        posted = asyncio.ensure_future(
+            jp_fetch("gpusched", "api", "notices", method="POST", body=json.dumps(cull))
+        )
+        await asyncio.sleep(0.5)
+        assert not posted.done()  # held: nobody has fetched it yet
+        listed = json.loads((await jp_fetch("gpusched", "api", "notices")).body)["notices"]
+        assert [n["kind"] for n in listed] == ["reaper-cull"]
+        started = time.monotonic()
+        answer = await asyncio.wait_for(posted, 5)
+        return answer, time.monotonic() - started
+
+    answer, waited = jp_asyncio_loop.run_until_complete(post_then_get())
+    assert answer.code == 201 and json.loads(answer.body)["fetched"] is True
+    assert waited < 1.0  # answered at the GET, not at the end of the hold
+
+
+def test_a_cull_notice_nobody_fetches_is_answered_after_the_hold(fetch, monkeypatch):
+    from jupyter_gpusched.serverext import notices
+
+    monkeypatch.setattr(notices, "HOLD_SECONDS", 0.3)
+    started = time.monotonic()
+    answer = post(fetch, {"kind": "reaper-cull", "message": "culled by the reaper"})
+    assert json.loads(answer.body)["fetched"] is False
+    assert 0.3 <= time.monotonic() - started < 3
+    # other kinds are never held
+    assert "fetched" not in json.loads(post(fetch, {"kind": "idle", "message": "m"}).body)

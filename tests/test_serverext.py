@@ -148,12 +148,18 @@ def test_a_cull_notice_is_answered_once_the_lab_has_fetched_it(fetch, jp_fetch, 
     cull = {"kind": "reaper-cull", "message": "culled by the reaper: GPUs idle for 3 min"}
 
     async def post_then_get():
+        lab = {"watching": "1"}  # what an open Lab's polls send
+        await jp_fetch("gpusched", "api", "notices", params=lab)
         posted = asyncio.ensure_future(
             jp_fetch("gpusched", "api", "notices", method="POST", body=json.dumps(cull))
         )
         await asyncio.sleep(0.5)
         assert not posted.done()  # held: nobody has fetched it yet
-        listed = json.loads((await jp_fetch("gpusched", "api", "notices")).body)["notices"]
+        await jp_fetch("gpusched", "api", "notices")  # another reader: not the Lab
+        await asyncio.sleep(0.2)
+        assert not posted.done()
+        listed = await jp_fetch("gpusched", "api", "notices", params=lab)
+        listed = json.loads(listed.body)["notices"]
         assert [n["kind"] for n in listed] == ["reaper-cull"]
         started = time.monotonic()
         answer = await asyncio.wait_for(posted, 5)
@@ -164,13 +170,25 @@ def test_a_cull_notice_is_answered_once_the_lab_has_fetched_it(fetch, jp_fetch, 
     assert waited < 1.0  # answered at the GET, not at the end of the hold
 
 
-def test_a_cull_notice_nobody_fetches_is_answered_after_the_hold(fetch, monkeypatch):
+def test_a_cull_notice_waits_only_for_a_lab_that_watches(fetch, monkeypatch):
+    """No page has asked for notices: the cull is not delayed. A page that polls but has not
+    fetched this notice yet: held for the hold time, then answered."""
     from jupyter_gpusched.serverext import notices
 
-    monkeypatch.setattr(notices, "HOLD_SECONDS", 0.3)
+    monkeypatch.setattr(notices, "HOLD_SECONDS", 0.5)
+    cull = {"kind": "reaper-cull", "message": "culled by the reaper"}
     started = time.monotonic()
-    answer = post(fetch, {"kind": "reaper-cull", "message": "culled by the reaper"})
-    assert json.loads(answer.body)["fetched"] is False
-    assert 0.3 <= time.monotonic() - started < 3
+    assert json.loads(post(fetch, cull).body)["fetched"] is False
+    assert time.monotonic() - started < 0.4  # nobody watching: at once
+
+    fetch("gpusched", "api", "notices")  # a reader that is not a Lab page
+    started = time.monotonic()
+    assert json.loads(post(fetch, cull).body)["fetched"] is False
+    assert time.monotonic() - started < 0.4
+
+    fetch("gpusched", "api", "notices", params={"watching": "1"})  # a Lab polls
+    started = time.monotonic()
+    assert json.loads(post(fetch, cull).body)["fetched"] is False
+    assert 0.5 <= time.monotonic() - started < 3  # held for a watching Lab, then answered
     # other kinds are never held
     assert "fetched" not in json.loads(post(fetch, {"kind": "idle", "message": "m"}).body)

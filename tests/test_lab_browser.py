@@ -120,6 +120,11 @@ def _post_notice(hub, body: dict) -> dict:
     return response.json()
 
 
+def _toast(page, text: str):
+    """A JupyterLab notification (toast) whose text contains ``text``."""
+    return page.locator(".jp-toast-message", has_text=text)
+
+
 def _log_in(browser, hub, user: str):
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_default_timeout(TIMEOUT_MS)
@@ -129,6 +134,34 @@ def _log_in(browser, hub, user: str):
     page.click("input[type=submit], button[type=submit]")
     page.wait_for_url("**/hub/**")
     return page
+
+
+# Every visible element of the panel whose content is wider than its box, or that reaches past
+# the panel's right edge (the panel hides horizontal overflow: that is what a user sees clipped).
+_CLIPPED = """panel => {
+  const edge = panel.getBoundingClientRect().right;
+  const clipped = [];
+  if (panel.scrollWidth > panel.clientWidth + 1) {
+    clipped.push(`the panel: ${panel.scrollWidth} > ${panel.clientWidth} px`);
+  }
+  for (const node of panel.querySelectorAll('*')) {
+    const box = node.getBoundingClientRect();
+    if (!box.width || !node.getClientRects().length) continue; // hidden
+    const text = (node.textContent || node.className).trim().slice(0, 40);
+    if (node.clientWidth && node.scrollWidth > node.clientWidth + 1) {
+      clipped.push(`${node.tagName} "${text}": ${node.scrollWidth} > ${node.clientWidth} px`);
+    } else if (box.right > edge + 1) {
+      clipped.push(`${node.tagName} "${text}": right edge ${box.right} > ${edge}`);
+    }
+  }
+  return {width: panel.clientWidth, clipped};
+}"""
+
+
+def _assert_nothing_clipped(panel) -> None:
+    measured = panel.evaluate(_CLIPPED)
+    assert measured["width"] < 400, measured  # the default side bar width, not a widened one
+    assert measured["clipped"] == [], measured
 
 
 def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
@@ -160,16 +193,32 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
     job = response.json()
     assert job["state"] == "pending", job
 
-    item.click()  # opens the panel
+    item.click()  # opens the panel, at the right side bar's default width
     panel = page.locator("#jp-gpusched-panel")
     sync_api.expect(panel).to_be_visible()
-    row = panel.locator(f'tr[data-job-id="{job["id"]}"]')
+    row = panel.locator(f'.jp-gpusched-job[data-job-id="{job["id"]}"]')
     sync_api.expect(row).to_contain_text("pending")
-    sync_api.expect(panel.locator(f'tr[data-queue-job="{job["id"]}"]')).to_contain_text("mine")
+    queue_row = panel.locator(f'[data-queue-job="{job["id"]}"]')
+    sync_api.expect(queue_row).to_contain_text("mine")
     sync_api.expect(panel.locator(".jp-gpusched-node")).to_contain_text("gpu1")
-    sync_api.expect(item).to_contain_text("queued #1", timeout=TIMEOUT_MS)
+    sync_api.expect(item).to_contain_text("big-run: queued #1", timeout=TIMEOUT_MS)
+    # why it waits: the service's message in full, its family as a small tag
+    reason = hub.service("GET", f"api/jobs/{job['id']}", token).json()["reason"]
+    assert len(reason["message"]) > len(reason["family"]), reason
+    for pending in (row, queue_row):
+        sync_api.expect(pending.locator(".jp-gpusched-reason-message")).to_have_text(
+            reason["message"]
+        )
+        sync_api.expect(pending.locator(".jp-gpusched-tag")).to_contain_text([reason["family"]])
+    # "This server": her server's job only, not the batch job waiting beside it
+    mine = panel.locator(".jp-gpusched-mine")
+    sync_api.expect(mine).to_have_attribute("data-job-id", status["job_id"])
+    sync_api.expect(mine).to_contain_text("2x H100")
+    sync_api.expect(mine).not_to_contain_text("queued")
+    sync_api.expect(mine).not_to_contain_text(reason["family"])
+    _assert_nothing_clipped(panel)
     # her server's own job: the GPU utilization its monitor reported (simulated GPUs: 0%)
-    server_row = panel.locator(f'tr[data-job-id="{status["job_id"]}"]')
+    server_row = panel.locator(f'.jp-gpusched-job[data-job-id="{status["job_id"]}"]')
     sync_api.expect(server_row.locator(".jp-gpusched-util")).to_have_text(
         re.compile(r"^GPU \d+%$"), timeout=TIMEOUT_MS
     )
@@ -192,10 +241,10 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
         hub, {"kind": "preemption", "message": "A tier-1 job needs your GPUs", "deadline": None}
     )
     # the extension asks for notices every 10 s: wait longer than expect's 5 s default
-    sync_api.expect(page.get_by_text("Idle GPUs: Your GPUs have been idle")).to_be_visible(
+    sync_api.expect(_toast(page, "Idle GPUs: Your GPUs have been idle")).to_be_visible(
         timeout=TIMEOUT_MS
     )
-    sync_api.expect(page.get_by_text("Pre-emption: A tier-1 job needs your GPUs")).to_be_visible(
+    sync_api.expect(_toast(page, "Pre-emption: A tier-1 job needs your GPUs")).to_be_visible(
         timeout=TIMEOUT_MS
     )
     page.wait_for_timeout(1500)  # the toasts slide in
@@ -215,17 +264,17 @@ def test_every_warning_shows_once_per_server_start(lab_hub, browser):
     lab = f"{hub.url}/user/{USER}/lab"
     page.goto(lab)
     first = _post_notice(hub, {"kind": "idle", "message": "first warning", "deadline": None})
-    sync_api.expect(page.get_by_text("Idle GPUs: first warning")).to_be_visible(
+    sync_api.expect(_toast(page, "Idle GPUs: first warning")).to_be_visible(
         timeout=TIMEOUT_MS  # the extension asks every 10 s
     )
 
     page.reload()  # the same server start: the first warning was shown, the second is new
     _post_notice(hub, {"kind": "idle", "message": "second warning", "deadline": None})
-    sync_api.expect(page.get_by_text("Idle GPUs: second warning")).to_be_visible(
+    sync_api.expect(_toast(page, "Idle GPUs: second warning")).to_be_visible(
         timeout=TIMEOUT_MS  # the extension asks every 10 s
     )
     # one check of the notices showed the second: the first was in it and stayed hidden
-    assert page.get_by_text("Idle GPUs: first warning").count() == 0
+    assert _toast(page, "Idle GPUs: first warning").count() == 0
 
     stop_every_server(hub)  # as the reaper's cull does; then the user starts again
     wait_free(hub, 4, timeout=15)
@@ -233,7 +282,7 @@ def test_every_warning_shows_once_per_server_start(lab_hub, browser):
     page.goto(lab)
     third = _post_notice(hub, {"kind": "idle", "message": "third warning", "deadline": None})
     assert third["id"] == first["id"] == 1  # numbered from 1 again: the id alone cannot tell
-    sync_api.expect(page.get_by_text("Idle GPUs: third warning")).to_be_visible(
+    sync_api.expect(_toast(page, "Idle GPUs: third warning")).to_be_visible(
         timeout=TIMEOUT_MS  # the extension asks every 10 s
     )
     assert third["start"] != first["start"]
@@ -273,6 +322,15 @@ def test_an_admin_edits_the_reaper_timeouts_in_the_panel(lab_hub, browser):
     assert settings["timeout_tier_2"] == before["timeout_tier_2"]  # only what was changed
     _shot(page, "5-admin-reaper-saved")
 
+    # his own server is tier 2: a new tier-2 timeout shows in the status bar at once, not at
+    # the status bar's next poll (every 15 s)
+    reclaim = re.compile(r"idle reclaim in (\d+) min")
+    sync_api.expect(item).to_contain_text(reclaim, timeout=TIMEOUT_MS)
+    assert int(reclaim.search(item.inner_text()).group(1)) > 30  # the default: 45 min
+    reaper.locator('input[data-setting="timeout_tier_2"]').fill("20")
+    reaper.locator(".jp-gpusched-reaper-save").click()
+    sync_api.expect(item).to_contain_text(re.compile(r"idle reclaim in (19|20) min"), timeout=2500)
+
     tier3.fill("soon")
     reaper.locator(".jp-gpusched-reaper-save").click()
     message = reaper.locator(".jp-gpusched-reaper-message")
@@ -282,7 +340,12 @@ def test_an_admin_edits_the_reaper_timeouts_in_the_panel(lab_hub, browser):
     _shot(page, "6-admin-reaper-error")
 
     page.close()
-    response = hub.service("PUT", "api/reaper", token, json={"timeout_tier_3": 1800})
+    response = hub.service(
+        "PUT",
+        "api/reaper",
+        token,
+        json={"timeout_tier_3": 1800, "timeout_tier_2": before["timeout_tier_2"]},
+    )
     assert response.status_code == 200, response.text
     stop_every_server(hub)
     wait_free(hub, 4, timeout=15)

@@ -138,3 +138,57 @@ def test_a_shutdown_kernels_notice_shuts_down_just_those_kernels(fetch):
         assert other in {k["id"] for k in json.loads(fetch("api", "kernels").body)}
     finally:
         fetch("api", "kernels", other, method="DELETE")
+
+
+def test_a_cull_notice_is_answered_once_the_lab_has_fetched_it(fetch, jp_fetch, jp_asyncio_loop):
+    """The reaper posts ``reaper-cull`` and then has the hub stop the server: the answer waits
+    for a GET (the Lab's poll) to return the notice, so the Lab shows it before the server goes."""
+    import asyncio
+
+    cull = {"kind": "reaper-cull", "message": "culled by the reaper: GPUs idle for 3 min"}
+
+    async def post_then_get():
+        lab = {"watching": "1"}  # what an open Lab's polls send
+        await jp_fetch("gpusched", "api", "notices", params=lab)
+        posted = asyncio.ensure_future(
+            jp_fetch("gpusched", "api", "notices", method="POST", body=json.dumps(cull))
+        )
+        await asyncio.sleep(0.5)
+        assert not posted.done()  # held: nobody has fetched it yet
+        await jp_fetch("gpusched", "api", "notices")  # another reader: not the Lab
+        await asyncio.sleep(0.2)
+        assert not posted.done()
+        listed = await jp_fetch("gpusched", "api", "notices", params=lab)
+        listed = json.loads(listed.body)["notices"]
+        assert [n["kind"] for n in listed] == ["reaper-cull"]
+        started = time.monotonic()
+        answer = await asyncio.wait_for(posted, 5)
+        return answer, time.monotonic() - started
+
+    answer, waited = jp_asyncio_loop.run_until_complete(post_then_get())
+    assert answer.code == 201 and json.loads(answer.body)["fetched"] is True
+    assert waited < 1.0  # answered at the GET, not at the end of the hold
+
+
+def test_a_cull_notice_waits_only_for_a_lab_that_watches(fetch, monkeypatch):
+    """No page has asked for notices: the cull is not delayed. A page that polls but has not
+    fetched this notice yet: held for the hold time, then answered."""
+    from jupyter_gpusched.serverext import notices
+
+    monkeypatch.setattr(notices, "HOLD_SECONDS", 0.5)
+    cull = {"kind": "reaper-cull", "message": "culled by the reaper"}
+    started = time.monotonic()
+    assert json.loads(post(fetch, cull).body)["fetched"] is False
+    assert time.monotonic() - started < 0.4  # nobody watching: at once
+
+    fetch("gpusched", "api", "notices")  # a reader that is not a Lab page
+    started = time.monotonic()
+    assert json.loads(post(fetch, cull).body)["fetched"] is False
+    assert time.monotonic() - started < 0.4
+
+    fetch("gpusched", "api", "notices", params={"watching": "1"})  # a Lab polls
+    started = time.monotonic()
+    assert json.loads(post(fetch, cull).body)["fetched"] is False
+    assert 0.5 <= time.monotonic() - started < 3  # held for a watching Lab, then answered
+    # other kinds are never held
+    assert "fetched" not in json.loads(post(fetch, {"kind": "idle", "message": "m"}).body)

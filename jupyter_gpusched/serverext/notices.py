@@ -14,13 +14,22 @@ keeps ``(start, id)``: a notice is new when its ``start`` differs or its ``id`` 
 One kind is also an order: ``{"kind": "shutdown-kernels", "kernel_ids": [...]}`` (the reaper's
 ``shutdown_kernels_first``) shuts down those of the listed kernels that run here, through the
 server's kernel manager, as the user's own "shut down kernel" would; the answer lists them under
-``shut_down``. Callers authenticate as for any jupyter-server
-API: under JupyterHub, a token that may access this server (the service's role needs
-``access:servers``, see ``hub_config/``).
+``shut_down``.
+
+One kind is held: a ``reaper-cull`` notice (the reaper posts it just before the hub stops the
+server) is answered once a ``GET`` has returned it, or after :data:`HOLD_SECONDS`, so that an open
+JupyterLab shows why its server goes before the connection drops (the Lab asks every few seconds,
+every second near a warning's deadline). Only while a Lab watches: the Lab's polls say so
+(``GET notices?watching=1``); with none in the last :data:`WATCHING_SECONDS` (no page open, or
+another reader such as a test) the answer comes at once and the cull is not delayed.
+
+Callers authenticate as for any jupyter-server API: under JupyterHub, a token that may access
+this server (the service's role needs ``access:servers``, see ``hub_config/``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import secrets
@@ -37,6 +46,11 @@ MAX_NOTICES = 100  # kept per server; older ones are dropped
 MAX_BODY = 64 * 1024
 SETTINGS_KEY = "gpusched_notices"
 SHUTDOWN_KERNELS = "shutdown-kernels"
+REAPER_CULL = "reaper-cull"
+# How long the answer to a reaper-cull notice waits for a browser to fetch it: longer than the
+# Lab's slowest notice poll (5 s), shorter than the service's request timeout (10 s).
+HOLD_SECONDS = 8.0
+WATCHING_SECONDS = 30.0  # a GET this recent: a Lab page is open and polling
 
 
 class NoticeBoard:
@@ -49,6 +63,9 @@ class NoticeBoard:
         self.notices: deque[dict] = deque(maxlen=MAX_NOTICES)
         self.start = secrets.token_hex(8)
         self._next_id = 1
+        self.delivered = 0  # the highest id a GET has returned
+        self.last_fetch: float | None = None  # time.monotonic() of the last GET
+        self._fetched = asyncio.Event()  # set at each GET (a new Event each time)
 
     def add(self, data: dict) -> dict:
         notice = {
@@ -67,6 +84,30 @@ class NoticeBoard:
         )
         self.log.warning("gpusched %s notice%s: %s", notice["kind"], when, notice["message"])
         return notice
+
+    def fetched(self) -> None:
+        """A client (the Lab) was given every notice there is now."""
+        if self.notices:
+            self.delivered = max(self.delivered, self.notices[-1]["id"])
+        self.last_fetch = time.monotonic()
+        self._fetched.set()
+        self._fetched = asyncio.Event()
+
+    async def wait_fetched(self, notice_id: int, timeout: float | None = None) -> bool:
+        """Until a GET has returned notice ``notice_id``; False after ``timeout`` seconds
+        (default :data:`HOLD_SECONDS`), or at once when no client is watching."""
+        if self.last_fetch is None or time.monotonic() - self.last_fetch > WATCHING_SECONDS:
+            return False
+        deadline = time.monotonic() + (HOLD_SECONDS if timeout is None else timeout)
+        while self.delivered < notice_id:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._fetched.wait(), left)
+            except asyncio.TimeoutError:
+                return False
+        return True
 
 
 def parse_notice(data) -> dict:
@@ -104,6 +145,8 @@ class NoticesHandler(APIHandler):
     @web.authenticated
     def get(self):
         self.finish(json.dumps({"start": self.board.start, "notices": list(self.board.notices)}))
+        if self.get_argument("watching", "") == "1":  # a Lab page, showing what it gets
+            self.board.fetched()
 
     @web.authenticated
     async def post(self):
@@ -121,6 +164,8 @@ class NoticesHandler(APIHandler):
             raise web.HTTPError(400, str(exc)) from None
         if order:
             notice = {**notice, "shut_down": await self._shutdown(notice["kernel_ids"])}
+        elif notice["kind"] == REAPER_CULL:  # the server stops next: let the Lab see it first
+            notice = {**notice, "fetched": await self.board.wait_fetched(notice["id"])}
         self.set_status(201)
         self.finish(json.dumps(notice))
 

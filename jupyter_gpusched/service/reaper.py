@@ -18,7 +18,8 @@ function, in the style of jupyterhub-idle-culler) what to do and carries it out:
 * :class:`Cull` at ``timeout`` idle, or past ``max_lifetime``: the hub stops the server (its
   spawner then releases the GPUs); audited with the evidence (recent samples, timeout, settings),
   counted in ``gpusched_culls`` and ``gpusched_reaper_reclaimed_gpu_hours`` (GPUs x idle time
-  ended by the cull).
+  ended by the cull). Just before, a notice (``kind: "reaper-cull"``, the cull's message) tells
+  the server's open JupyterLab why it is going.
 
 The policy itself (settings, :func:`decide`) is :mod:`.reaper_policy`.
 
@@ -396,6 +397,11 @@ class Reaper:
         (service/server_stops.py)."""
         live = self.live
         try:
+            if live.hub is not None:
+                # tell the user's open JupyterLab why first (the server extension answers once
+                # the Lab has fetched it, or after a few seconds: serverext/notices.py)
+                cull = {"kind": "reaper-cull", "message": message, "job_id": job.id}
+                await live.hub.post_notice(job.user, server_name, {**cull, "deadline": None})
             await live.server_stops.stop_and_wait(job, run, server_name)
             live.process_exited(job.id, run, Exit(0, "completed", message))
         finally:

@@ -1,0 +1,172 @@
+/**
+ * What the extension writes: the status bar's text, this server's line, a waiting job's reason,
+ * timeouts, and a small DOM helper.
+ */
+
+export interface IReason {
+  family: string;
+  detail?: string;
+  message?: string;
+  eta?: number | null;
+}
+
+export interface IStatus {
+  configured: boolean;
+  time: number;
+  job_id: string | null;
+  job: any | null;
+  gpus: number | null;
+  gpu_model: string | null;
+  node: string | null;
+  utilization: number | null;
+  reaper: {
+    reclaim_at: number | null;
+    timeout: number | null;
+    exempt: boolean | null;
+  } | null;
+  pending: {
+    id: string;
+    name: string | null;
+    gpus: number;
+    tier: number;
+    position: number | null;
+    reason: IReason | null;
+  }[];
+}
+
+export function num(value: number): string {
+  return Number.isInteger(value) ? String(value) : value.toFixed(2).replace(/0+$/, '');
+}
+
+export function clock(epoch: number): string {
+  return new Date(epoch * 1000).toLocaleTimeString([], {
+    hour: '2-digit',
+    minute: '2-digit',
+    hour12: false
+  });
+}
+
+/** "queued #3 · policy · ETA 14:20" (the status bar: the family only, the panel says more). */
+export function queued(position: number | null, reason: IReason | null): string {
+  const parts = [position === null ? 'held' : `queued #${position + 1}`];
+  if (reason?.family) {
+    parts.push(reason.family);
+  }
+  if (reason?.eta) {
+    parts.push(`ETA ${clock(reason.eta)}`);
+  }
+  return parts.join(' · ');
+}
+
+/** A running job's `utilization` (the service's job view): "63%", or an em dash when unknown. */
+export function utilizationText(job: any): string {
+  const percent = job?.utilization?.percent;
+  return percent === null || percent === undefined ? '\u2014' : `${Math.round(percent)}%`;
+}
+
+/**
+ * A timeout as the reaper editor shows it: minutes ("45"), or "off".
+ * `parseTimeout` is its inverse: minutes (a number) -> seconds; "off" or nothing -> null;
+ * anything else ("1h", "90s") is passed on for the service to read (a 400 names the field).
+ */
+export function timeoutText(seconds: number | null | undefined): string {
+  return seconds === null || seconds === undefined ? 'off' : num(seconds / 60);
+}
+
+export function parseTimeout(text: string): number | string | null {
+  const value = text.trim().toLowerCase();
+  if (value === '' || value === 'off' || value === 'none' || value === 'null') {
+    return null;
+  }
+  if (/^\d+(\.\d+)?$/.test(value)) {
+    return Number(value) * 60;
+  }
+  return value;
+}
+
+/**
+ * This server's own job, and nothing else: "2x H100 · 63% · idle reclaim in 12 min" while it
+ * runs, its place in the queue while it waits; null when the server has no job of the scheduler.
+ */
+export function serverText(status: IStatus, now = Date.now() / 1000): string | null {
+  const job = status.job;
+  if (!job || (status.job_id && job.id && job.id !== status.job_id)) {
+    return null;
+  }
+  if (job.state === 'running') {
+    const gpus = status.gpus ?? job.gpus;
+    let text = `${num(gpus)}x ${status.gpu_model ?? 'GPU'}`;
+    if (status.utilization !== null && status.utilization !== undefined) {
+      text += ` · ${Math.round(status.utilization)}%`;
+    }
+    const reclaim = status.reaper?.reclaim_at;
+    if (reclaim) {
+      const skew = now - status.time; // the server's clock against ours
+      const minutes = Math.max(0, Math.ceil((reclaim - (now - skew)) / 60));
+      text += ` · idle reclaim in ${minutes} min`;
+    }
+    return text;
+  }
+  if (job.state === 'pending') {
+    return queued(job.position, job.reason);
+  }
+  return job.state;
+}
+
+/** The status bar: this server, then the user's first other waiting job, named. */
+export function statusText(status: IStatus, now = Date.now() / 1000): string {
+  const parts: string[] = [];
+  const server = serverText(status, now);
+  if (server) {
+    parts.push(server);
+  }
+  const others = status.pending.filter(p => p.id !== status.job_id);
+  if (others.length) {
+    parts.push(`${others[0].name || others[0].id}: ${queued(others[0].position, others[0].reason)}`);
+  }
+  if (!parts.length) {
+    return status.configured ? 'No GPUs' : 'GPU scheduler: not connected';
+  }
+  return parts.join('  |  ');
+}
+
+export function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  attrs: Record<string, string> = {},
+  ...children: (Node | string | null)[]
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === 'class') {
+      node.className = value;
+    } else {
+      node.setAttribute(key, value);
+    }
+  }
+  for (const child of children) {
+    if (child !== null) {
+      node.append(child);
+    }
+  }
+  return node;
+}
+
+/** Why a job waits: the service's message in full, its family as a small tag, and the ETA. */
+export function reasonNode(reason: IReason | null | undefined): HTMLElement | null {
+  if (!reason) {
+    return null;
+  }
+  return el(
+    'div',
+    { class: 'jp-gpusched-reason' },
+    el('span', { class: `jp-gpusched-tag jp-gpusched-tag-${reason.family}` }, reason.family),
+    ' ',
+    el('span', { class: 'jp-gpusched-reason-message' }, reason.message || reason.detail || ''),
+    reason.eta ? el('span', { class: 'jp-gpusched-eta' }, ` · ETA ${clock(reason.eta)}`) : null
+  );
+}
+
+/** A tier as a small tag in the one tier palette (docs/notebook.md: tier colours). */
+export function tierTag(tier: number): HTMLElement {
+  return el('span', { class: `jp-gpusched-tag jp-gpusched-tier jp-gpusched-t${tier}` }, `tier ${tier}`);
+}

@@ -1,0 +1,409 @@
+/**
+ * The side panel: this server's own job, my jobs, the queue (others anonymised), the cluster by
+ * node and tier, and for admins of the scheduler the reaper's timeouts, editable.
+ *
+ * It must be readable at the right sidebar's default width (about 300 px): jobs and queue entries
+ * are stacked blocks (a head line, a details line, why it waits, the actions), never tables of
+ * many columns, and every text wraps. After anything the panel changes (a cancel, the reaper's
+ * settings, Refresh) it refreshes itself and the status bar at once (`onChange`), and each of its
+ * refreshes hands the status it read to the status bar too (`onStatus`).
+ */
+import { Notification } from '@jupyterlab/apputils';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
+
+import { Poller, request } from './api';
+import {
+  IStatus,
+  clock,
+  el,
+  num,
+  parseTimeout,
+  queued,
+  reasonNode,
+  serverText,
+  tierTag,
+  timeoutText,
+  utilizationText
+} from './format';
+import { INotice, noticeText } from './notices';
+
+export const PANEL_ID = 'jp-gpusched-panel';
+
+const gpuIcon = new LabIcon({
+  name: 'jupyter-gpusched:gpu',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" width="16" viewBox="0 0 24 24">' +
+    '<g class="jp-icon3" fill="#616161"><path d="M4 6h16v12H4z" fill="none" stroke="#616161" stroke-width="2"/>' +
+    '<rect x="7" y="9" width="4" height="6"/><rect x="13" y="9" width="4" height="6"/>' +
+    '<rect x="2" y="10" width="2" height="4"/><rect x="20" y="10" width="2" height="4"/></g></svg>'
+});
+
+// -- the reaper's timeouts, for admins ------------------------------------------------------------
+const REAPER_FIELDS: [string, string][] = [
+  ['timeout_tier_1', 'tier 1 timeout'],
+  ['timeout_tier_2', 'tier 2 timeout'],
+  ['timeout_tier_3', 'tier 3 timeout'],
+  ['warning_lead', 'warning before']
+];
+
+/**
+ * The admin's editor of the reaper's timeouts (minutes, or "off"). It keeps its own DOM across
+ * the panel's refreshes, so a value being typed is not overwritten by the next poll; a field the
+ * admin changed keeps its text until saved (or Reset).
+ */
+class ReaperEditor {
+  readonly node = el('section', { class: 'jp-gpusched-reaper', hidden: '' });
+  private readonly inputs = new Map<string, HTMLInputElement>();
+  private readonly dirty = new Set<string>();
+  private readonly message = el('div', { class: 'jp-gpusched-reaper-message' });
+  private readonly save = el('button', { class: 'jp-gpusched-reaper-save jp-mod-styled jp-mod-accept' }, 'Save');
+  private readonly reset = el('button', { class: 'jp-gpusched-reaper-reset jp-mod-styled' }, 'Reset');
+  private settings: any = null;
+
+  constructor(private readonly onSaved: () => void) {
+    const rows = REAPER_FIELDS.map(([field, label]) => {
+      const input = el('input', {
+        class: 'jp-gpusched-reaper-input jp-mod-styled',
+        'data-setting': field,
+        size: '6',
+        title: 'minutes, or off (also 1h, 90s)'
+      });
+      input.addEventListener('input', () => this.dirty.add(field));
+      input.addEventListener('keydown', event => {
+        if (event.key === 'Enter') {
+          void this.submit();
+        }
+      });
+      this.inputs.set(field, input);
+      return el(
+        'label',
+        { class: 'jp-gpusched-reaper-row', 'data-reaper-row': field },
+        el('span', { class: 'jp-gpusched-reaper-label' }, label),
+        el('span', {}, input, ' min')
+      );
+    });
+    this.save.addEventListener('click', () => void this.submit());
+    this.reset.addEventListener('click', () => {
+      this.dirty.clear();
+      this.message.textContent = '';
+      this.show(this.settings);
+    });
+    this.node.append(
+      el('h3', {}, 'Idle reaper (admin)'),
+      ...rows,
+      el('div', { class: 'jp-gpusched-actions' }, this.save, this.reset),
+      this.message
+    );
+  }
+
+  /** The settings in force; fields the admin is editing keep their text. */
+  show(settings: any): void {
+    this.settings = settings;
+    if (!settings) {
+      return;
+    }
+    for (const [field, input] of this.inputs) {
+      if (!this.dirty.has(field) && document.activeElement !== input) {
+        input.value = timeoutText(settings[field]);
+      }
+    }
+  }
+
+  async submit(): Promise<void> {
+    const changes: Record<string, number | string | null> = {};
+    for (const field of this.dirty) {
+      changes[field] = parseTimeout(this.inputs.get(field)!.value);
+    }
+    if (!Object.keys(changes).length) {
+      this.message.className = 'jp-gpusched-reaper-message';
+      this.message.textContent = 'Nothing changed.';
+      return;
+    }
+    this.save.disabled = true;
+    try {
+      const answer = await request('reaper', { method: 'PUT', body: JSON.stringify(changes) });
+      this.dirty.clear();
+      this.show(answer?.settings ?? this.settings);
+      this.message.className = 'jp-gpusched-reaper-message jp-gpusched-reaper-ok';
+      this.message.textContent = `Saved: ${Object.keys(changes).join(', ')}`;
+      this.onSaved();
+    } catch (error) {
+      this.message.className = 'jp-gpusched-reaper-message jp-gpusched-error';
+      this.message.textContent = `Not saved: ${(error as Error).message}`;
+    } finally {
+      this.save.disabled = false;
+    }
+  }
+}
+
+// -- the panel ---------------------------------------------------------------------------------------
+export class GPUPanel extends Widget {
+  readonly poller: Poller;
+  private readonly body = el('div', { class: 'jp-gpusched-body' });
+  private readonly logView = el('pre', { class: 'jp-gpusched-log', hidden: '' });
+  private readonly errorLine = el('div', { class: 'jp-gpusched-error' });
+  private logJob: string | null = null;
+  private readonly reaperEditor: ReaperEditor;
+
+  /**
+   * `onChange`: the panel changed something (refresh everything that shows it);
+   * `onStatus`: the status the panel just read (the status bar shows it too);
+   * `lastNotice`: the newest warning this server got, shown whole under "This server".
+   */
+  constructor(
+    private readonly onChange: () => void,
+    private readonly onStatus: (status: IStatus) => void = () => undefined,
+    private readonly lastNotice: () => INotice | null = () => null
+  ) {
+    super();
+    this.id = PANEL_ID;
+    this.addClass('jp-gpusched-panel');
+    this.title.icon = gpuIcon;
+    this.title.caption = 'GPU scheduler';
+    this.reaperEditor = new ReaperEditor(() => this.changed());
+    const refresh = el('button', { class: 'jp-gpusched-refresh jp-mod-styled' }, 'Refresh');
+    refresh.addEventListener('click', () => this.changed());
+    this.node.append(
+      el('header', {}, el('h2', {}, 'GPU scheduler'), refresh),
+      this.errorLine,
+      this.body,
+      this.reaperEditor.node,
+      this.logView
+    );
+    this.poller = new Poller(() => this.update_all(), 5000, 60000, () => this.isVisible);
+  }
+
+  /** After an action of the panel: this panel and the status bar read the service again now. */
+  changed(): void {
+    this.poller.refresh();
+    this.onChange();
+  }
+
+  protected onAfterShow(): void {
+    this.poller.refresh();
+  }
+
+  async update_all(): Promise<void> {
+    try {
+      // `me` says whether the user administers the scheduler: only admins see the reaper's
+      // settings (and may change them); the service itself refuses others' changes.
+      const [status, jobs, queue, cluster, me, reaper] = await Promise.all([
+        request('status'),
+        request('jobs?state=pending&state=running'),
+        request('queue'),
+        request('cluster'),
+        request('me').catch(() => null),
+        request('reaper').catch(() => null)
+      ]);
+      this.errorLine.textContent = '';
+      this.onStatus(status);
+      this.render(status, jobs.jobs, queue, cluster, me?.admin ? reaper : null);
+      if (this.logJob) {
+        await this.show_log(this.logJob);
+      }
+    } catch (error) {
+      this.errorLine.textContent = `Cannot reach the GPU scheduler: ${(error as Error).message}`;
+      throw error;
+    }
+  }
+
+  /** This server's own job only (GPUSCHED_JOB_ID of this server: serverext/proxy.py). */
+  private serverSection(status: IStatus): HTMLElement {
+    const job = status.job;
+    const section = el('section', { class: 'jp-gpusched-mine' }, el('h3', {}, 'This server'));
+    if (status.job_id) {
+      section.setAttribute('data-job-id', status.job_id);
+    }
+    const line = serverText(status);
+    section.append(
+      el('p', { class: 'jp-gpusched-server-line' }, line ?? 'This server has no GPUs of the scheduler.')
+    );
+    if (line && job) {
+      const where = (job.allocation || []).map((p: any) => `${p.node}:${p.gpus.join(',')}`).join(' ');
+      const reaper = status.reaper;
+      const timeout = reaper?.exempt
+        ? 'exempt from the idle reaper'
+        : reaper?.timeout
+          ? `stopped after ${num(reaper.timeout / 60)} min with idle GPUs`
+          : 'no idle timeout';
+      section.append(
+        el(
+          'div',
+          { class: 'jp-gpusched-details' },
+          tierTag(job.tier),
+          ` ${[job.id, job.queue ? `queue ${job.queue}` : '', where, timeout].filter(Boolean).join(' · ')}`
+        )
+      );
+      if (job.state === 'pending') {
+        section.append(reasonNode(job.reason) ?? '');
+      }
+    }
+    const notice = this.lastNotice();
+    if (notice) {
+      const when = notice.received ? `${clock(notice.received)}: ` : '';
+      section.append(el('div', { class: 'jp-gpusched-last-notice' }, `Last notice ${when}${noticeText(notice)}`));
+    }
+    return section;
+  }
+
+  private jobBlock(job: any, status: IStatus): HTMLElement {
+    const thisServer = job.id === status.job_id;
+    const cancel = el('button', { class: 'jp-gpusched-cancel jp-mod-styled jp-mod-warn' }, 'Cancel');
+    cancel.addEventListener('click', () => void this.cancel(job.id, cancel));
+    const log = el('button', { class: 'jp-gpusched-showlog jp-mod-styled' }, 'Log');
+    log.addEventListener('click', () => void this.show_log(job.id));
+    // this server's own job is stopped through the hub, not cancelled from inside it
+    const actions = el(
+      'div',
+      { class: 'jp-gpusched-actions' },
+      thisServer ? null : cancel,
+      job.kind === 'notebook' ? null : log
+    );
+    const where =
+      job.state === 'running'
+        ? (job.allocation || []).map((p: any) => `${p.node}:${p.gpus.join(',')}`).join(' ')
+        : queued(job.position, null);
+    return el(
+      'div',
+      { class: 'jp-gpusched-job', 'data-job-id': job.id },
+      el(
+        'div',
+        { class: 'jp-gpusched-job-head' },
+        el('span', { class: 'jp-gpusched-job-name' }, `${job.name || job.id}${thisServer ? ' (this server)' : ''}`),
+        ' ',
+        el('span', { class: `jp-gpusched-state jp-gpusched-state-${job.state}` }, job.state)
+      ),
+      el(
+        'div',
+        { class: 'jp-gpusched-details' },
+        tierTag(job.tier),
+        ` ${num(job.gpus)} GPU${job.gpus === 1 ? '' : 's'} · ${where} · `,
+        // the GPU utilization its server last reported ("—": unknown, or not running)
+        el(
+          'span',
+          { class: 'jp-gpusched-util', title: 'GPU utilization (mean over its GPUs), as its notebook server last reported it' },
+          `GPU ${job.state === 'running' ? utilizationText(job) : '\u2014'}`
+        )
+      ),
+      job.state === 'pending' ? reasonNode(job.reason) : null,
+      actions.childElementCount ? actions : null
+    );
+  }
+
+  private render(status: IStatus, jobs: any[], queue: any, cluster: any, reaper: any): void {
+    const sections: HTMLElement[] = [this.serverSection(status)];
+
+    sections.push(
+      el(
+        'section',
+        { class: 'jp-gpusched-jobs' },
+        el('h3', {}, 'My jobs'),
+        ...(jobs.length
+          ? jobs.map(job => this.jobBlock(job, status))
+          : [el('p', { class: 'jp-gpusched-empty' }, 'No pending or running jobs.')])
+      )
+    );
+
+    // the queue: one block per waiting job, others anonymised by the service
+    const entries = (queue.jobs as any[]).map(j =>
+      el(
+        'div',
+        { class: 'jp-gpusched-qjob', 'data-queue-job': j.mine ? j.id : '' },
+        el(
+          'div',
+          { class: 'jp-gpusched-job-head' },
+          `#${j.position + 1} ${j.mine ? `${j.name || j.id} (mine)` : j.user || 'someone'} `,
+          tierTag(j.tier),
+          ` ${num(j.gpus)} GPU${j.gpus === 1 ? '' : 's'}${j.queue ? ` · queue ${j.queue}` : ''}`
+        ),
+        reasonNode(j.reason)
+      )
+    );
+    sections.push(
+      el(
+        'section',
+        { class: 'jp-gpusched-queue' },
+        el('h3', {}, `Queue (${queue.pending} pending, ${queue.running} running)`),
+        ...(entries.length ? entries : [el('p', { class: 'jp-gpusched-empty' }, 'The queue is empty.')])
+      )
+    );
+
+    sections.push(this.clusterSection(cluster));
+
+    // the reaper's settings: admins only (the caller passes null to others). The editor stays
+    // in the page between refreshes (a field being typed in keeps its focus); hidden otherwise.
+    const admin = Boolean(reaper && reaper.settings);
+    this.reaperEditor.node.hidden = !admin;
+    if (admin) {
+      this.reaperEditor.show(reaper.settings);
+    }
+    this.body.replaceChildren(...sections);
+  }
+
+  /** The cluster, by node and tier: one square per GPU in its holder's tier colour. */
+  private clusterSection(cluster: any): HTMLElement {
+    const nodes = (cluster.nodes as any[]).map(node => {
+      const tiers: Record<string, number> = {};
+      const cells = (node.gpu_list as any[]).map(gpu => {
+        const holders = gpu.jobs as any[];
+        for (const h of holders) {
+          tiers[`t${h.tier}`] = (tiers[`t${h.tier}`] || 0) + (h.fraction ?? 1);
+        }
+        const tier = holders.length ? `t${holders[0].tier}` : 'free';
+        const who = holders.map(h => h.user || 'someone').join(', ');
+        return el('span', {
+          class: `jp-gpusched-gpu jp-gpusched-${tier}`,
+          title: `GPU ${gpu.index}: ${holders.length ? `${who} (tier ${holders[0].tier})` : 'free'}`
+        });
+      });
+      const byTier = Object.entries(tiers)
+        .sort()
+        .map(([t, n]) => `${t}: ${num(n)}`)
+        .join(' · ');
+      return el(
+        'div',
+        { class: 'jp-gpusched-node', 'data-node': node.name },
+        el('span', { class: 'jp-gpusched-node-name' }, `${node.name} (${node.gpu_model})${node.state !== 'up' ? ` [${node.state}]` : ''}`),
+        el('span', { class: 'jp-gpusched-gpus' }, ...cells),
+        el('span', { class: 'jp-gpusched-node-use' }, `${num(node.free)}/${node.gpus} free${byTier ? ` · ${byTier}` : ''}`)
+      );
+    });
+    const legend = el(
+      'div',
+      { class: 'jp-gpusched-legend' },
+      ...[1, 2, 3].map(t => el('span', {}, el('span', { class: `jp-gpusched-gpu jp-gpusched-t${t}` }), ` tier ${t} `)),
+      el('span', {}, el('span', { class: 'jp-gpusched-gpu jp-gpusched-free' }), ' free')
+    );
+    return el(
+      'section',
+      { class: 'jp-gpusched-cluster' },
+      el('h3', {}, `Cluster: ${num(cluster.allocated_gpus)}/${cluster.total_gpus} GPUs allocated`),
+      ...nodes,
+      legend
+    );
+  }
+
+  private async cancel(jobId: string, button: HTMLButtonElement): Promise<void> {
+    button.disabled = true;
+    try {
+      await request(`jobs/${encodeURIComponent(jobId)}`, { method: 'DELETE' });
+      Notification.info(`Job ${jobId} cancelled`, { autoClose: 3000 });
+    } catch (error) {
+      Notification.error(`Could not cancel job ${jobId}: ${(error as Error).message}`);
+      button.disabled = false;
+    }
+    this.changed();
+  }
+
+  private async show_log(jobId: string): Promise<void> {
+    this.logJob = jobId;
+    this.logView.hidden = false;
+    try {
+      const text = await request(`jobs/${encodeURIComponent(jobId)}/log?bytes=16384`, {}, true);
+      this.logView.textContent = `== log of ${jobId}\n${text}`;
+    } catch (error) {
+      this.logView.textContent = `== log of ${jobId}: ${(error as Error).message}`;
+    }
+  }
+}

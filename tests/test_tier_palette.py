@@ -1,0 +1,24 @@
+"""One tier palette: the JupyterLab panel (labextension/style/index.css) colours each tier as the
+notebook QueueWidget does (widgets.TIER_COLOURS), as docs/notebook.md writes down."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from jupyter_gpusched.widgets import TIER_COLOURS
+
+CSS = Path(__file__).resolve().parent.parent / "labextension" / "style" / "index.css"
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "notebook.md"
+
+
+def test_the_panel_and_the_widget_share_the_tier_palette():
+    panel = {
+        int(tier): colour.lower()
+        for tier, colour in re.findall(
+            r"\.jp-gpusched-t([123])\s*\{\s*background:\s*(#[0-9a-fA-F]{6})", CSS.read_text()
+        )
+    }
+    assert panel == {tier: colour.lower() for tier, colour in TIER_COLOURS.items()}
+    docs = DOCS.read_text().lower()
+    assert all(colour.lower() in docs for colour in TIER_COLOURS.values())

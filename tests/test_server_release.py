@@ -154,14 +154,21 @@ def test_a_process_left_by_the_server_holds_its_gpus_until_the_service_kills_it(
     job_id = state["gpusched"]["job_id"]
     waiting = queue_batch_job(hub, "bob", 4)
     account = pwd.getpwnam("alice")
-    # a process escaped from the server's tree (a kernel's nohup), in its own session
-    left = subprocess.Popen(
-        ["sleep", "300"],
-        env={"PATH": os.defpath, "GPUSCHED_JOB_ID": job_id},
-        user=account.pw_uid,
-        group=account.pw_gid,
-        start_new_session=True,
-    )
+    hub_api = ts.server_env(hub, "alice")["JUPYTERHUB_API_URL"]
+
+    def escaped(api_url):  # a process escaped from a server's tree (a kernel's nohup)
+        return subprocess.Popen(
+            ["sleep", "300"],
+            env={"PATH": os.defpath, "GPUSCHED_JOB_ID": job_id, "JUPYTERHUB_API_URL": api_url},
+            user=account.pw_uid,
+            group=account.pw_gid,
+            start_new_session=True,
+        )
+
+    left = escaped(hub_api)
+    # another hub's server on this host with the same job id (ids are numbered per service):
+    # not this server's, never killed
+    other = escaped("http://127.0.0.1:1/hub/api")
     try:
         began = time.monotonic()
         ts.stop_server(hub, "alice")  # the hub's stop: the spawner releases the job
@@ -174,7 +181,9 @@ def test_a_process_left_by_the_server_holds_its_gpus_until_the_service_kills_it(
         assert job["state"] == "cancelled", job
         assert job["message"] == "server stopped through the hub", job
         ts.wait_job(hub, "bob", waiting, {"running"}, timeout=10)
+        assert other.poll() is None, "another hub's process with the same job id was killed"
     finally:
-        if left.poll() is None:
-            left.kill()
-            left.wait()
+        for process in (left, other):
+            if process.poll() is None:
+                process.kill()
+                process.wait()

@@ -17,7 +17,11 @@ are gone, whoever stopped it:
 
 Which processes are the server's: those of the job's account (or the service's own) whose
 environment says ``GPUSCHED_JOB_ID=<the job>`` (the spawner sets it; kernels and terminals
-inherit it). They are visible only on the nodes of ``GPUSchedService.local_gpu_nodes`` (this
+inherit it) and, when the service knows its hub (``JUPYTERHUB_API_URL``, which a hub gives its
+managed services and its servers alike), names the same hub: job ids are numbered per service,
+so two hubs on one host (two demos, a test hub beside the demo) each have a ``j-000001`` of
+alice's, and one service must never take (or kill) the other's server for its own.
+They are visible only on the nodes of ``GPUSchedService.local_gpu_nodes`` (this
 machine's; every node of the simulated demo cluster), and only where the service may read their
 environment (root, or the same account); elsewhere the answer is "unknown", never "gone".
 
@@ -45,6 +49,7 @@ from .launcher import Exit
 log = logging.getLogger("jupyter_gpusched.service")
 
 JOB_ENV = "GPUSCHED_JOB_ID"
+HUB_ENV = "JUPYTERHUB_API_URL"
 MAX_REASON = 200  # characters of a release's reason kept in the job's message
 KILL_WAIT = 10.0  # seconds to wait for processes the service killed
 
@@ -68,6 +73,7 @@ class ServerStops:
         names = {self.live.cluster.nodes[part.node].name for part in placement.parts}
         if not names <= self.local_nodes:
             return None
+        hub = os.environ.get(HUB_ENV, "").rstrip("/")  # this service's hub, if it has one
         uids = {os.geteuid()}
         with contextlib.suppress(KeyError):
             uids.add(pwd.getpwnam(job.user).pw_uid)
@@ -78,7 +84,10 @@ class ServerStops:
                     continue
                 if process.pid == os.getpid():
                     continue
-                if process.environ().get(JOB_ENV) == job.id:
+                env = process.environ()
+                if env.get(JOB_ENV) == job.id and (
+                    not hub or env.get(HUB_ENV, "").rstrip("/") == hub
+                ):
                     found.append(process)
             except psutil.AccessDenied:
                 unknown = True

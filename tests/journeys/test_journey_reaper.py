@@ -63,21 +63,30 @@ def test_warned_first_then_culled_and_told_why(demo, people):
     )
     assert response.status_code == 200, response.text
 
-    # the warning comes first, whole, in seconds
-    toast = alice.locator(".Toastify__toast, .jp-Dialog").filter(has_text=re.compile("idle"))
+    # the warning comes first: a toast that is not cut off, the whole text one click away
+    toast = alice.locator(".Toastify__toast").filter(has_text="Idle GPUs:")
     expect(toast.first).to_be_visible(timeout=TIMEOUT_MS)
-    warning = toast.first.inner_text()
-    assert re.search(r"\d+ s\b|\d\d:\d\d", warning), warning
-    assert "0 min" not in warning, warning
-    shot(alice, TEST, "1-warning")
+    summary = toast.first.inner_text()
+    assert "will be stopped at" in summary and not summary.rstrip().endswith("\u2026"), summary
+    toast.first.get_by_role("button", name="Details").click()
+    details = alice.locator(".jp-gpusched-notice-dialog")
+    expect(details).to_contain_text(re.compile(r"stopped in \d+ s \(at \d\d:\d\d:\d\d"))
+    assert "0 min" not in details.inner_text(), details.inner_text()
+    shot(alice, TEST, "1-warning-details")
+    alice.get_by_role("button", name="OK").click()
     [warned] = _events(hub, "alice", "reaper-warning")[:1]
     assert not _events(hub, "alice", "reaper-cull"), "culled without waiting out the warning"
 
-    # the cull, warning_lead later: Lab says so before the connection drops
-    expect(alice.get_by_text(re.compile("stopped|stopping", re.I)).first).to_be_visible(
-        timeout=(WARNING_LEAD + 30) * 1000
+    # the cull, warning_lead later: the Lab says why before it says the server is gone
+    cull = alice.locator(".jp-gpusched-cull-dialog")
+    expect(cull).to_be_visible(timeout=(WARNING_LEAD + 30) * 1000)
+    expect(alice.locator(".jp-Dialog-header")).to_contain_text(
+        ["The idle reaper is stopping this server"]
     )
-    shot(alice, TEST, "2-culled-in-lab")
+    expect(cull).to_contain_text("idle")
+    assert alice.get_by_text("Server unavailable").count() == 0
+    shot(alice, TEST, "2-cull-explained-in-lab")
+    alice.get_by_role("button", name="OK").click()
     ts.wait_gone(hub, "alice")
     [cull] = _events(hub, "alice", "reaper-cull")[:1]
     assert cull["time"] - warned["time"] >= WARNING_LEAD - 1, (warned, cull)

@@ -2,10 +2,11 @@
 
 alice (research/vision, 3 guaranteed) takes the 4-GPU research profile and borrows one GPU;
 bob (research/nlp) starts a 1-GPU server; carol (ops) an opportunistic 2-GPU one; the README's
-curl job runs, as alice, and says so. Then bob submits a 2-GPU job inside his queue's guarantee
-while only one GPU is free: carol's opportunistic server gets the pre-emption notice in her Lab
-and goes, and bob's job starts. Last, admin's start waits in a full cluster (the spawn page says
-why), he clicks Stop, lands on the hub's home page and may start again.
+curl job runs, as alice, and says so. alice's next job would pass her group's limit: her Lab
+panel says so in words, at the default sidebar width. Then bob submits a 2-GPU job inside his
+queue's guarantee while only one GPU is free: carol's opportunistic server gets the pre-emption
+notice in her Lab and goes, and bob's job starts. Last, admin's start waits in a full cluster
+(the spawn page says why), he clicks Stop, lands on the hub's home page and may start again.
 """
 
 from __future__ import annotations
@@ -92,6 +93,31 @@ def test_three_teams_fill_the_cluster_and_a_guarantee_reclaims(demo, people):
     queues = {q["path"]: q for q in service(hub, "GET", "api/quotas", "admin").json()["queues"]}
     assert queues["research/vision"]["running"] == 4 > queues["research/vision"]["guaranteed"]
 
+    # -- alice asks for 4 more GPUs: research would pass its limit of 8; her Lab panel, at the
+    # default sidebar width, says so in words (not only "policy"), nothing cut off --
+    response = service(
+        hub, "POST", "api/jobs", "alice", json={"command": "sleep 60", "gpus": 4, "name": "big"}
+    )
+    assert response.status_code == 201, response.text
+    big = response.json()
+    assert big["state"] == "pending", big
+    reason = ts.service_job(hub, "alice", big["id"])["reason"]
+    alice.locator(".jp-gpusched-status").click()
+    panel = alice.locator("#jp-gpusched-panel")
+    block = panel.locator(f'.jp-gpusched-job[data-job-id="{big["id"]}"]')
+    expect(block).to_contain_text(reason["message"], timeout=TIMEOUT_MS)
+    assert "1 GPUs" not in panel.inner_text()
+    clipped = panel.evaluate(
+        """panel => [...panel.querySelectorAll('*')].filter(e => e.offsetParent !== null
+            && e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible'
+        ).length"""
+    )
+    assert clipped == 0, f"{clipped} elements of the panel cut off at the default width"
+    shot(alice, TEST, "3-alice-panel-pending-reason")
+    # her jobs, newest first (as docs/service.md says)
+    assert [j["id"] for j in jobs_of(hub, "alice")][:2] == [big["id"], job["id"]]
+    service(hub, "DELETE", f"api/jobs/{big['id']}", "alice")
+
     # -- bob's 2-GPU job is inside nlp's guarantee (1 + 2 <= 3): carol's tier-3 server goes --
     response = service(
         hub, "POST", "api/jobs", "bob", json={"command": "sleep 120", "gpus": 2, "tier": 2}
@@ -99,7 +125,7 @@ def test_three_teams_fill_the_cluster_and_a_guarantee_reclaims(demo, people):
     assert response.status_code == 201, response.text
     bobs = response.json()
     expect(carol.get_by_text(re.compile("Pre-emption"))).to_be_visible(timeout=TIMEOUT_MS)
-    shot(carol, TEST, "3-carol-preempted")
+    shot(carol, TEST, "4-carol-preempted")
     ts.wait_job(hub, "bob", bobs["id"], {"running"}, timeout=60)
     ts.wait_gone(hub, "carol")
     assert [j for j in jobs_of(hub, "carol", "running") if j["kind"] == "notebook"] == []
@@ -116,7 +142,8 @@ def test_three_teams_fill_the_cluster_and_a_guarantee_reclaims(demo, people):
     admin.get_by_role("button", name=re.compile("Start")).click()
     admin.wait_for_url(re.compile(r".*/hub/spawn-pending/admin.*"))
     expect(admin.locator("body")).to_contain_text(re.compile(r"queue|position|wait", re.I))
-    shot(admin, TEST, "4-admin-queued")
+    assert "1 GPUs" not in admin.locator("body").inner_text()
+    shot(admin, TEST, "5-admin-queued")
     # the hub's home page: Stop My Server on the queued start
     admin.goto(f"{hub.url}/hub/home")
     admin.locator("#stop").click()
@@ -124,5 +151,5 @@ def test_three_teams_fill_the_cluster_and_a_guarantee_reclaims(demo, people):
     assert "Redirect loop" not in admin.content()
     admins = jobs_of(hub, "admin", "pending", "running")  # a scheduler admin sees everybody's
     assert [j for j in admins if j["kind"] == "notebook" and j["user"] == "admin"] == []
-    shot(admin, TEST, "5-admin-stopped-the-queued-start")
+    shot(admin, TEST, "6-admin-stopped-the-queued-start")
     stop_everything(hub)

@@ -297,6 +297,7 @@ class GPUSchedService(Application):
         live.rogue_watch = self._rogue_watch(live, cluster)
         # where the service sees notebook servers' processes (service/server_stops.py)
         live.server_stops.local_nodes = set() if live.node_sync else set(self._local_nodes(cluster))
+        live.server_stops.service_url = self.bind_url  # its servers' GPUSCHED_SERVICE_URL
         counts = recover(live)
         self.log.info("recovered from the database: %s", counts)
         return live

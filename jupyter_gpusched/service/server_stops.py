@@ -13,11 +13,14 @@ are gone, whoever stopped it:
   stays ``running`` with ``stopping`` set, holding its GPUs, until the spawner's release comes.
   After ``server_stop_wait`` seconds without it the service looks itself: processes of the job
   still running here are killed (and waited for); a server it cannot see (on another machine)
-  is taken for gone then, as it must be given up on some time.
+  is taken for gone then, as it must be given up on some time. A release that comes while
+  processes of the job still run here ends the job as soon as they are gone.
 
 Which processes are the server's: those of the job's account (or the service's own) whose
 environment says ``GPUSCHED_JOB_ID=<the job>`` (the spawner sets it; kernels and terminals
-inherit it). They are visible only on the nodes of ``GPUSchedService.local_gpu_nodes`` (this
+inherit it), unless their ``GPUSCHED_SERVICE_URL`` names another service: job ids are numbered
+per service, and two demos on one host each have an alice with a ``j-000001``. They are
+visible only on the nodes of ``GPUSchedService.local_gpu_nodes`` (this
 machine's; every node of the simulated demo cluster), and only where the service may read their
 environment (root, or the same account); elsewhere the answer is "unknown", never "gone".
 
@@ -36,6 +39,7 @@ import logging
 import os
 import pwd
 import time
+from urllib.parse import urlparse
 
 import psutil
 
@@ -45,6 +49,7 @@ from .launcher import Exit
 log = logging.getLogger("jupyter_gpusched.service")
 
 JOB_ENV = "GPUSCHED_JOB_ID"
+SERVICE_ENV = "GPUSCHED_SERVICE_URL"  # the spawner's: where the server's monitor reports
 MAX_REASON = 200  # characters of a release's reason kept in the job's message
 KILL_WAIT = 10.0  # seconds to wait for processes the service killed
 
@@ -56,6 +61,8 @@ class ServerStops:
         self.live = live
         self.local_nodes = set(local_nodes)  # nodes whose processes this machine sees
         self.why: dict[str, str] = {}  # job -> why the service is stopping its server
+        self.released: set[str] = set()  # jobs whose spawner released them, processes left
+        self.service_url = ""  # this service's own URL (its port tells its servers apart)
 
     # -- what runs ---------------------------------------------------------------------------
     def processes(self, job: Job) -> list[psutil.Process] | None:
@@ -78,13 +85,21 @@ class ServerStops:
                     continue
                 if process.pid == os.getpid():
                     continue
-                if process.environ().get(JOB_ENV) == job.id:
+                environ = process.environ()
+                if environ.get(JOB_ENV) == job.id and self._ours(environ.get(SERVICE_ENV)):
                     found.append(process)
             except psutil.AccessDenied:
                 unknown = True
             except psutil.Error:
                 continue
         return None if unknown and not found else found
+
+    def _ours(self, url: str | None) -> bool:
+        """Does a process whose environment names service ``url`` belong to this service?"""
+        if not url or not self.service_url:
+            return True
+        mine, theirs = urlparse(self.service_url), urlparse(url)
+        return (mine.hostname, mine.port) == (theirs.hostname, theirs.port)
 
     # -- DELETE api/jobs/ID on a running notebook server ---------------------------------------
     def cancel(self, job: Job, actor: str, server_gone: bool, reason: str | None) -> None:
@@ -95,6 +110,7 @@ class ServerStops:
             self.live.process_exited(job.id, job.runs, Exit(0, "completed", message))
             return
         if running and server_gone:
+            self.released.add(job.id)  # stop_and_wait ends it as soon as they are gone
             log.warning(
                 "job %s: released by its spawner, but %d of its processes still run (%s)",
                 job.id,
@@ -149,6 +165,8 @@ class ServerStops:
             await live.hub.stop_server(job.user, server)
             deadline = time.monotonic() + live.server_stop_wait
             while self._current(job, run) and time.monotonic() < deadline:
+                if job.id in self.released and self.processes(job) == []:
+                    break  # released, and what was left of the server has exited since
                 await asyncio.sleep(0.2)
         if not self._current(job, run):
             return
@@ -171,3 +189,4 @@ class ServerStops:
 
     def forget(self, job_id: str) -> None:
         self.why.pop(job_id, None)
+        self.released.discard(job_id)

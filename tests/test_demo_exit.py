@@ -2,9 +2,10 @@
 
 The demo configuration as ``make demo`` runs it (``hub_config/jupyterhub_config.py`` with the
 demo cluster and queues, simulated GPUs, ``GPUSCHED_DEMO_STOP_ALL=1``) under a real hub: alice
-runs a notebook server, bob a batch job (``sleep 600``); a SIGINT to the hub (what Ctrl-C sends)
+runs a notebook server, bob a batch job (``sleep 600``), carol has one waiting (her queue's
+limit); a SIGINT to the hub (what Ctrl-C sends)
 makes the hub, the proxy and the service exit within JupyterHub's wait for its service, and
-leaves no notebook server, no job process and no service; both jobs are recorded ``cancelled``
+leaves no notebook server, no job process and no service; the jobs are recorded ``cancelled``
 with the reason "the demo stopped", and the hub's log has one line for each. A process of
 another demo on the host whose environment names the same job id (job ids are numbered per
 service: every demo's alice may have a ``j-000001``) is not this demo's, and outlives the stop.
@@ -101,7 +102,12 @@ def test_ctrl_c_stops_the_demos_servers_and_jobs_then_the_hub_exits(demo_hub):
     response = hub.service("POST", "api/jobs", hub.token("bob"), json=body)
     assert response.status_code == 201, response.text
     bob_job = ts.wait_job(hub, "bob", response.json()["id"], {"running"})["id"]
-    jobs = {alice_job, bob_job}
+    body = {"command": "sleep 600", "gpus": 4}  # ops: at most 4 GPUs, so the second waits
+    carol_jobs = [hub.service("POST", "api/jobs", hub.token("carol"), json=body) for _ in "12"]
+    assert [r.status_code for r in carol_jobs] == [201, 201], [r.text for r in carol_jobs]
+    carol_job = carol_jobs[1].json()["id"]
+    assert ts.service_job(hub, "carol", carol_job)["state"] == "pending"
+    jobs = {alice_job, bob_job, carol_jobs[0].json()["id"], carol_job}
     deadline = time.monotonic() + 10
     while len(processes_of_jobs(hub, {bob_job})) < 2:  # the job's runner and its `sleep 600`
         assert time.monotonic() < deadline, "bob's job has no processes"
@@ -132,10 +138,12 @@ def test_ctrl_c_stops_the_demos_servers_and_jobs_then_the_hub_exits(demo_hub):
         assert ended[alice_job] == ("cancelled", REASON), ended
         state, message = ended[bob_job]
         assert state == "cancelled" and message.startswith(REASON), ended
+        assert ended[carol_job] == ("cancelled", REASON), ended
 
         log = hub.log_path.read_text(errors="replace")
         assert f"gpusched: stopped alice's notebook server ({alice_job}): cancelled" in log
         assert f"gpusched: stopped bob's batch job {bob_job} (sleep 600): cancelled" in log
+        assert f"gpusched: stopped carol's pending batch job {carol_job} (sleep 600)" in log
     finally:  # what a failure left: the hub is gone, so the harness cannot find it any more
         for process in [*watched, *processes_of_jobs(hub, jobs)]:
             with contextlib.suppress(psutil.Error):

@@ -246,6 +246,9 @@ class LiveScheduler:
             self.store.add_event(self._event("cancelling", job, actor, message))
         if was_pending:
             self._count_pending(job, -1)
+            extra = self.extras.get(job_id)
+            if reason and extra is not None:  # the job's message too, not only its event's
+                extra.message = reason
             event = self._event("cancelled", job, actor, reason or f"cancelled by {actor}")
             self.store.update_job(job.id, self._fields(job), event)
         self.run_pass()

@@ -44,9 +44,10 @@ curl -s -H "Authorization: token $$TOKEN" $$H/services/gpusched/api/jobs/$$JOB
 curl -s -H "Authorization: token $$TOKEN" $$H/services/gpusched/api/jobs/$$JOB/log
 curl -s -H "Authorization: token $$TOKEN" $$H/services/gpusched/api/queue
 
-Ctrl-C stops the hub, the proxy and the scheduler, and leaves running notebook servers and
-batch jobs running (cleanup_servers = False: the next `make demo` finds them, with their GPUs);
-stop servers from the hub's home page and cancel jobs (DELETE api/jobs/ID) first to end them.
+Ctrl-C stops what the demo started: the scheduler cancels pending and batch jobs and has the
+hub stop every notebook server ("the demo stopped", one line each, within 20 s), then the hub,
+the proxy and the scheduler exit. GPUSCHED_DEMO_STOP_ALL=0 make demo keeps servers and jobs
+running across a restart instead, as a production hub does (cleanup_servers = False).
 State: $(GPUSCHED_STATE_DIR); simulated GPUs' loads: $(GPUSCHED_SIM_GPU_DIR). As root, each
 user's server runs as their Unix account.
 
@@ -100,6 +101,7 @@ demo: $(STAMP) $(NODE_STAMP) $(LAB_STAMP) | system
 	GPUSCHED_CLUSTER_FILE=$${GPUSCHED_CLUSTER_FILE:-$(CURDIR)/hub_config/demo-cluster.yaml} \
 	GPUSCHED_QUEUE_FILE=$${GPUSCHED_QUEUE_FILE:-$(CURDIR)/hub_config/demo-queues.yaml} \
 	GPUSCHED_GPU_BACKEND=$${GPUSCHED_GPU_BACKEND:-simulated} \
+	GPUSCHED_DEMO_STOP_ALL=$${GPUSCHED_DEMO_STOP_ALL:-1} \
 	$(BIN)/jupyterhub -f hub_config/jupyterhub_config.py
 
 ## make replay-demo: replay the example trace through each policy and print the comparison table.

@@ -30,6 +30,10 @@ the tests start (``tests/hub_harness.py`` loads this file and adds to it).
   server. A hub that is not root runs them as its own user (``run_as_hub_user``), HOME in
   ``STATE/home/<user>``. Named servers are on; the hub leaves servers running when it stops
   (``cleanup_servers = False``) and finds them, with their allocations, when it starts again.
+* ``GPUSCHED_DEMO_STOP_ALL=1`` (``make demo`` sets it): stopping the hub (Ctrl-C) stops what
+  it started instead: the service cancels its pending and batch jobs and has the hub stop
+  every notebook server, each with the reason "the demo stopped", one log line each
+  (``GPUSchedService.cancel_jobs_at_exit``, service/exit_stop.py); ``cleanup_servers`` is on.
 * Roles: every user may use the service (``access:services!service=gpusched`` added to the
   default ``user`` role); the custom scope ``custom:gpusched:admin`` (role ``gpusched-admin``,
   given to admin) makes a user an admin of the scheduler; the service itself may stop servers
@@ -63,6 +67,8 @@ PASSWORD = os.environ.get("GPUSCHED_DEMO_PASSWORD") or "gpusched-demo"
 CLUSTER_FILE = os.environ.get("GPUSCHED_CLUSTER_FILE") or os.path.join(HERE, "cluster.yaml")
 QUEUE_FILE = os.environ.get("GPUSCHED_QUEUE_FILE") or os.path.join(HERE, "queues.yaml")
 POLICY_FILE = os.environ.get("GPUSCHED_POLICY_FILE") or ""  # empty: the documented defaults
+# make demo: Ctrl-C ends the demo's notebook servers and batch jobs too (see below)
+DEMO_STOP_ALL = os.environ.get("GPUSCHED_DEMO_STOP_ALL", "") not in ("", "0")
 
 SERVICE = "gpusched"
 ADMIN_SCOPE = "custom:gpusched:admin"
@@ -152,6 +158,17 @@ if os.environ.get("GPUSCHED_GPU_BACKEND") == "simulated":
         f"--GPUSchedService.local_gpu_nodes={node.name}"
         for node in load_cluster(CLUSTER_FILE).nodes
     ]
+# GPUSCHED_DEMO_STOP_ALL=1 (make demo): at the hub's stop the service, which the hub stops
+# first, ends the servers (through the hub, still up) and the jobs, saying why
+# (service/exit_stop.py).
+stop_all_args = (
+    [
+        "--GPUSchedService.cancel_jobs_at_exit=True",
+        "--GPUSchedService.exit_reason=the demo stopped (Ctrl-C on make demo)",
+    ]
+    if DEMO_STOP_ALL
+    else []
+)
 c.JupyterHub.services = [
     {
         "name": SERVICE,
@@ -170,6 +187,7 @@ c.JupyterHub.services = [
             f"--log-dir={SERVICE_STATE}/logs",
             *launcher_args,
             *rogue_args,
+            *stop_all_args,
         ],
         "cwd": STATE,
         "environment": service_env,
@@ -240,8 +258,10 @@ c.Spawner.default_url = "/lab"  # JupyterLab, with the GPU panel (labextension/)
 c.Spawner.environment = {**SERVER_ENV, **GPU_ENV}
 c.JupyterHub.allow_named_servers = True  # several GPU servers per user, within their quota
 c.JupyterHub.named_server_limit_per_user = 4
-# A hub restart keeps running servers and their allocations (the default stops them all).
-c.JupyterHub.cleanup_servers = False
+# A hub restart keeps running servers and their allocations (the default stops them all). The
+# demo (GPUSCHED_DEMO_STOP_ALL=1) stops them: the service has by then (above); the hub stops any
+# it could not.
+c.JupyterHub.cleanup_servers = DEMO_STOP_ALL
 # The profiles' idle_timeout is what the idle reaper applies to their servers: passed to the
 # service here (GPUSchedService.profile_idle_timeouts). A config that changes the profiles
 # later calls this again.

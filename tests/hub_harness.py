@@ -279,6 +279,7 @@ def running_hub(
     password = secrets.token_urlsafe(12)
     hub_env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "JPY_"))}
     hub_env.pop("CONFIGPROXY_AUTH_TOKEN", None)
+    hub_env.pop("GPUSCHED_DEMO_STOP_ALL", None)  # a test hub keeps servers across its restarts
     hub_env.update(env or {})
     hub_env.update(
         GPUSCHED_STATE_DIR=str(state_dir),

@@ -45,6 +45,7 @@ from ..gpu.telemetry import (
 from . import admin_handlers as admin
 from . import handlers as user
 from .auth import HubAuthenticated, TokenFileAuth
+from .exit_stop import stop_everything
 from .hubclient import HubClient
 from .launcher import Launcher, LocalLauncher
 from .live import LiveScheduler
@@ -170,6 +171,27 @@ class GPUSchedService(Application):
         help="After asking the hub to stop a notebook server (cancelled, pre-empted, culled), "
         "how long to wait for its spawner's release; then the service kills what is left of "
         "the server on this machine and ends its job (service/server_stops.py).",
+    ).tag(config=True)
+    cancel_jobs_at_exit = Bool(
+        False,
+        help="""At SIGINT or SIGTERM, end everything the service runs before it exits: cancel
+        pending jobs, ask the hub to stop every notebook server (its job ends cancelled once
+        the server is gone) and cancel every batch job, each with exit_reason; a log line for
+        each (service/exit_stop.py). For demos (make demo sets it, through
+        GPUSCHED_DEMO_STOP_ALL=1). Off: running jobs and servers keep running and the next
+        start re-adopts them.""",
+    ).tag(config=True)
+    exit_reason = Unicode(
+        "the scheduler service stopped",
+        help="With cancel_jobs_at_exit: why the jobs were cancelled, in their messages.",
+    ).tag(config=True)
+    exit_stop_timeout = Float(
+        20.0,
+        min=1.0,
+        help="""With cancel_jobs_at_exit: the most seconds the service waits for its jobs and
+        servers to end before it exits anyway (listing what it leaves). JupyterHub sends
+        SIGTERM to a managed service 30 s after its SIGINT (interrupt_timeout): keep this
+        well within it.""",
     ).tag(config=True)
     slurm_node_interval = Float(
         10.0,
@@ -416,11 +438,14 @@ class GPUSchedService(Application):
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         await stop.wait()
+        if self.cancel_jobs_at_exit:  # while the API still answers: spawners release here
+            await stop_everything(self.live, self.exit_reason, self.exit_stop_timeout)
         poller.stop()
         self.live.close()
         server.stop()
         self.store.close()
-        self.log.info("stopped; running jobs keep running and are re-attached at the next start")
+        if not self.cancel_jobs_at_exit:
+            self.log.info("stopped; running jobs keep running and are re-attached at next start")
 
     def start(self):
         asyncio.run(self.serve())

@@ -72,6 +72,7 @@ class LiveScheduler:
         self._number = store.next_number()
         self._pending_by_user: dict[str, int] = {}
         self._stopping: dict[str, tuple[int, str]] = {}  # job -> (run, why) while signalled
+        self._cancel_reasons: dict[str, str] = {}  # running batch job -> its cancel's reason
         self._tasks: set[asyncio.Task] = set()
         self._in_pass = self._again = False  # see run_pass
         self.decisions = 0
@@ -228,7 +229,8 @@ class LiveScheduler:
         self, job_id: str, actor: str, server_gone: bool = False, reason: str | None = None
     ) -> Job:
         """``server_gone`` and ``reason``: a notebook server's spawner releasing its job (see
-        server_stops.py); ``reason`` is also the message of a pending job's cancel."""
+        server_stops.py); ``reason`` is also the message of a pending job's cancel, and leads
+        that of a running batch job's (e.g. "the demo stopped": service/exit_stop.py)."""
         self._save_submissions()
         job = self.engine.jobs[job_id]
         if job.kind == "notebook" and job.state == JobState.RUNNING:
@@ -238,9 +240,15 @@ class LiveScheduler:
         was_pending = job.state == JobState.PENDING
         self.engine.cancel(job_id, self.clock())
         if job.state == JobState.RUNNING:  # recorded, so that a restart finishes the cancel
-            self.store.add_event(self._event("cancelling", job, actor, f"cancelled by {actor}"))
+            if reason:
+                self._cancel_reasons[job_id] = reason
+            message = reason or f"cancelled by {actor}"
+            self.store.add_event(self._event("cancelling", job, actor, message))
         if was_pending:
             self._count_pending(job, -1)
+            extra = self.extras.get(job_id)
+            if reason and extra is not None:  # the job's message too, not only its event's
+                extra.message = reason
             event = self._event("cancelled", job, actor, reason or f"cancelled by {actor}")
             self.store.update_job(job.id, self._fields(job), event)
         self.run_pass()
@@ -443,6 +451,10 @@ class LiveScheduler:
         extra = self.extras[job_id]
         stopping = self._stopping.pop(job_id, (None, None))
         why = stopping[1] if stopping[0] == run else None
+        reason = self._cancel_reasons.pop(job_id, None)
+        if why == "cancelled" and reason:  # why it was cancelled, then how it ended
+            message = f"{reason} ({result.message})" if result.message else reason
+            result = Exit(result.code, result.outcome, message)
         if why == "preempted":
             outcome = "preempted"
         elif result.outcome in ("completed", "refused"):
@@ -547,6 +559,7 @@ class LiveScheduler:
     def _forget(self, job: Job) -> None:
         self.extras.pop(job.id, None)
         self._stopping.pop(job.id, None)
+        self._cancel_reasons.pop(job.id, None)
         self.server_stops.forget(job.id)
         self.engine.forget(job.id)
 

@@ -13,7 +13,8 @@ are gone, whoever stopped it:
   stays ``running`` with ``stopping`` set, holding its GPUs, until the spawner's release comes.
   After ``server_stop_wait`` seconds without it the service looks itself: processes of the job
   still running here are killed (and waited for); a server it cannot see (on another machine)
-  is taken for gone then, as it must be given up on some time.
+  is taken for gone then, as it must be given up on some time. A release that comes while
+  processes of the job still run here ends the job as soon as they are gone.
 
 Which processes are the server's: those of the job's account (or the service's own) whose
 environment says ``GPUSCHED_JOB_ID=<the job>`` (the spawner sets it; kernels and terminals
@@ -61,6 +62,7 @@ class ServerStops:
         self.live = live
         self.local_nodes = set(local_nodes)  # nodes whose processes this machine sees
         self.why: dict[str, str] = {}  # job -> why the service is stopping its server
+        self.released: set[str] = set()  # jobs whose spawner released them, processes left
 
     # -- what runs ---------------------------------------------------------------------------
     def processes(self, job: Job) -> list[psutil.Process] | None:
@@ -104,6 +106,7 @@ class ServerStops:
             self.live.process_exited(job.id, job.runs, Exit(0, "completed", message))
             return
         if running and server_gone:
+            self.released.add(job.id)  # stop_and_wait ends it as soon as they are gone
             log.warning(
                 "job %s: released by its spawner, but %d of its processes still run (%s)",
                 job.id,
@@ -158,6 +161,8 @@ class ServerStops:
             await live.hub.stop_server(job.user, server)
             deadline = time.monotonic() + live.server_stop_wait
             while self._current(job, run) and time.monotonic() < deadline:
+                if job.id in self.released and self.processes(job) == []:
+                    break  # released, and what was left of the server has exited since
                 await asyncio.sleep(0.2)
         if not self._current(job, run):
             return
@@ -180,3 +185,4 @@ class ServerStops:
 
     def forget(self, job_id: str) -> None:
         self.why.pop(job_id, None)
+        self.released.discard(job_id)

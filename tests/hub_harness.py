@@ -20,6 +20,7 @@ their servers' HOME is).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import secrets
@@ -180,6 +181,17 @@ def readable_file(state_dir: Path, name: str, text: str) -> Path:
     path.write_text(text)
     path.chmod(0o644)
     return path
+
+
+def no_news(state_dir: Path, user: str) -> None:
+    """Turn off JupyterLab's "receive official Jupyter news?" popup for ``user``, in the HOME of
+    their servers (written as the user: their server may change it)."""
+    settings = (
+        user_home(state_dir, user)
+        / ".jupyter/lab/user-settings/@jupyterlab/apputils-extension"
+        / "notification.jupyterlab-settings"
+    )
+    write_as_user(user, settings, json.dumps({"fetchNews": "false"}))
 
 
 def remove_state(state_dir: Path) -> None:

@@ -19,7 +19,6 @@ Skips when /usr/bin/chromium or Playwright is missing, or the extension was not 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import time
@@ -53,16 +52,7 @@ from test_spawner import (  # noqa: E402 (after the skips)
     wait_free,
 )
 
-
-def _no_news(state_dir: Path, user: str) -> None:
-    """Turn off JupyterLab's "receive official Jupyter news?" popup for ``user``, in the HOME
-    of their servers (written as the user: their server may change it)."""
-    settings = (
-        hub_harness.user_home(state_dir, user)
-        / ".jupyter/lab/user-settings/@jupyterlab/apputils-extension"
-        / "notification.jupyterlab-settings"
-    )
-    hub_harness.write_as_user(user, settings, json.dumps({"fetchNews": "false"}))
+_no_news = hub_harness.no_news
 
 
 @pytest.fixture(scope="module")

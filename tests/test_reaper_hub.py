@@ -85,18 +85,8 @@ class ReaperHub(ts.HubRunner):
 
 @pytest.fixture(scope="module")
 def reaper_runner():
-    if not hub_harness.CHP.exists():
-        pytest.skip("node_modules/.bin/configurable-http-proxy is missing: run `make node_modules`")
-    hub_harness._create_demo_users()
-    runner = ReaperHub()
-    failed = True
-    try:
-        runner.start()
-        yield runner
-        failed = False
-    finally:
-        _, left = runner.shut_down(failed)
-    assert not left, "processes left after the hub stopped:\n" + "\n".join(left)
+    with ts.module_hub(ReaperHub) as running:
+        yield running
 
 
 @pytest.fixture

@@ -56,18 +56,8 @@ class ReleaseHub(ts.HubRunner):
 
 @pytest.fixture(scope="module")
 def runner():
-    if not hub_harness.CHP.exists():
-        pytest.skip("node_modules/.bin/configurable-http-proxy is missing: run `make node_modules`")
-    hub_harness._create_demo_users()
-    runner = ReleaseHub()
-    failed = True
-    try:
-        runner.start()
-        yield runner
-        failed = False
-    finally:
-        _, left = runner.shut_down(failed)
-    assert not left, "processes left after the hub stopped:\n" + "\n".join(left)
+    with ts.module_hub(ReleaseHub) as running:
+        yield running
 
 
 @pytest.fixture

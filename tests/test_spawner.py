@@ -480,6 +480,24 @@ class HubRunner:
         return servers, left
 
 
+@contextlib.contextmanager
+def module_hub(make_runner, scan: bool = True):
+    """A test module's hub: ``make_runner()`` (a :class:`HubRunner`) started as root's demo users
+    exist, yielded, then shut down; fails when anything of it is left. Skips without the proxy."""
+    if not hub_harness.CHP.exists():
+        pytest.skip("node_modules/.bin/configurable-http-proxy is missing: run `make node_modules`")
+    hub_harness._create_demo_users()
+    runner = make_runner()
+    failed = True
+    try:
+        runner.start()
+        yield runner
+        failed = False
+    finally:
+        _, left = runner.shut_down(failed, scan=scan)
+    assert not left, "processes left after the hub stopped:\n" + "\n".join(left)
+
+
 def _is_notebook_server(process: psutil.Process) -> bool:
     with contextlib.suppress(psutil.Error):
         return any("jupyterhub-singleuser" in part for part in process.cmdline())

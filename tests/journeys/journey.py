@@ -16,7 +16,6 @@ When a journey fails, every page still open is saved under ``test-output/journey
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 from pathlib import Path
@@ -87,21 +86,11 @@ def demo():
     try:
         with hub_harness.running_hub(env=env, extra_config=CI_CONFIG) as hub:
             for user in hub_harness.DEMO_USERS:
-                _no_news(hub, user)
+                hub_harness.no_news(hub.state_dir, user)
             yield hub
             stop_everything(hub)
     finally:
         policy.unlink(missing_ok=True)
-
-
-def _no_news(hub, user: str) -> None:
-    """Turn off JupyterLab's "receive official Jupyter news?" popup for ``user``."""
-    settings = (
-        hub_harness.user_home(hub.state_dir, user)
-        / ".jupyter/lab/user-settings/@jupyterlab/apputils-extension"
-        / "notification.jupyterlab-settings"
-    )
-    hub_harness.write_as_user(user, settings, json.dumps({"fetchNews": "false"}))
 
 
 @pytest.fixture(scope="module")

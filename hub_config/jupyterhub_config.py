@@ -51,7 +51,7 @@ import sys
 from jupyter_gpusched.gpu.simulated import make_load_dir
 from jupyter_gpusched.profiles import pass_idle_timeouts_to_service
 from jupyter_gpusched.singleuser_command import singleuser_command
-from jupyter_gpusched.stop_notice import TEMPLATE_DIR as STOP_NOTICE_TEMPLATES
+from jupyter_gpusched.stop_notice import TEMPLATE_DIR as HUB_TEMPLATES
 from jupyter_gpusched.stop_notice import stopped_servers
 
 c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
@@ -116,10 +116,10 @@ c.JupyterHub.load_groups = {"research": {"users": ["alice", "bob"]}}
 # "Start My Server" button leads to the profile form), not straight into a spawn.
 c.JupyterHub.default_url = "/hub/home"
 # The hub's pages, changed in two ways: "Stop Server" on a start waiting in the GPU queue leads
-# back to the home page (hub_config/templates/spawn_pending.html); the home page (and its "Server
+# back to the home page (spawn_pending.html); the home page (and its "Server
 # not running" page) says when and why the idle reaper stopped a server of the user's
 # (jupyter_gpusched/stop_notice.py; templates that extend JupyterHub's own).
-c.JupyterHub.template_paths = [os.path.join(HERE, "templates"), STOP_NOTICE_TEMPLATES]
+c.JupyterHub.template_paths = [HUB_TEMPLATES]  # jupyter_gpusched/hub_templates/
 c.JupyterHub.template_vars = {"gpusched_stopped": stopped_servers}
 
 

@@ -18,6 +18,10 @@ from the demo (``jupyterhub_config.py``) in what a shared, long-running hub need
 
 import sys
 
+from jupyter_gpusched.profiles import pass_idle_timeouts_to_service
+from jupyter_gpusched.stop_notice import TEMPLATE_DIR as HUB_TEMPLATES
+from jupyter_gpusched.stop_notice import stopped_servers
+
 c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
 
 ETC = "/etc/gpusched"  # CHANGE: where cluster.yaml, queues.yaml and policy.yaml live
@@ -76,6 +80,10 @@ c.JupyterHub.services = [
 
 # -- notebook servers --------------------------------------------------------------------------
 c.JupyterHub.spawner_class = "gpusched"
+# The hub's pages with the scheduler's changes (jupyter_gpusched/hub_templates/): the home page
+# says when and why the idle reaper stopped a server; Stop Server on a queued start leads home.
+c.JupyterHub.template_paths = [HUB_TEMPLATES]
+c.JupyterHub.template_vars = {"gpusched_stopped": stopped_servers}
 c.GPUSchedSpawner.profiles = [  # CHANGE: your GPU models, groups and limits
     {
         "display_name": "1 GPU (tier 2)",
@@ -143,3 +151,7 @@ c.JupyterHub.load_roles = [
         "services": [SERVICE],
     },
 ]
+
+# The profiles' idle_timeout is what the idle reaper applies to their servers (and what the
+# spawn form promises): passed to the service, after the profiles and the services above.
+pass_idle_timeouts_to_service(c)

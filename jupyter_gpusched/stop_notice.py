@@ -11,7 +11,8 @@ page they see is the hub's (``/hub/home``, or "Server not running" when Lab relo
   user): server name -> the sentence, for each of the user's servers that is not running and
   was stopped by the reaper;
 * :data:`TEMPLATE_DIR` — for ``c.JupyterHub.template_paths``: ``home.html`` and
-  ``not_running.html`` extend JupyterHub's own and show those sentences.
+  ``not_running.html`` extend JupyterHub's own and show those sentences (and
+  ``spawn_pending.html``: its Stop Server on a queued start leads to the home page).
 """
 
 from __future__ import annotations

@@ -292,6 +292,9 @@ def running_hub(
     hub_env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "JPY_"))}
     hub_env.pop("CONFIGPROXY_AUTH_TOKEN", None)
     hub_env.pop("GPUSCHED_DEMO_STOP_ALL", None)  # a test hub keeps servers across its restarts
+    # `make test` runs with the Makefile's exports of the demo's settings: this hub's simulated
+    # GPUs are its own, beside its state directory, never the demo's (or another test hub's)
+    hub_env.pop("GPUSCHED_SIM_GPU_DIR", None)
     hub_env.update(env or {})
     hub_env.update(
         GPUSCHED_STATE_DIR=str(state_dir),

@@ -380,6 +380,7 @@ def _user_env(state_dir: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "JPY_"))}
     env.pop("CONFIGPROXY_AUTH_TOKEN", None)
     env.pop("GPUSCHED_DEMO_STOP_ALL", None)  # restarts keep servers (stop_keeping_servers)
+    env.pop("GPUSCHED_SIM_GPU_DIR", None)  # make test exports the demo's: this hub has its own
     files = {}
     for name, text in (("cluster", TEST_CLUSTER), ("queues", TEST_QUEUES), ("policy", TEST_POLICY)):
         files[name] = str(hub_harness.readable_file(state_dir, f"test-{name}.yaml", text))

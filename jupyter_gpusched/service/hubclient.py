@@ -40,11 +40,35 @@ class HubClient:
         path = f"/user/{quote(user, safe='')}/"
         return path + (f"{quote(server_name, safe='')}/" if server_name else "")
 
-    async def stop_server(self, user: str, server_name: str) -> bool:
-        """Ask the hub to stop the server (the hub then calls its spawner's stop)."""
+    async def stop_server(self, user: str, server_name: str) -> str:
+        """Ask the hub to stop the server (the hub then calls its spawner's stop, which releases
+        the job once the server is gone). Returns the hub's answer: ``"stopping"`` (202: the
+        spawner's stop is under way), ``"not running"`` (204: nothing was running, or it had
+        just exited; 400/404: no such server), or ``"failed"`` (logged)."""
         route = f"/users/{quote(user, safe='')}/"
         route += f"servers/{quote(server_name, safe='')}" if server_name else "server"
-        return await self._call("DELETE", self.api_url + route, None)
+        request = HTTPRequest(
+            self.api_url + route,
+            method="DELETE",
+            headers={"Authorization": f"token {self.token}"},
+            allow_nonstandard_methods=True,
+            request_timeout=10,
+        )
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+        except HTTPClientError as exc:
+            if exc.code in (400, 404):
+                return "not running"
+            log.warning(
+                "stopping %s's server %r through the hub failed: %s", user, server_name, exc
+            )
+            return "failed"
+        except OSError as exc:
+            log.warning(
+                "stopping %s's server %r through the hub failed: %s", user, server_name, exc
+            )
+            return "failed"
+        return "stopping" if response.code == 202 else "not running"
 
     async def post_notice(self, user: str, server_name: str, notice: dict) -> bool:
         url = self.proxy_url + self.server_path(user, server_name) + "gpusched/api/notices"

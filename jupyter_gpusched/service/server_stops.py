@@ -158,8 +158,14 @@ class ServerStops:
         after ``server_stop_wait``, once what is left of it here is gone (killed)."""
         live = self.live
         if live.hub is not None and self._current(job, run):  # no hub: no release will come
-            await live.hub.stop_server(job.user, server)
-            deadline = time.monotonic() + live.server_stop_wait
+            answer = await live.hub.stop_server(job.user, server)
+            # "not running" and never released: the hub has no such server (a notebook job
+            # submitted through the API) or it had just exited: no release will come, so no
+            # wait for one; what may be left of it here is looked for below. A released job's
+            # leftovers get the whole wait to exit by themselves.
+            no_release = answer == "not running" and job.id not in self.released
+            wait = 0.0 if no_release else live.server_stop_wait
+            deadline = time.monotonic() + wait
             while self._current(job, run) and time.monotonic() < deadline:
                 if job.id in self.released and self.processes(job) == []:
                     break  # released, and what was left of the server has exited since

@@ -267,6 +267,8 @@ REAPER_REQUEST = {
         "stale_after": _DURATION,
         "shutdown_kernels_first": {"type": "boolean"},
         "rogue_processes": {"type": "string", "enum": ["report", "kill", "off"]},
+        "unmonitored": {"type": "string", "enum": ["warn", "cull", "keep"]},
+        "unmonitored_after": _DURATION,
     },
 }
 

@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from unittest import mock
@@ -165,18 +166,26 @@ class Service:
         self.poller = poller
         self.stopped = False
         self.load_dir: Path | None = None
+        self._holders: dict[str, subprocess.Popen] = {}  # job id -> the process of its loads
 
-    def load(self, job_id: str, util: float, memory_gb: float = 4.0) -> list:
-        """Simulated GPU load (this process's) on every GPU the engine allocated to ``job_id``,
-        in the service's own load folder (``start_service(gpu_load_dir=...)``), until replaced
-        by the next call or stopped: what the service's GPU samples measure."""
+    def load(self, job_id: str, util, memory_gb: float = 4.0) -> list:
+        """Simulated GPU load (this process's) on every GPU the engine allocated to ``job_id``
+        (``util``: one percentage for all, or a list, one per GPU in allocation order), in the
+        service's own load folder (``start_service(gpu_load_dir=...)``), until replaced by the
+        next call or stopped: what the service's GPU samples measure. The load is a child
+        process's (one per job, killed at :meth:`stop`), never this test process's."""
         assert self.load_dir is not None, "start_service(gpu_load_dir=...) samples the GPUs"
-        by_node: dict[str, list[int]] = {}
-        for node, index in allocated_gpus(self.live).get(job_id, []):
-            by_node.setdefault(node, []).append(index)
+        gpus = allocated_gpus(self.live).get(job_id, [])
+        utils = list(util) if isinstance(util, (list, tuple)) else [util] * len(gpus)
+        assert len(utils) == len(gpus), (utils, gpus)
+        holder = self._holders.get(job_id)
+        if holder is None:
+            holder = self._holders[job_id] = subprocess.Popen(["sleep", "600"])
         return [
-            simulate_load(util, memory_gb, None, gpus, node=node, state_dir=self.load_dir)
-            for node, gpus in by_node.items()
+            simulate_load(
+                u, memory_gb, None, [index], node=node, pid=holder.pid, state_dir=self.load_dir
+            )
+            for (node, index), u in zip(gpus, utils, strict=True)
         ]
 
     def client(self, user: str | None = None) -> JSONClient:
@@ -202,6 +211,9 @@ class Service:
         for pgid in self.pids():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
+        for holder in self._holders.values():
+            holder.kill()
+            holder.wait()
         tasks = list(self.live._tasks)
         if tasks:
             _, waiting = await asyncio.wait(tasks, timeout=10)
@@ -263,6 +275,8 @@ async def start_service(
     app = GPUSchedService(config=config)
     with mock.patch.dict(os.environ, environment):
         app.live = app.build()
+    if gpu_load_dir is not None:  # the loads are the test's: no server's processes to wait for
+        app.live.server_stops.local_nodes = set()
     server = HTTPServer(app.make_app())
     server.add_sockets([sock])
     poller = PeriodicCallback(app.live.poll, poll_interval * 1000)

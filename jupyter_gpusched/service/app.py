@@ -48,7 +48,7 @@ from .live import LiveScheduler
 from .metrics import Metrics
 from .reaper import Reaper
 from .reaper_handlers import ReaperHandler, UsageSamplesHandler
-from .reaper_policy import trusted_backends, with_profile_idle_timeouts
+from .reaper_policy import profile_shapes, trusted_backends, with_profile_idle_timeouts
 from .recovery import recover
 from .requests import MAX_BODY_BYTES, RequestError
 from .rogue import SYSTEM_PROCESSES, RogueWatch
@@ -157,6 +157,13 @@ class GPUSchedService(Application):
         "spawn form promises: the reaper applies it to that profile's servers, unless an admin "
         "sets profile_timeouts for the profile. hub_config/jupyterhub_config.py passes it from "
         "GPUSchedSpawner.profiles (jupyter_gpusched.profiles.pass_idle_timeouts_to_service).",
+    ).tag(config=True)
+    profile_shapes = Dict(
+        {},
+        help="""The GPUs and tier of each of the hub's profiles (slug -> {"gpus": N, "tier": T},
+        or that as JSON on the command line): a notebook job that names a profile must match
+        it (400 otherwise), so that nobody claims a profile's idle timeout or exemption by hand.
+        Passed by jupyter_gpusched.profiles.pass_idle_timeouts_to_service; empty: not checked.""",
     ).tag(config=True)
     proxy_url = Unicode(
         help="The hub's public URL (its proxy), through which the service posts pre-emption "
@@ -299,10 +306,9 @@ class GPUSchedService(Application):
         settings = load_policy(self.policy_file) if self.policy_file else PolicySettings()
         try:  # checked here, before anything is opened: exit code 2 naming the profile
             with_profile_idle_timeouts({}, self.profile_idle_timeouts)
+            profile_shapes(self.profile_shapes)
         except RequestError as exc:
-            raise ConfigError(
-                exc.message, source="GPUSchedService.profile_idle_timeouts", field=exc.field
-            ) from None
+            raise ConfigError(exc.message, source="GPUSchedService", field=exc.field) from None
         engine = Scheduler(cluster, tree, settings, self.policy)
         launcher = self.launcher_class(parent=self)
         if os.geteuid() == 0 and not getattr(launcher, "run_as_submitting_user", True):
@@ -339,6 +345,7 @@ class GPUSchedService(Application):
             self.metrics,
             self.gpu_backend,
             profile_idle_timeouts=self.profile_idle_timeouts,
+            profile_shapes=self.profile_shapes,
         )
         telemetries = self._telemetries(live, cluster)  # one each, for the two that sample
         sources = [LocalSource(telemetries), *gpu_sources.configured_sources(self, cluster)]

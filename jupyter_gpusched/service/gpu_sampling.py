@@ -165,7 +165,8 @@ class GPUSampler:
         """Start a read if one is due and none is under way (the reads are awaited elsewhere:
         a slow source never holds up the poll)."""
         now = self.live.clock()
-        if self._reading or now - self._sampled < self.interval:
+        # 5% of slack: a poll a few milliseconds early does not put the read off a whole poll
+        if self._reading or now - self._sampled < self.interval * 0.95:
             return
         self._sampled = now
         nodes = self.watched_nodes()

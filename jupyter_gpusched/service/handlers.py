@@ -396,6 +396,8 @@ class JobsHandler(APIHandler):
     @api
     async def post(self):
         request = parse_job_request(self.body())
+        if request.kind == "notebook" and self.live.reaper is not None:
+            self.live.reaper.check_profile(request, self.live.default_tier)
         job = self.live.submit(self.identity, request)
         try:
             await self.live.saved(job.id)

@@ -160,13 +160,14 @@ JOB_REQUEST = {
         "cwd": text(MAX_PATH, "^/[^\\u0000]*$"),
         "held": {"type": "boolean"},
         "server_name": text(MAX_SERVER_NAME, NO_NUL),
+        "profile": text(MAX_PROFILE, NO_NUL),
     },
     "allOf": [
         {  # a notebook server: an allocation, nothing to run
             "if": {"required": ["kind"], "properties": {"kind": {"const": "notebook"}}},
             "then": {"properties": {"command": {"type": "null"}, "notebook": {"type": "null"}}},
             "else": {  # a batch job: exactly one of command and notebook; no server name
-                "properties": {"server_name": {"type": "null"}},
+                "properties": {"server_name": {"type": "null"}, "profile": {"type": "null"}},
                 "oneOf": [
                     {
                         "required": ["command"],

@@ -81,6 +81,7 @@ _JOB_FULL = {
     "exit_code": nullable("integer"),
     "message": nullable("string"),
     "server_name": nullable("string"),
+    "profile": nullable("string"),
     "cpus": nullable("number"),
     "memory_gb": nullable("number"),
 }

@@ -61,6 +61,7 @@ from .reaper_policy import (  # noqa: F401 (the policy's names are importable fr
     ShutdownKernels,
     Unmonitored,
     Warn,
+    check_claimed_profile,
     decide,
     exempt,
     idle_kernels_holding_memory,
@@ -74,6 +75,7 @@ from .reaper_policy import (  # noqa: F401 (the policy's names are importable fr
     validate,
     with_profile_idle_timeouts,
 )
+from .reaper_policy import profile_shapes as profile_shapes_of
 from .requests import RequestError, quote
 
 log = logging.getLogger("jupyter_gpusched.service")
@@ -88,12 +90,14 @@ class Reaper:
         gpu_backend: str = "auto",
         profile_idle_timeouts: dict | None = None,
         sampler=None,
+        profile_shapes: dict | None = None,
     ):
         self.live = live
         self.sampler = sampler  # the service's GPU samples (service/gpu_sampling.py)
         # the policy file's reaper: section, and the hub profiles' own idle timeouts
         self.defaults = with_profile_idle_timeouts(validate(defaults or {}), profile_idle_timeouts)
         self.trusted_backends = trusted_backends(gpu_backend)  # whose samples count
+        self.profile_shapes = profile_shapes_of(profile_shapes or {})  # the hub's profiles
         self.sessions: dict[str, Session] = {}
         self.since = live.clock()  # servers running before this (a restart): no history
         self.reclaimed = self.unmonitored_gauge = None
@@ -151,9 +155,6 @@ class Reaper:
         session = self._session(job)
         if job.user == who.name:
             session.groups = who.groups
-        profile = report.get("profile")
-        if isinstance(profile, str):
-            session.profile = profile
         backend = report.get("backend")
         session.backend = backend if isinstance(backend, str) else None
         why = untrusted_reason(report, self.trusted_backends)
@@ -177,6 +178,9 @@ class Reaper:
                 tier=job.tier,
                 started=job.start_time or self.live.clock(),
                 server_name=(extra.server_name or "") if extra else "",
+                # its spawner's word, checked against the hub's profiles at submission (the
+                # server's own GPUSCHED_PROFILE is the user's to change)
+                profile=extra.profile if extra else None,
             )
             if session.started < self.since:  # its idle time before a restart is unknown:
                 session.last_busy = self.live.clock()  # count from now, warning first
@@ -217,6 +221,11 @@ class Reaper:
             "ignored_reports": session.ignored_reports,
             "ignored_reason": session.ignored_reason,
         }
+
+    def check_profile(self, request, default_tier: int) -> None:
+        """400 naming ``profile`` when a notebook job claims a hub profile it is not."""
+        tier = request.tier or default_tier
+        check_claimed_profile(request.profile, request.gpus, tier, self.profile_shapes)
 
     def stop_reason(self, job_id: str) -> str | None:
         """Why the reaper is stopping this server, while it is (the spawner's release that

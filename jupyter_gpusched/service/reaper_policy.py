@@ -21,6 +21,7 @@ kernels hold GPU memory.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections import deque
@@ -257,6 +258,48 @@ def with_profile_idle_timeouts(settings: dict, profiles: dict) -> dict:
         if value is not None:
             timeouts[str(slug)] = value
     return {**settings, "profile_idle_timeouts": timeouts}
+
+
+def profile_shapes(raw: dict) -> dict[str, tuple[int, int]]:
+    """The hub's profiles as the service is given them (``GPUSchedService.profile_shapes``:
+    slug -> ``{"gpus": N, "tier": T}``, or that as JSON text from the command line) as slug ->
+    ``(gpus, tier)``; RequestError naming the profile when one is not that."""
+    shapes = {}
+    for slug, shape in (raw or {}).items():
+        field_name = f"profile_shapes.{slug}"
+        if isinstance(shape, str):
+            try:
+                shape = json.loads(shape)
+            except ValueError:
+                shape = None
+        gpus = shape.get("gpus") if isinstance(shape, dict) else None
+        tier = shape.get("tier") if isinstance(shape, dict) else None
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0 or tier not in (1, 2, 3):
+            raise RequestError(
+                f'\'{field_name}\' must be {{"gpus": <whole number>, "tier": 1, 2 or 3}}',
+                field_name,
+            )
+        shapes[str(slug)] = (gpus, tier)
+    return shapes
+
+
+def check_claimed_profile(profile, gpus, tier: int, shapes: dict) -> None:
+    """A notebook job's ``profile`` (what its reaper timeout and exemptions go by) must be one
+    of the hub's profiles with the job's GPUs and tier: a job submitted by hand cannot borrow
+    a longer timeout, or an exempt profile. RequestError (400, field ``profile``) if not. A
+    service that is not told the hub's profiles (``shapes`` empty) takes it as it comes."""
+    if profile is None or not shapes:
+        return
+    if profile not in shapes:
+        known = ", ".join(sorted(shapes)[:20])
+        raise RequestError(f"no hub profile {profile[:80]!r}; this hub's: {known}", "profile")
+    want_gpus, want_tier = shapes[profile]
+    if gpus != want_gpus or tier != want_tier:
+        raise RequestError(
+            f"profile {profile!r} is {want_gpus} GPU(s) at tier {want_tier}; this job asks "
+            f"for {gpus} at tier {tier}",
+            "profile",
+        )
 
 
 def timeout_for(session: Session, settings: dict) -> float | None:

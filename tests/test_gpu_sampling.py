@@ -72,7 +72,11 @@ def test_unmonitored_warn_tells_once_and_keeps():
     since = s.started + 300  # unmonitored_after (5 min) past its start
     actions = decide([s], settings(), NOW)
     assert actions == [Unmonitored("j-000001", since, "no source covers node gpu9", True)]
-    s.unmonitored_reported = NOW  # the reaper told the admins and the owner
+    s.unmonitored_reported = NOW  # the reaper told the admins; the owner's notice did not arrive
+    assert decide([s], settings(), NOW + 1) == [
+        Unmonitored("j-000001", since, "no source covers node gpu9", True, report=False)
+    ]
+    s.unmonitored_told = NOW + 1  # it did
     assert decide([s], settings(), NOW + 3600) == []  # once per stretch, never culled
 
 

@@ -26,7 +26,6 @@ async def test_a_notebook_job_claims_only_a_profile_it_is_and_keeps_it(tmp_path)
         for body, why in (
             ({"gpus": 2, "profile": "t2-idle"}, "is 1 GPU(s) at tier 2; this job asks for 2"),
             ({"gpus": 1, "tier": 3, "profile": "t2-1"}, "at tier 3"),
-            ({"gpus": 1, "profile": "nope"}, "no hub profile 'nope'; this hub's: t2-1, t2-idle"),
             ({"gpus": 1, "profile": "x" * 201}, "at most 200 characters"),
         ):
             status, error = await alice.post("api/jobs", {"kind": "notebook", **body})
@@ -58,6 +57,14 @@ async def test_a_notebook_job_claims_only_a_profile_it_is_and_keeps_it(tmp_path)
 
         (session,) = await wait_until(listed, what="the recovered server's session")
         assert session["profile"] == "t2-idle" and session["timeout"] == 7200
+        # a profile the hub does not have is no profile to the reaper: the tier's timeout
+        status, other = await again.client("alice").post(
+            "api/jobs", {"kind": "notebook", "gpus": 1, "profile": "nope"}
+        )
+        assert status == 201, other
+        sessions = await wait_until(lambda: len(again.live.reaper.sessions) == 2 and listed())
+        unknown = next(s for s in sessions if s["job_id"] == other["id"])
+        assert unknown["profile"] is None and unknown["timeout"] == 2700
     finally:
         await again.stop()
 

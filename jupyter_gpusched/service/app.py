@@ -46,9 +46,10 @@ from .hubclient import HubClient
 from .launcher import Launcher, LocalLauncher
 from .live import LiveScheduler
 from .metrics import Metrics
+from .profile_claims import profile_shapes
 from .reaper import Reaper
 from .reaper_handlers import ReaperHandler, UsageSamplesHandler
-from .reaper_policy import profile_shapes, trusted_backends, with_profile_idle_timeouts
+from .reaper_policy import trusted_backends, with_profile_idle_timeouts
 from .recovery import recover
 from .requests import MAX_BODY_BYTES, RequestError
 from .rogue import SYSTEM_PROCESSES, RogueWatch

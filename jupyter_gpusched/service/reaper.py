@@ -53,6 +53,8 @@ from prometheus_client import Counter, Gauge
 from ..core.durations import describe_duration
 from ..core.jobs import JobState
 from .launcher import Exit
+from .profile_claims import applied_profile, check_claimed_profile
+from .profile_claims import profile_shapes as profile_shapes_of
 from .reaper_measure import measure, take_report
 from .reaper_policy import (  # noqa: F401 (the policy's names are importable from here too)
     DEFAULTS,
@@ -61,7 +63,6 @@ from .reaper_policy import (  # noqa: F401 (the policy's names are importable fr
     ShutdownKernels,
     Unmonitored,
     Warn,
-    check_claimed_profile,
     decide,
     exempt,
     idle_kernels_holding_memory,
@@ -75,7 +76,6 @@ from .reaper_policy import (  # noqa: F401 (the policy's names are importable fr
     validate,
     with_profile_idle_timeouts,
 )
-from .reaper_policy import profile_shapes as profile_shapes_of
 from .requests import RequestError, quote
 
 log = logging.getLogger("jupyter_gpusched.service")
@@ -180,8 +180,17 @@ class Reaper:
                 server_name=(extra.server_name or "") if extra else "",
                 # its spawner's word, checked against the hub's profiles at submission (the
                 # server's own GPUSCHED_PROFILE is the user's to change)
-                profile=extra.profile if extra else None,
+                profile=applied_profile(extra.profile if extra else None, self.profile_shapes),
             )
+            if extra is not None and extra.profile and session.profile is None:
+                log.warning(
+                    "reaper: %s names profile %r, which is none of the hub's profiles the "
+                    "service was told (GPUSchedService.profile_shapes: call "
+                    "pass_idle_timeouts_to_service after the profiles): its tier's timeout "
+                    "applies",
+                    job.id,
+                    extra.profile[:80],
+                )
             if session.started < self.since:  # its idle time before a restart is unknown:
                 session.last_busy = self.live.clock()  # count from now, warning first
                 session.watched_from = self.since  # and its unmeasured time
@@ -334,20 +343,28 @@ class Reaper:
         }
 
     def _unmonitored(self, session: Session, action: Unmonitored, settings: dict, now: float):
-        session.unmonitored_reported = now
         since = _clock(action.since - settings["unmonitored_after"])
         mode = settings["unmonitored"]
-        if action.notify:
+        if action.report:
+            session.unmonitored_reported = now
+            message = f"GPU use not measured since {since}: {action.reason} (unmonitored: {mode})"
+            data = {"since": action.since, "reason": action.reason, "unmonitored": mode}
+            data["measured_by"] = session.measured_by
+            self._tell(session, "reaper-unmonitored", message, data, None)
+        if action.notify and self.live.hub is not None:
+            session.unmonitored_told = now
             message = (
                 f"This server's GPU use cannot be measured (since {since}: {action.reason}), so "
                 "it is not stopped for idleness; the admins were told."
             )
-        else:
-            message = f"GPU use not measured since {since}: {action.reason} (unmonitored: {mode})"
-        data = {"since": action.since, "reason": action.reason, "unmonitored": mode}
-        data["measured_by"] = session.measured_by
-        notice = {"kind": "unmonitored", "deadline": None} if action.notify else None
-        self._tell(session, "reaper-unmonitored", message, data, notice)
+            notice = {"kind": "unmonitored", "deadline": None, "job_id": session.job_id}
+            self.live._spawn(self._notify(session, {**notice, "message": message}))
+
+    async def _notify(self, session: Session, notice: dict) -> None:
+        """Post ``notice`` to the server; if it does not arrive (the server is not up yet), the
+        next tick sends it again."""
+        if not await self.live.hub.post_notice(session.user, session.server_name, notice):
+            session.unmonitored_told = None
 
     def _warn(self, session: Session, action: Warn, settings: dict, now: float) -> None:
         session.warned, session.warn_deadline = now, action.deadline

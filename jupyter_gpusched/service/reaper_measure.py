@@ -34,6 +34,7 @@ def _measured(session: Session, when: float, busy: bool, sample: dict) -> None:
         session.last_busy = when
         _started_stretch(session)
     session.unmonitored_reported = session.unmonitored_reason = None  # its stretch is over
+    session.unmonitored_told = None
     session.samples.append(sample)
 
 
@@ -87,7 +88,7 @@ def take_activity(session: Session, latest: float | None, now: float) -> bool:
     if session.first_measured is None:
         session.first_measured = now
     session.measured_by = "hub (last_activity)"
-    session.unmonitored_reported = session.unmonitored_reason = None
+    session.unmonitored_reported = session.unmonitored_reason = session.unmonitored_told = None
     if busy:
         session.last_busy = latest
         _started_stretch(session)

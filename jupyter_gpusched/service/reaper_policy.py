@@ -21,7 +21,6 @@ kernels hold GPU memory.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import deque
@@ -155,6 +154,7 @@ class Session:
     measured_by: str | None = None  # the source and backend of the latest measurement
     unmonitored_reason: str | None = None  # why it has no trusted measurement now (None: it has)
     unmonitored_reported: float | None = None  # when admins were told, this unmonitored stretch
+    unmonitored_told: float | None = None  # when its owner's notice went out (warn), this stretch
     # what its monitor's reports add: which kernels hold GPU memory (shutdown_kernels_first)
     kernels: dict = field(default_factory=dict)
     last_report: float | None = None  # the monitor's latest report (attribution only)
@@ -190,13 +190,15 @@ class Warn:
 
 @dataclass(frozen=True)
 class Unmonitored:
-    """Tell the admins (and, under ``unmonitored: warn``, the owner: ``notify``) that this
-    session has had no trusted measurement since ``since`` (once per unmonitored stretch)."""
+    """This session has had no trusted measurement: tell the admins (``report``, once per
+    unmonitored stretch) and, under ``unmonitored: warn``, its owner (``notify``, until the
+    notice reached the server: it may not be up yet)."""
 
     job_id: str
     since: float
     reason: str
     notify: bool
+    report: bool = True
 
 
 @dataclass(frozen=True)
@@ -258,48 +260,6 @@ def with_profile_idle_timeouts(settings: dict, profiles: dict) -> dict:
         if value is not None:
             timeouts[str(slug)] = value
     return {**settings, "profile_idle_timeouts": timeouts}
-
-
-def profile_shapes(raw: dict) -> dict[str, tuple[int, int]]:
-    """The hub's profiles as the service is given them (``GPUSchedService.profile_shapes``:
-    slug -> ``{"gpus": N, "tier": T}``, or that as JSON text from the command line) as slug ->
-    ``(gpus, tier)``; RequestError naming the profile when one is not that."""
-    shapes = {}
-    for slug, shape in (raw or {}).items():
-        field_name = f"profile_shapes.{slug}"
-        if isinstance(shape, str):
-            try:
-                shape = json.loads(shape)
-            except ValueError:
-                shape = None
-        gpus = shape.get("gpus") if isinstance(shape, dict) else None
-        tier = shape.get("tier") if isinstance(shape, dict) else None
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0 or tier not in (1, 2, 3):
-            raise RequestError(
-                f'\'{field_name}\' must be {{"gpus": <whole number>, "tier": 1, 2 or 3}}',
-                field_name,
-            )
-        shapes[str(slug)] = (gpus, tier)
-    return shapes
-
-
-def check_claimed_profile(profile, gpus, tier: int, shapes: dict) -> None:
-    """A notebook job's ``profile`` (what its reaper timeout and exemptions go by) must be one
-    of the hub's profiles with the job's GPUs and tier: a job submitted by hand cannot borrow
-    a longer timeout, or an exempt profile. RequestError (400, field ``profile``) if not. A
-    service that is not told the hub's profiles (``shapes`` empty) takes it as it comes."""
-    if profile is None or not shapes:
-        return
-    if profile not in shapes:
-        known = ", ".join(sorted(shapes)[:20])
-        raise RequestError(f"no hub profile {profile[:80]!r}; this hub's: {known}", "profile")
-    want_gpus, want_tier = shapes[profile]
-    if gpus != want_gpus or tier != want_tier:
-        raise RequestError(
-            f"profile {profile!r} is {want_gpus} GPU(s) at tier {want_tier}; this job asks "
-            f"for {gpus} at tier {tier}",
-            "profile",
-        )
 
 
 def timeout_for(session: Session, settings: dict) -> float | None:
@@ -372,10 +332,12 @@ def decide(sessions, settings: dict, now: float) -> list:
             continue
         reason = "idle"
         if unmonitored(s, settings, now):
-            if s.unmonitored_reported is None:  # once per unmonitored stretch
+            report = s.unmonitored_reported is None  # once per unmonitored stretch
+            notify = settings["unmonitored"] == "warn" and s.unmonitored_told is None
+            if report or notify:
                 why = s.unmonitored_reason or "no trusted GPU measurement"
-                notify = settings["unmonitored"] == "warn"
-                actions.append(Unmonitored(s.job_id, s.unmonitored_since(settings), why, notify))
+                since = s.unmonitored_since(settings)
+                actions.append(Unmonitored(s.job_id, since, why, notify, report))
             if settings["unmonitored"] != "cull":
                 continue  # unknown is not idle
             reason = "unmonitored"  # its unmeasured time counts as idle

@@ -77,18 +77,24 @@ c.Spawner.args = ["--GPUMonitor.interval=MONITOR_INTERVAL"]
 )
 
 
+def simulated_gpus(runner: ts.HubRunner, extra_config: str) -> None:
+    """``runner``'s hub on the simulated GPUs of its cluster file, with ``extra_config`` in
+    place of test_spawner's."""
+    runner.env.pop("GPUSCHED_SIM_GPU_DIR", None)  # the config's own: STATE-sim-gpus
+    runner.env.update(
+        GPUSCHED_GPU_BACKEND="simulated",
+        GPUSCHED_SIM_CLUSTER=runner.env["GPUSCHED_CLUSTER_FILE"],
+    )
+    config = runner.config.read_text()
+    assert ts.EXTRA_CONFIG in config
+    runner.config.write_text(config.replace(ts.EXTRA_CONFIG, extra_config))
+
+
 class ReaperHub(ts.HubRunner):
     def __init__(self):
         super().__init__()
         hub_harness.readable_file(self.state_dir, "test-policy.yaml", POLICY)  # the env's file
-        self.env.pop("GPUSCHED_SIM_GPU_DIR", None)  # the config's own: STATE-sim-gpus
-        self.env.update(
-            GPUSCHED_GPU_BACKEND="simulated",
-            GPUSCHED_SIM_CLUSTER=self.env["GPUSCHED_CLUSTER_FILE"],
-        )
-        config = self.config.read_text()
-        assert ts.EXTRA_CONFIG in config
-        self.config.write_text(config.replace(ts.EXTRA_CONFIG, EXTRA_CONFIG))
+        simulated_gpus(self, EXTRA_CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -145,28 +151,26 @@ def notices(hub, user) -> list[dict] | None:
     return None
 
 
-def wait_reported(hub, *users, timeout=15.0, after=0.0) -> dict:
-    """Until the reaper has a monitor report from each of ``users``' servers (one received
-    after the epoch time ``after``)."""
+def _wait_sessions(hub, users, field: str, what: str, timeout: float, after: float) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         found = sessions(hub)
-        if all(((found.get(u) or {}).get("last_report") or 0) > after for u in users):
+        if all(((found.get(u) or {}).get(field) or 0) > after for u in users):
             return found
-        assert time.monotonic() < deadline, f"no monitor report from {users}: {found}"
+        assert time.monotonic() < deadline, f"no {what} of {users}' servers: {found}"
         time.sleep(0.2)
+
+
+def wait_reported(hub, *users, timeout=15.0, after=0.0) -> dict:
+    """Until the reaper has a monitor report from each of ``users``' servers (one received
+    after the epoch time ``after``)."""
+    return _wait_sessions(hub, users, "last_report", "monitor report", timeout, after)
 
 
 def wait_measured(hub, *users, timeout=15.0, after=0.0) -> dict:
     """Until the service has measured each of ``users``' servers itself (a measurement taken
     after the epoch time ``after``): the reaper's idle time counts from the first one."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = sessions(hub)
-        if all(((found.get(u) or {}).get("last_measured") or 0) > after for u in users):
-            return found
-        assert time.monotonic() < deadline, f"no measurement of {users}' servers: {found}"
-        time.sleep(0.2)
+    return _wait_sessions(hub, users, "last_measured", "measurement", timeout, after)
 
 
 def job_id_of(hub, user) -> str:

@@ -16,18 +16,16 @@ import time
 import hub_harness
 import pytest
 import test_spawner as ts
-from test_reaper_hub import configure, cull_events, notices, reaper_events, sessions
+from test_reaper_hub import (
+    configure,
+    cull_events,
+    notices,
+    reaper_events,
+    sessions,
+    simulated_gpus,
+)
 
-CLUSTER = """\
-nodes:
-  - name: gpu1
-    gpus: 4
-    gpu_model: H100
-    nvlink: [[0, 1], [2, 3]]
-  - name: dark1
-    gpus: 1
-    gpu_model: L40S
-"""
+CLUSTER = ts.TEST_CLUSTER + "  - {name: dark1, gpus: 1, gpu_model: L40S}\n"  # unsampled
 POLICY = """\
 backfill: {interval: 1s}
 reaper:
@@ -62,14 +60,7 @@ class DarkNodeHub(ts.HubRunner):
         for name, text in (("cluster", CLUSTER), ("policy", POLICY)):
             path = hub_harness.readable_file(self.state_dir, f"test-{name}.yaml", text)
             self.env[f"GPUSCHED_{name.upper()}_FILE"] = str(path)
-        self.env.pop("GPUSCHED_SIM_GPU_DIR", None)  # the config's own: STATE-sim-gpus
-        self.env.update(
-            GPUSCHED_GPU_BACKEND="simulated",
-            GPUSCHED_SIM_CLUSTER=str(path.parent / "test-cluster.yaml"),
-        )
-        config = self.config.read_text()
-        assert ts.EXTRA_CONFIG in config
-        self.config.write_text(config.replace(ts.EXTRA_CONFIG, EXTRA_CONFIG))
+        simulated_gpus(self, EXTRA_CONFIG)
 
 
 @pytest.fixture(scope="module")

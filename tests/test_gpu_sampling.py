@@ -214,3 +214,30 @@ async def test_the_sampler_maps_allocations_trusts_real_backends_and_keeps_error
         assert all(job in running for job in jobs)  # warn: kept
     finally:
         await service.stop()
+
+
+async def test_a_source_that_stops_answering_leaves_its_servers_unmonitored(tmp_path):
+    """Readings taken before a source failed count until they are old: then the server is
+    unmonitored, and the reason is the failure, not the old readings."""
+    service = await start_service(
+        tmp_path, cluster=CLUSTER, queues=None, gpu_backend="auto", poll_interval=0.05
+    )
+    try:
+        agents = AgentLike("node-agent", {"real": "nvml", "sim": "nvml", "down": "nvml"})
+        sampler = service.live.reaper.sampler
+        sampler.sources, sampler.interval = [*sampler.sources, agents], 0.1
+        status, _ = await service.client("admin").put("api/reaper", {"unmonitored_after": 0.5})
+        assert status == 200
+        status, job = await service.client("alice").post(
+            "api/jobs", {"gpus": 4, "kind": "notebook"}
+        )
+        assert status == 201, job
+        reaper = service.live.reaper
+        await wait_until(lambda: (reaper.sessions.get(job["id"]) or session()).measured_by)
+        agents.broken = True
+        lost = await wait_until(lambda: reaper.sessions[job["id"]].unmonitored_reported)
+        assert lost and reaper.sessions[job["id"]].unmonitored_reason == (
+            "source node-agent failed: http://127.0.0.1:9/metrics: connection refused"
+        )
+    finally:
+        await service.stop()

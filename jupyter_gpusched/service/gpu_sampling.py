@@ -221,14 +221,15 @@ class GPUSampler:
         return len(self._gpus_of(job_id))
 
     def why_unmeasured(self, job_id: str) -> str | None:
-        """Why a GPU of ``job_id`` has no trusted reading (None: each has one)."""
+        """Why a GPU of ``job_id`` has no (new) trusted reading: its source failed, none covers
+        its node, its readings are not trusted; None: each has one."""
         whys: list[str] = []
         for node, index in self._gpus_of(job_id):
             reading = self.latest.get((node, index))
-            if reading is not None and reading.backend in self.trusted_backends:
-                continue
-            if node in self.failed:
+            if node in self.failed:  # its earlier readings, if any, are getting old
                 why = self.failed[node]
+            elif reading is not None and reading.backend in self.trusted_backends:
+                continue
             elif self.source_for(node) is None:
                 why = f"no source covers node {node}"
             elif reading is not None and reading.backend == "simulated":

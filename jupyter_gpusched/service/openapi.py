@@ -346,8 +346,9 @@ PATHS = {
     "/api/usage-samples": {
         "post": _op(
             "postUsageSample",
-            "A notebook server's GPU monitor reports its sample (the server's user; 404 for "
-            "anything but a running notebook server of theirs)",
+            "A notebook server's GPU monitor reports which kernels hold GPU memory (the "
+            "server's user; 404 for anything but a running notebook server of theirs); the "
+            "reaper decides on the service's own GPU samples, never on this",
             ref("UsageSampleTaken"),
             body=USAGE_SAMPLE_REQUEST,
             errors=("404",),

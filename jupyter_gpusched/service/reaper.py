@@ -158,7 +158,7 @@ class Reaper:
         backend = report.get("backend")
         session.backend = backend if isinstance(backend, str) else None
         why = untrusted_reason(report, self.trusted_backends)
-        if why is not None:  # not a measurement to act on: as if it had not come
+        if why is not None:  # its kernel attribution is not used either
             if session.ignored_reports == 0 or why != session.ignored_reason:
                 log.warning("reaper: not acting on the reports of %s: %s", job.id, why)
             session.ignored_reports += 1

@@ -50,7 +50,8 @@ class ReaperHandler(APIHandler):
 
 
 class UsageSamplesHandler(APIHandler):
-    """``POST api/usage-samples``: a notebook server's GPU monitor reports (its user's token)."""
+    """``POST api/usage-samples``: a notebook server's GPU monitor reports (its user's token):
+    which kernels hold GPU memory, never whether the server is idle (service/reaper.py)."""
 
     @api
     def post(self):

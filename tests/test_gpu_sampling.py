@@ -155,6 +155,9 @@ async def test_the_sampler_maps_allocations_trusts_real_backends_and_keeps_error
         sampler.sources = [*sampler.sources, agents, broken]
         sampler.interval = 0.1
         admin = service.client("admin")
+        status, error = await admin.put("api/reaper", {"unmonitored": "maybe"})
+        assert status == 400 and error["field"] == "unmonitored", error
+        assert "warn, cull, keep" in error["error"]
         status, _ = await admin.put("api/reaper", {"unmonitored_after": 0.5})
         assert status == 200
         jobs = []

@@ -215,7 +215,15 @@ PATHS = {
                 *_JOB,
                 # the server's spawner, releasing a server it stopped or found exited
                 ("server_gone", "query", {"type": "boolean"}),
-                ("reason", "query", {"type": "string", "maxLength": MAX_REASON}),
+                (
+                    "reason",
+                    "query",
+                    {
+                        "type": "string",
+                        "maxLength": MAX_REASON,
+                        "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*$",
+                    },
+                ),
             ],
             errors=("409",),
         ),

@@ -160,7 +160,7 @@ JOB_REQUEST = {
         "cwd": text(MAX_PATH, "^/[^\\u0000]*$"),
         "held": {"type": "boolean"},
         "server_name": text(MAX_SERVER_NAME, NO_NUL),
-        "profile": text(MAX_PROFILE, NO_NUL),
+        "profile": text(MAX_PROFILE, minLength=1),
     },
     "allOf": [
         {  # a notebook server: an allocation, nothing to run

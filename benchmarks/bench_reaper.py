@@ -1,11 +1,12 @@
 """The idle reaper's figure: from a server's idle timeout to its GPUs free (target: at most two
-sampling intervals of the GPU monitor).
+sampling intervals).
 
 One real JupyterHub (configurable-http-proxy, the scheduler service on SQLite, GPUSchedSpawner),
-real single-user servers with real kernels on the simulated GPU backend, the servers' GPU monitor
-sampling every ``MONITOR_INTERVAL`` (1 s) and the service polling (and so the reaper ticking)
-every 1 s: the harness of ``tests/test_reaper_hub.py`` (``ReaperHub`` and its helpers), with the
-same clean-up as its fixture.
+real single-user servers with real kernels on the simulated GPU backend, the service sampling the
+servers' GPUs (what the reaper decides on) every ``SAMPLE_INTERVAL`` (1 s), their GPU monitors
+every ``MONITOR_INTERVAL`` (1 s), and the service polling (and so the reaper ticking) every
+1 s: the harness of ``tests/test_reaper_hub.py`` (``ReaperHub`` and its helpers), with the same
+clean-up as its fixture.
 
 Each round: the reaper's timeout is off while alice's server starts; then a kernel of hers keeps
 her GPU busy for ``--burst`` seconds (``simulate_load``, then the websocket is closed) and the
@@ -245,6 +246,7 @@ def main() -> int:
             "benchmark": "idle reaper: from the idle timeout to the GPUs free (real hub)",
             "settings": {
                 "monitor_interval_s": rh.MONITOR_INTERVAL,
+                "gpu_sample_interval_s": rh.SAMPLE_INTERVAL,
                 "service_poll_s": rh.SERVICE_POLL,
                 "timeout_tier_2_s": args.timeout,
                 "warning_lead_s": args.warning_lead,

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 
@@ -315,13 +316,15 @@ def render_queue_choice(queues, chosen: str | None, pinned: bool = False) -> str
 
 
 IDLE_TIMEOUTS_OPTION = "--GPUSchedService.profile_idle_timeouts="
+SHAPES_OPTION = "--GPUSchedService.profile_shapes="
 
 
 def pass_idle_timeouts_to_service(config, service_name: str = "gpusched") -> list[str]:
     """In a hub's config file, after ``c.GPUSchedSpawner.profiles`` and ``c.JupyterHub.services``:
     give the scheduler service (the managed service ``service_name``) each profile's
     ``idle_timeout``, which the idle reaper then applies to that profile's servers (what the
-    spawn form promises). Call it again after changing the profiles; returns the options set."""
+    spawn form promises), and each profile's GPUs and tier, which a notebook job naming the
+    profile must match. Call it again after changing the profiles; returns the options set."""
     section = config.GPUSchedSpawner
     # unset: the default profile, which has no idle_timeout of its own
     profiles = normalize_profiles(section.profiles) if "profiles" in section else []
@@ -330,9 +333,15 @@ def pass_idle_timeouts_to_service(config, service_name: str = "gpusched") -> lis
         for p in profiles
         if p["idle_timeout"]
     ]
+    # and each profile's GPUs and tier: a notebook job claiming a profile must match it
+    options += [
+        f"{SHAPES_OPTION}{p['slug']}={json.dumps({'gpus': p['gpus'], 'tier': p['tier']})}"
+        for p in profiles
+    ]
+    ours = (IDLE_TIMEOUTS_OPTION, SHAPES_OPTION)
     for service in config.JupyterHub.services:
         if service.get("name") == service_name and service.get("command"):
-            kept = [a for a in service["command"] if not a.startswith(IDLE_TIMEOUTS_OPTION)]
+            kept = [a for a in service["command"] if not a.startswith(ours)]
             service["command"] = kept + options
             return options
     raise ValueError(f"JupyterHub.services has no managed service {service_name!r}")

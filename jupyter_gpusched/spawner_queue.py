@@ -158,6 +158,7 @@ class SchedulerClient:
             "tier": profile["tier"],
             "name": f"notebook server {self.name}" if self.name else "notebook server",
             "server_name": self.name,
+            "profile": profile["slug"],  # the reaper's timeout (the server's env is the user's)
         }
         if self._gpu_models:
             body["gpu_model"] = self._gpu_models

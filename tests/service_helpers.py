@@ -22,8 +22,10 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
+from unittest import mock
 from urllib.parse import urlencode
 
 import psutil
@@ -34,7 +36,10 @@ from tornado.ioloop import PeriodicCallback
 from tornado.testing import bind_unused_port
 from traitlets.config import Config
 
+from jupyter_gpusched.files import load_cluster
+from jupyter_gpusched.gpu.simulated import STATE_DIR_ENV, make_load_dir, simulate_load
 from jupyter_gpusched.service.app import GPUSchedService
+from jupyter_gpusched.service.gpu_sampling import allocated_gpus
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "hub_config" / "cluster.yaml"  # gpu1, gpu2: 8 H100; l40s1, l40s2: 4 L40S
@@ -160,6 +165,28 @@ class Service:
         self.url = f"http://127.0.0.1:{port}/"
         self.poller = poller
         self.stopped = False
+        self.load_dir: Path | None = None
+        self._holders: dict[str, subprocess.Popen] = {}  # job id -> the process of its loads
+
+    def load(self, job_id: str, util, memory_gb: float = 4.0) -> list:
+        """Simulated GPU load (this process's) on every GPU the engine allocated to ``job_id``
+        (``util``: one percentage for all, or a list, one per GPU in allocation order), in the
+        service's own load folder (``start_service(gpu_load_dir=...)``), until replaced by the
+        next call or stopped: what the service's GPU samples measure. The load is a child
+        process's (one per job, killed at :meth:`stop`), never this test process's."""
+        assert self.load_dir is not None, "start_service(gpu_load_dir=...) samples the GPUs"
+        gpus = allocated_gpus(self.live).get(job_id, [])
+        utils = list(util) if isinstance(util, (list, tuple)) else [util] * len(gpus)
+        assert len(utils) == len(gpus), (utils, gpus)
+        holder = self._holders.get(job_id)
+        if holder is None:
+            holder = self._holders[job_id] = subprocess.Popen(["sleep", "600"])
+        return [
+            simulate_load(
+                u, memory_gb, None, [index], node=node, pid=holder.pid, state_dir=self.load_dir
+            )
+            for (node, index), u in zip(gpus, utils, strict=True)
+        ]
 
     def client(self, user: str | None = None) -> JSONClient:
         """A client with ``user``'s token (None: no token)."""
@@ -184,6 +211,9 @@ class Service:
         for pgid in self.pids():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
+        for holder in self._holders.values():
+            holder.kill()
+            holder.wait()
         tasks = list(self.live._tasks)
         if tasks:
             _, waiting = await asyncio.wait(tasks, timeout=10)
@@ -202,13 +232,18 @@ async def start_service(
     cancel_grace: float = 5.0,
     run_as_submitting_user: bool = False,
     gpu_backend: str = "simulated",
+    gpu_load_dir: Path | None = None,
     **traits,
 ) -> Service:
     """Build a service on files in ``tmp_path`` (a queue document, a policy document, a cluster
     file or document), listen on a free port of 127.0.0.1 and start the poll loop. ``traits``:
     more GPUSchedService traits (e.g. ``gpu_hour_prices``, ``authenticate_metrics``).
     ``gpu_backend``: the service's own (``simulated``: the tests' cluster is the demo's simulated
-    one, so its reaper acts on reports of the simulated backend; ``auto``: a real cluster's)."""
+    one, so its reaper acts on samples of the simulated backend; ``auto``: a real cluster's).
+    ``gpu_load_dir``: the service samples every node of its cluster here, as the demo does, from
+    the simulated loads in this folder (:meth:`Service.load`), every 0.1 s unless
+    ``gpu_sample_interval`` says otherwise; without it the service samples no GPU (its notebook
+    servers are unmonitored)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     config = Config()
     c = config.GPUSchedService
@@ -230,13 +265,25 @@ async def start_service(
     config.LocalLauncher.run_as_submitting_user = run_as_submitting_user
     sock, port = bind_unused_port()
     c.bind_url = f"http://127.0.0.1:{port}/"
+    environment = {}
+    if gpu_load_dir is not None:
+        make_load_dir(gpu_load_dir)
+        environment[STATE_DIR_ENV] = str(gpu_load_dir)  # read when the telemetry is made
+        c.local_gpu_nodes = [node.name for node in load_cluster(str(cluster)).nodes]
+        if "gpu_sample_interval" not in traits:
+            c.gpu_sample_interval = 0.1
     app = GPUSchedService(config=config)
-    app.live = app.build()
+    with mock.patch.dict(os.environ, environment):
+        app.live = app.build()
+    if gpu_load_dir is not None:  # the loads are the test's: no server's processes to wait for
+        app.live.server_stops.local_nodes = set()
     server = HTTPServer(app.make_app())
     server.add_sockets([sock])
     poller = PeriodicCallback(app.live.poll, poll_interval * 1000)
     poller.start()
-    return Service(app, server, port, poller)
+    service = Service(app, server, port, poller)
+    service.load_dir = gpu_load_dir
+    return service
 
 
 @contextlib.asynccontextmanager

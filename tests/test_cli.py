@@ -104,6 +104,8 @@ def test_unknown_policy_exits_2(tmp_path, capsys):
         ("reaper:\n  timeout_tier_2: 1h\n  timout_tier_3: 30m\n", 3, "reaper.timout_tier_3"),
         ("walltime:\n  batch: 1h\nreaper:\n  timeout_tier_2: soon\n", 4, "reaper.timeout_tier_2"),
         ("reaper:\n  profile_timeouts:\n    big: later\n", 3, "reaper.profile_timeouts.big"),
+        ("reaper:\n  warning_lead: 5m\n  unmonitored: kill\n", 3, "reaper.unmonitored"),
+        ("reaper:\n  unmonitored_after: never\n", 2, "reaper.unmonitored_after"),
     ],
 )
 def test_a_bad_reaper_setting_in_the_policy_file_exits_2(tmp_path, text, line, field):

@@ -29,11 +29,12 @@ FILL = {"gpus": 8, "gpu_model": "H100", "command": "sleep 60"}
 class ThreadedService:
     """A service serving on its own event loop in a daemon thread."""
 
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, **options):
+        """``options``: for :func:`service_helpers.start_service`."""
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.service = self.call(start_service(tmp_path / "service"))
+        self.service = self.call(start_service(tmp_path / "service", **options))
         self.url = self.service.url
 
     def call(self, coroutine, timeout=30):

@@ -11,6 +11,7 @@ in a thread (``ThreadedService`` of ``tests/test_client.py``).
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F403 (the fixtures, for this module only)
@@ -28,7 +29,7 @@ def jp_server_config():
 
 @pytest.fixture
 def service(tmp_path):
-    running = ThreadedService(tmp_path)
+    running = ThreadedService(tmp_path, gpu_load_dir=tmp_path / "gpus")
     yield running
     running.close()
 
@@ -94,9 +95,11 @@ def test_a_user_may_not_change_the_reaper(lab, service):
 def test_my_jobs_carry_the_utilization_the_panel_shows(lab, service):
     alice = service.client("alice")
     server = alice.request("POST", "api/jobs", {"kind": "notebook", "gpus": 1})
-    sample = {"job_id": server["id"], "devices": [{"index": 0, "utilization": 73.0}]}
-    sample["backend"] = "simulated"  # the service runs the simulated cluster (start_service)
-    alice.request("POST", "api/usage-samples", sample)
+    service.service.load(server["id"], 73.0)  # what the service's own GPU samples measure
+    deadline = time.monotonic() + 15
+    while (alice.job(server["id"]).data["utilization"] or {}).get("percent") != 73.0:
+        assert time.monotonic() < deadline, "the service never measured the load"
+        time.sleep(0.05)
     jobs = json.loads(lab("alice")("jobs").body)["jobs"]
     mine = {j["id"]: j for j in jobs}
     assert mine[server["id"]]["utilization"]["percent"] == 73.0

@@ -31,7 +31,7 @@ def session(**kw) -> Session:
         "gpus": 2,
         "tier": 2,
         "started": NOW - 7200,
-        "last_report": NOW - 1,
+        "last_measured": NOW - 1,
         "last_busy": None,
     }
     values.update(kw)
@@ -63,7 +63,7 @@ def test_warned_first_however_far_past_the_timeout():
     assert decide([s], settings(), NOW) == [Warn("j-000001", NOW + 600, 2700.0, NOW - 3 * 3600)]
     assert next_moment([s], settings(), NOW) is None  # acts now (the tick that warns)
     s.warned, s.warn_deadline = NOW, NOW + 600  # the reaper sent it
-    s.last_report = NOW + 590  # still reporting, still idle
+    s.last_measured = NOW + 590  # still measured, still idle
     assert decide([s], settings(), NOW + 599) == []
     assert next_moment([s], settings(), NOW + 1) == NOW + 600
     assert decide([s], settings(), NOW + 600) == [Cull("j-000001", "idle", 2700.0, NOW - 3 * 3600)]
@@ -76,7 +76,7 @@ def test_warned_first_however_far_past_the_timeout():
     lowered = settings(timeout_tier_2=60, warning_lead=30)
     assert decide([fresh], lowered, NOW) == [Warn("j-000001", NOW + 30, 60.0, NOW - 3 * 3600)]
     # the kernels-first step waits for the warning too
-    fresh.samples.append({"kernels": {"k": {"utilization": 0.0, "memory_gb": 6.0}}})
+    fresh.kernels = {"k": {"utilization": 0.0, "memory_gb": 6.0}}
     first = settings(shutdown_kernels_first=True, warning_lead=30, timeout_tier_2=60)
     assert [type(a) for a in decide([fresh], first, NOW)] == [Warn]
 
@@ -96,8 +96,8 @@ def test_never_reported_busy_counts_from_the_start():
 
 
 def test_start_up_is_not_idle_time():
-    # allocated 46 min ago, first report (the server up) 35 min ago, never busy: 35 min idle
-    s = session(started=NOW - 46 * 60, first_report=NOW - 35 * 60, last_busy=None)
+    # allocated 46 min ago, first measurement (the server up) 35 min ago, never busy: 35 min idle
+    s = session(started=NOW - 46 * 60, first_measured=NOW - 35 * 60, last_busy=None)
     assert decide([s], settings(), NOW) == [
         Warn("j-000001", NOW - 35 * 60 + 2700, 2700.0, NOW - 35 * 60)
     ]
@@ -129,7 +129,7 @@ def test_max_lifetime_and_stale_reports():
     assert decide([busy], settings(max_lifetime="8h"), NOW) == [
         Cull("j-000001", "max-lifetime", 8 * 3600.0, NOW)
     ]
-    silent = session(last_busy=NOW - 3 * 3600, last_report=NOW - 600)
+    silent = session(last_busy=NOW - 3 * 3600, last_measured=NOW - 200)
     assert decide([silent], settings(), NOW) == []  # unknown is not idle
 
 
@@ -158,25 +158,21 @@ def test_bad_settings_name_the_field(changes, field):
 def test_kernels_holding_memory_go_first_then_the_server():
     idle_since = NOW - 46 * 60
     s = session(last_busy=idle_since, warned=NOW - 600)
-    s.samples.append(
-        {
-            "kernels": {
-                "holds": {"utilization": 0.0, "memory_gb": 6.0},
-                "cpu-only": {"utilization": 0.0, "memory_gb": 0.0},
-            }
-        }
-    )
+    s.kernels = {  # the monitor's attribution
+        "holds": {"utilization": 0.0, "memory_gb": 6.0},
+        "cpu-only": {"utilization": 0.0, "memory_gb": 0.0},
+    }
     first = settings(shutdown_kernels_first=True, warning_lead="5m")
     assert decide([s], first, NOW) == [
         ShutdownKernels("j-000001", ("holds",), NOW + 300, 2700.0, idle_since)
     ]
     s.kernels_shut = NOW  # carried out: the server gets warning_lead more
-    s.last_report = NOW + 299  # still reporting, still idle
+    s.last_measured = NOW + 299  # still measured, still idle
     assert decide([s], first, NOW + 299) == []
     assert decide([s], first, NOW + 300) == [Cull("j-000001", "idle", 2700.0, idle_since)]
     # no kernel holds GPU memory: nothing to shut down first, the server goes at the timeout
     bare = session(last_busy=idle_since, warned=NOW - 600)
-    bare.samples.append({"kernels": {"cpu-only": {"utilization": 0.0, "memory_gb": 0.0}}})
+    bare.kernels = {"cpu-only": {"utilization": 0.0, "memory_gb": 0.0}}
     assert decide([bare], first, NOW) == [Cull("j-000001", "idle", 2700.0, idle_since)]
     # off (the default): the server goes at the timeout, kernels and all
     s.kernels_shut = None
@@ -221,6 +217,7 @@ async def test_settings_over_rest_admin_only_persisted_and_audited(tmp_path):
 
 
 def report(job_id: str, util: float) -> dict:
+    """A GPU monitor's report: since issue 16 only its kernels count (which hold GPU memory)."""
     return {
         "job_id": job_id,
         "profile": "small",
@@ -232,7 +229,10 @@ def report(job_id: str, util: float) -> dict:
 
 
 async def test_busy_is_kept_idle_is_warned_then_culled(tmp_path):
-    service = await start_service(tmp_path, poll_interval=0.05)
+    """The service's own samples of the server's GPU decide: busy (simulated load at 90%) it
+    is kept past its timeout, whatever its monitor says (here: an idle report); idle (1%) it
+    is warned, then culled, while its monitor claims 90%."""
+    service = await start_service(tmp_path, poll_interval=0.05, gpu_load_dir=tmp_path / "gpus")
     try:
         admin, alice, bob = (service.client(u) for u in ("admin", "alice", "bob"))
         status, job = await alice.post("api/jobs", {"gpus": 1, "kind": "notebook"})
@@ -243,24 +243,34 @@ async def test_busy_is_kept_idle_is_warned_then_culled(tmp_path):
         assert status == 404  # not bob's server: answered as an unknown one
         status, _ = await alice.post("api/usage-samples", report("j-999999", 0))
         assert status == 404
-        status, data = await alice.post("api/usage-samples", report(job_id, 90))
+        service.load(job_id, 90)
+        status, data = await alice.post("api/usage-samples", report(job_id, 0))
         assert status == 200 and data["timeout"] == 2700
+        reaper = service.live.reaper
+        await wait_until(lambda: reaper.sessions[job_id].last_busy, what="measured busy")
         status, _ = await admin.put("api/reaper", {"timeout_tier_2": 1.0, "warning_lead": 0.6})
         assert status == 200
-        # busy: reports keep coming, never culled past the timeout
+        # busy: kept past the timeout, though its monitor reports it idle
+        first = reaper.sessions[job_id].last_measured
         for _ in range(15):
-            await alice.post("api/usage-samples", report(job_id, 90))
+            await alice.post("api/usage-samples", report(job_id, 0))
             await asyncio.sleep(0.1)
         assert job_id in service.live.engine.running
-        # the monitors' samples make the measured utilization metric
+        assert reaper.sessions[job_id].last_measured > first  # measured all along
+        # the service's samples make the measured utilization metric
         registry = service.app.metrics.registry
         tier_2 = {"tier": "2"}
         assert registry.get_sample_value("gpusched_measured_gpus", tier_2) == 1
         measured = registry.get_sample_value("gpusched_measured_gpu_utilization_percent", tier_2)
         assert measured == 90
-        # idle: warned, then culled
-        for _ in range(40):
-            status, _ = await alice.post("api/usage-samples", report(job_id, 1))
+        status, view = await admin.get("api/reaper")
+        mine = next(s for s in view["sessions"] if s["job_id"] == job_id)
+        assert mine["measured_by"] == "local (simulated)" and mine["unmonitored_since"] is None
+        assert mine["last_sample"]["devices"][0]["utilization"] == 90
+        # idle: warned, then culled, though its monitor claims 90%
+        service.load(job_id, 1)
+        for _ in range(80):
+            status, _ = await alice.post("api/usage-samples", report(job_id, 90))
             if job_id not in service.live.engine.running:
                 break
             await asyncio.sleep(0.05)
@@ -270,6 +280,7 @@ async def test_busy_is_kept_idle_is_warned_then_culled(tmp_path):
         assert "reaper-warning" in kinds and "reaper-cull" in kinds
         cull = next(e for e in events["events"] if e["kind"] == "reaper-cull")
         assert cull["data"]["timeout"] == 1.0 and cull["data"]["samples"]
+        assert cull["data"]["samples"][-1]["devices"][0]["utilization"] == 1
         assert cull["data"]["settings"]["warning_lead"] == 0.6
         assert kinds.index("reaper-cull") < kinds.index("reaper-warning")  # newest first
         assert service.app.metrics.culls._value.get() == 1
@@ -281,16 +292,18 @@ async def test_busy_is_kept_idle_is_warned_then_culled(tmp_path):
 
 
 async def test_kernels_first_then_the_server_in_the_service(tmp_path):
-    service = await start_service(tmp_path, poll_interval=0.05)
+    """The GPU idle as the service measures it; which kernel holds memory, as its monitor says."""
+    service = await start_service(tmp_path, poll_interval=0.05, gpu_load_dir=tmp_path / "gpus")
     try:
         admin, alice = service.client("admin"), service.client("alice")
         status, job = await alice.post("api/jobs", {"gpus": 1, "kind": "notebook"})
         job_id = job["id"]
         await wait_until(lambda: job_id in service.live.engine.running, what="running")
+        service.load(job_id, 0, memory_gb=4.0)
         changes = {"timeout_tier_2": 0.5, "warning_lead": 3.0, "shutdown_kernels_first": True}
         status, _ = await admin.put("api/reaper", changes)
         assert status == 200
-        for _ in range(60):
+        for _ in range(100):
             await alice.post("api/usage-samples", report(job_id, 0))
             status, events = await admin.get("api/events", params={"job_id": job_id})
             if any(e["kind"] == "reaper-kernels" for e in events["events"]):
@@ -338,15 +351,15 @@ async def test_cli_show_and_set(tmp_path, capsys):
         await service.stop()
 
 
-def test_a_late_report_after_a_busy_one_is_not_idleness():
-    """Idleness is what the reports say: when the latest report showed GPU use, a monitor
+def test_a_late_measurement_after_a_busy_one_is_not_idleness():
+    """Idleness is what the measurements say: when the latest one showed GPU use, a sample
     that is late with the next one (a loaded machine) does not make the server idle."""
     settings = validate({"timeout_tier_2": 60, "warning_lead": 30, "stale_after": 600})
     session = Session(job_id="j-1", user="u", gpus=1, tier=2, started=0.0)
-    session.last_report = session.last_busy = 100.0
+    session.last_measured = session.last_busy = 100.0
     assert decide([session], settings, 100.0 + 59) == []
     assert decide([session], settings, 100.0 + 200) == []
-    session.last_report = 300.0  # an idle report: idle since the last busy one (past the
+    session.last_measured = 300.0  # an idle measurement: idle since the last busy one (past the
     # timeout, never warned: warned first)
     assert [type(a).__name__ for a in decide([session], settings, 301.0)] == ["Warn"]
 

@@ -1,17 +1,21 @@
-"""The reaper acts only on measurements (issue 16, point 3): monitor reports say which GPU backend
-made them; a service that does not run the simulated cluster (``gpu_backend`` auto, as in
-production) never warns, shuts kernels down or culls on simulated samples, on a report without
-telemetry or on one that names no backend, and one that does (the demo's and the tests' case,
-``gpu_backend = simulated``) acts on simulated samples. The monitor of a server where NVML cannot
-be loaded reports that it has no telemetry, never an idle GPU.
+"""The reaper acts only on measurements (issue 16, points 2 and 3): the service's own GPU
+readings say which backend made them; a service that does not run the simulated cluster
+(``gpu_backend`` auto, as in production) warns, shuts kernels down and culls on NVML and DCGM
+readings only, never on simulated ones, and one that does (the demo's and the tests' case,
+``gpu_backend = simulated``) acts on simulated samples. The monitors' reports only say which
+kernels hold GPU memory, and only when their backend is trusted too; the monitor of a server
+where NVML cannot be loaded reports that it has no telemetry, never an idle GPU.
 
-In-process services (``tests/service_helpers.py``) without a hub; the reports are posted as the
-server's user, over HTTP, as ``serverext/monitor.py`` does (the last test uses the monitor itself).
+In-process services (``tests/service_helpers.py``) without a hub; the readings a real cluster's
+node agents would give come from :class:`Agents` (this machine has no NVML); the reports are
+posted as the server's user, over HTTP, as ``serverext/monitor.py`` does (the last test uses
+the monitor itself).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 from service_helpers import TOKENS, start_service, wait_until
@@ -19,6 +23,7 @@ from service_helpers import TOKENS, start_service, wait_until
 from jupyter_gpusched.core.errors import ConfigError
 from jupyter_gpusched.serverext.monitor import GPUMonitor
 from jupyter_gpusched.serverext.proxy import ServiceClient, build_status
+from jupyter_gpusched.service.gpu_sampling import GPUReading, ReadingSource, allocated_gpus
 
 FAST = {"timeout_tier_2": 1.0, "warning_lead": 0.6, "shutdown_kernels_first": True}
 
@@ -34,6 +39,37 @@ def idle_report(job_id: str, **fields) -> dict:
     }
 
 
+class Agents(ReadingSource):
+    """Node agents as a real cluster has them: idle readings (0%, 4 GB held) of each GPU of the
+    jobs in ``backends`` (job id -> the backend that measured it); no reading of other GPUs."""
+
+    name = "node-agent"
+
+    def __init__(self, live):
+        self.live = live
+        self.backends: dict[str, str] = {}
+
+    def covers(self, node: str) -> bool:
+        return True
+
+    async def read(self, nodes: set[str]) -> list[GPUReading]:
+        now = time.time()
+        return [
+            GPUReading(node, index, 0.0, 4.0, self.backends[job_id], now)
+            for job_id, gpus in allocated_gpus(self.live).items()
+            if job_id in self.backends
+            for node, index in gpus
+            if node in nodes
+        ]
+
+
+def with_agents(service) -> Agents:
+    agents = Agents(service.live)
+    sampler = service.live.reaper.sampler
+    sampler.sources, sampler.interval = [*sampler.sources, agents], 0.1
+    return agents
+
+
 async def notebook(service, user="alice") -> str:
     status, job = await service.client(user).post("api/jobs", {"gpus": 1, "kind": "notebook"})
     assert status == 201, job
@@ -47,20 +83,24 @@ async def reaper_events(service, job_id: str) -> list[str]:
     return [e["kind"] for e in events["events"] if e["kind"].startswith("reaper-")]
 
 
-async def test_a_real_clusters_service_acts_on_nvml_reports_only(tmp_path):
-    """Four idle servers, reported on together past the timeout: only the one whose samples
-    NVML measured is warned, has its kernel shut down and is culled; the simulated one, the one
-    whose monitor has no telemetry and the one that names no backend are left alone, counted
-    as ignored with the reason (in the answer to the monitor and in api/reaper)."""
+async def test_a_real_clusters_service_acts_on_nvml_and_dcgm_readings_only(tmp_path):
+    """Four idle servers past the timeout: the two whose GPUs NVML and DCGM measured are warned
+    and culled (the NVML one's kernel first, which its trusted report named), the one whose
+    monitor has no telemetry included; the two measured by the simulated backend are left
+    alone. The reports of the simulated backend, without telemetry or naming no backend are
+    counted as ignored with the reason (in the answer to the monitor and in api/reaper)."""
     service = await start_service(tmp_path, gpu_backend="auto")
     try:
         alice, admin = service.client("alice"), service.client("admin")
         status, _ = await admin.put("api/reaper", FAST)
         assert status == 200
+        agents = with_agents(service)
         jobs = {
             kind: await notebook(service)
             for kind in ("nvml", "simulated", "no-telemetry", "no-backend")
         }
+        measured_by = {"nvml": "nvml", "no-telemetry": "dcgm"}  # the others: simulated
+        agents.backends = {job: measured_by.get(kind, "simulated") for kind, job in jobs.items()}
         fields = {
             "nvml": {"backend": "nvml"},
             "simulated": {"backend": "simulated"},
@@ -79,18 +119,24 @@ async def test_a_real_clusters_service_acts_on_nvml_reports_only(tmp_path):
                         continue  # culled while the reports before it were answered
                     assert status == 200, answer
                     answers[kind] = answer
-            return jobs["nvml"] not in service.live.engine.running
+            running = service.live.engine.running
+            return jobs["nvml"] not in running and jobs["no-telemetry"] not in running
 
-        await wait_until(report_all, 20, interval=0.1, what="the nvml-measured server's cull")
+        await wait_until(report_all, 20, interval=0.1, what="the measured servers' culls")
         assert await reaper_events(service, jobs["nvml"]) == [
             "reaper-cull",
             "reaper-kernels",
             "reaper-warning",
         ]  # newest first
+        # its monitor has no telemetry, its report is ignored: the service measured it idle
+        assert await reaper_events(service, jobs["no-telemetry"]) == [
+            "reaper-cull",
+            "reaper-warning",
+        ]
         assert answers["nvml"]["ignored"] is None
         status, view = await admin.get("api/reaper")
         sessions = {s["job_id"]: s for s in view["sessions"]}
-        for kind in ("simulated", "no-telemetry", "no-backend"):
+        for kind in ("simulated", "no-backend"):
             job_id = jobs[kind]
             assert job_id in service.live.engine.running, kind
             assert await reaper_events(service, job_id) == [], kind
@@ -98,6 +144,7 @@ async def test_a_real_clusters_service_acts_on_nvml_reports_only(tmp_path):
             assert session["last_report"] is None and session["last_sample"] is None, kind
             assert session["ignored_reports"] >= 1 and session["warned"] is None, kind
             assert session["ignored_reason"] == answers[kind]["ignored"], kind
+            assert session["measured_by"] is None, kind  # simulated readings: not a measurement
         assert "simulated GPU backend" in answers["simulated"]["ignored"]
         assert "gpu_backend" in answers["simulated"]["ignored"]
         assert "nvidia-ml-py is missing" in answers["no-telemetry"]["ignored"]
@@ -110,15 +157,17 @@ async def test_a_real_clusters_service_acts_on_nvml_reports_only(tmp_path):
         await service.stop()
 
 
-async def test_the_simulated_clusters_service_acts_on_simulated_reports(tmp_path):
+async def test_the_simulated_clusters_service_acts_on_simulated_samples(tmp_path):
     """The demo's case: the service runs the simulated cluster, so the simulated backend's
-    samples are its measurements: warned, kernel shut down, culled."""
-    service = await start_service(tmp_path, gpu_backend="simulated")
+    samples are its measurements (its own, of the loads in its folder), and the simulated
+    monitor's report names the kernel: warned, kernel shut down, culled."""
+    service = await start_service(tmp_path, gpu_backend="simulated", gpu_load_dir=tmp_path / "g")
     try:
         alice = service.client("alice")
         status, _ = await service.client("admin").put("api/reaper", FAST)
         assert status == 200
         job_id = await notebook(service)
+        service.load(job_id, 0, memory_gb=4.0)  # an idle kernel holding GPU memory
 
         async def reported_until_culled():
             if job_id in service.live.engine.running:
@@ -161,8 +210,9 @@ async def test_a_monitor_without_nvml_reports_no_samples_and_is_not_acted_on(tmp
     """The server extension's GPUMonitor on a machine where nvidia-ml-py cannot be imported and
     $GPUSCHED_GPU_BACKEND is unset (production's configuration): no simulated GPUs in their
     place; its snapshot and its report to a real service say there is no telemetry and why;
-    the service counts the report as ignored, and never culls the server for it, while a
-    control server reported idle by NVML alongside it is culled."""
+    the service counts the report as ignored, and never culls the server for it (no source of
+    the service measures it either), while a control server measured idle by NVML alongside it
+    is culled."""
     monkeypatch.delenv("GPUSCHED_GPU_BACKEND", raising=False)
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
     service = await start_service(tmp_path, gpu_backend="auto")
@@ -170,6 +220,7 @@ async def test_a_monitor_without_nvml_reports_no_samples_and_is_not_acted_on(tmp
         status, _ = await service.client("admin").put("api/reaper", FAST)
         assert status == 200
         job_id, control = await notebook(service), await notebook(service)
+        with_agents(service).backends = {control: "nvml"}
         monitor = GPUMonitor(serverapp=None, service_url=service.url)
         monitor.job_id, monitor.token = job_id, TOKENS["alice"]
         monitor.start()  # tries the telemetry now: the error is logged at start

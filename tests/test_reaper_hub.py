@@ -33,6 +33,7 @@ import pwd
 import re
 import time
 import uuid
+from pathlib import Path
 
 import hub_harness
 import psutil
@@ -45,6 +46,7 @@ from tornado.websocket import websocket_connect
 from jupyter_gpusched.core.durations import describe_duration
 
 MONITOR_INTERVAL = 1.0  # the servers' GPUMonitor.interval
+SAMPLE_INTERVAL = 1.0  # the service's own GPU samples (GPUSchedService.gpu_sample_interval)
 SERVICE_POLL = 1.0  # the service's poll_interval (its default): the reaper ticks at each poll
 POLICY = """\
 backfill: {interval: 1s}
@@ -53,7 +55,8 @@ reaper:
   warning_lead: 2s
   stale_after: 10s
 """
-EXTRA_CONFIG = """
+EXTRA_CONFIG = (
+    """
 # -- added by tests/test_reaper_hub.py
 c.GPUSchedSpawner.profiles = [
     {"display_name": "1 GPU (tier 2)", "slug": "t2-1", "gpus": 1},
@@ -67,20 +70,31 @@ c.GPUSchedSpawner.queue_poll_interval = 0.3
 c.Spawner.http_timeout = 60
 c.Spawner.args = ["--GPUMonitor.interval=MONITOR_INTERVAL"]
 """.replace("MONITOR_INTERVAL", f"{MONITOR_INTERVAL:g}")
+    + hub_harness.SERVICE_ARGS_CONFIG.format(
+        service=hub_harness.SERVICE,
+        service_args=[f"--GPUSchedService.gpu_sample_interval={SAMPLE_INTERVAL:g}"],
+    )
+)
+
+
+def simulated_gpus(runner: ts.HubRunner, extra_config: str) -> None:
+    """``runner``'s hub on the simulated GPUs of its cluster file, with ``extra_config`` in
+    place of test_spawner's."""
+    runner.env.pop("GPUSCHED_SIM_GPU_DIR", None)  # the config's own: STATE-sim-gpus
+    runner.env.update(
+        GPUSCHED_GPU_BACKEND="simulated",
+        GPUSCHED_SIM_CLUSTER=runner.env["GPUSCHED_CLUSTER_FILE"],
+    )
+    config = runner.config.read_text()
+    assert ts.EXTRA_CONFIG in config
+    runner.config.write_text(config.replace(ts.EXTRA_CONFIG, extra_config))
 
 
 class ReaperHub(ts.HubRunner):
     def __init__(self):
         super().__init__()
         hub_harness.readable_file(self.state_dir, "test-policy.yaml", POLICY)  # the env's file
-        self.env.pop("GPUSCHED_SIM_GPU_DIR", None)  # the config's own: STATE-sim-gpus
-        self.env.update(
-            GPUSCHED_GPU_BACKEND="simulated",
-            GPUSCHED_SIM_CLUSTER=self.env["GPUSCHED_CLUSTER_FILE"],
-        )
-        config = self.config.read_text()
-        assert ts.EXTRA_CONFIG in config
-        self.config.write_text(config.replace(ts.EXTRA_CONFIG, EXTRA_CONFIG))
+        simulated_gpus(self, EXTRA_CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -137,16 +151,26 @@ def notices(hub, user) -> list[dict] | None:
     return None
 
 
-def wait_reported(hub, *users, timeout=15.0, after=0.0) -> dict:
-    """Until the reaper has a monitor report from each of ``users``' servers (one received
-    after the epoch time ``after``)."""
+def _wait_sessions(hub, users, field: str, what: str, timeout: float, after: float) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         found = sessions(hub)
-        if all(((found.get(u) or {}).get("last_report") or 0) > after for u in users):
+        if all(((found.get(u) or {}).get(field) or 0) > after for u in users):
             return found
-        assert time.monotonic() < deadline, f"no monitor report from {users}: {found}"
+        assert time.monotonic() < deadline, f"no {what} of {users}' servers: {found}"
         time.sleep(0.2)
+
+
+def wait_reported(hub, *users, timeout=15.0, after=0.0) -> dict:
+    """Until the reaper has a monitor report from each of ``users``' servers (one received
+    after the epoch time ``after``)."""
+    return _wait_sessions(hub, users, "last_report", "monitor report", timeout, after)
+
+
+def wait_measured(hub, *users, timeout=15.0, after=0.0) -> dict:
+    """Until the service has measured each of ``users``' servers itself (a measurement taken
+    after the epoch time ``after``): the reaper's idle time counts from the first one."""
+    return _wait_sessions(hub, users, "last_measured", "measurement", timeout, after)
 
 
 def job_id_of(hub, user) -> str:
@@ -281,6 +305,11 @@ def test_a_busy_kernel_is_never_culled_past_the_timeout(hub):
     assert monitor["interval"] == MONITOR_INTERVAL
     assert monitor["server"]["utilization"] >= 90
     assert [d["utilization"] for d in monitor["devices"]] == [90.0]  # its one GPU
+    # and the service measures it busy itself (its sample, a second or two later)
+    deadline = time.monotonic() + 10
+    while ((sessions(hub)["alice"]["last_sample"] or {}).get("utilization") or 0) < 90:
+        assert time.monotonic() < deadline, f"not measured busy: {sessions(hub)['alice']}"
+        time.sleep(0.3)
 
     timeout = 3.0
     configure(hub, timeout_tier_2=timeout)
@@ -299,6 +328,107 @@ def test_a_busy_kernel_is_never_culled_past_the_timeout(hub):
     assert ts.service_job(hub, "alice", job_id)["state"] == "running"
 
 
+@contextlib.contextmanager
+def monitor_switched_off(user):
+    """``c.GPUMonitor.report = False`` in ``user``'s own ~/.jupyter/jupyter_server_config.py,
+    as any user may write it (restored afterwards)."""
+    if os.geteuid() != 0:
+        pytest.skip("writing a demo user's own server config needs root")
+    account = pwd.getpwnam(user)
+    folder = Path(account.pw_dir) / ".jupyter"
+    path = folder / "jupyter_server_config.py"
+    made_folder, before = not folder.exists(), path.read_bytes() if path.exists() else None
+    folder.mkdir(exist_ok=True)
+    os.chown(folder, account.pw_uid, account.pw_gid)
+    opt_out = b"\nc.GPUMonitor.report = False  # tests/test_reaper_hub.py: no reports\n"
+    path.write_bytes((before or b"") + opt_out)
+    os.chown(path, account.pw_uid, account.pw_gid)
+    try:
+        yield
+    finally:
+        if before is None:
+            path.unlink()
+        else:
+            path.write_bytes(before)
+        if made_folder:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def wait_all_culled(hub, users: dict[str, str], timeout: float, claim=None) -> dict[str, list]:
+    """Until each of ``users`` (user -> job id) has no server; the notices each server showed
+    meanwhile. ``claim(user)``: called at each round while the server runs."""
+    seen: dict[str, list] = {user: [] for user in users}
+    deadline = time.monotonic() + timeout
+    while running := [u for u in users if "" in ts.servers_of(hub, u)]:
+        for user in running:
+            seen[user] = notices(hub, user) or seen[user]
+            if claim is not None:
+                claim(user)
+        assert time.monotonic() < deadline, f"{running} still running: {sessions(hub)}"
+        time.sleep(0.25)
+    for user, job_id in users.items():
+        ts.wait_job(hub, user, job_id, ts.RELEASED, timeout=ts.RELEASE_TIMEOUT)
+    return seen
+
+
+def test_a_user_who_switches_the_monitor_off_is_warned_and_culled_like_a_control(hub):
+    """Issue 16, point 2: the opt-out in the user's own config silences the monitor, not the
+    reaper: carol's server sends no report at all, and is warned and culled on the service's
+    own samples, on the same timeout as bob's control server."""
+    configure(hub, timeout_tier_2=None, warning_lead=2, exempt_users=[])
+    with monitor_switched_off("carol"):
+        ts.start_server(hub, "carol", "t2-1")
+        ts.start_server(hub, "bob", "t2-1")  # the control
+    jobs = {user: job_id_of(hub, user) for user in ("bob", "carol")}
+    found = wait_measured(hub, "bob", "carol")
+    wait_reported(hub, "bob")
+    time.sleep(2 * MONITOR_INTERVAL)  # carol's monitor would have reported by now
+    assert sessions(hub)["carol"]["last_report"] is None  # switched off indeed
+    idle = time.time() - min(found[user]["idle_since"] for user in jobs)
+    timeout = round(idle + 4, 1)
+    configure(hub, timeout_tier_2=timeout)
+    seen = wait_all_culled(hub, jobs, timeout=4 + 2 + 15)
+    for user, job_id in jobs.items():
+        warnings = [n for n in seen[user] if n["kind"] == "idle"]
+        assert len(warnings) == 1, f"{user}: not one idle warning before the cull: {seen[user]}"
+        (cull,) = cull_events(hub, job_id)
+        assert cull["data"]["reason"] == "idle" and cull["data"]["idle_seconds"] >= timeout
+
+
+def test_an_idle_server_whose_token_claims_busy_is_still_culled(hub):
+    """Issue 16, point 2: reports are not measurements. An idle server's own token posts
+    reports claiming its GPU 100% busy, four a second, as a user could: it is warned and culled
+    on the service's samples all the same (the reports are accepted: trusted backend)."""
+    configure(hub, timeout_tier_2=None, warning_lead=2, exempt_users=[])
+    ts.start_server(hub, "bob", "t2-1")
+    env = ts.server_env(hub, "bob")
+    token, job_id = env["GPUSCHED_SERVICE_TOKEN"], env["GPUSCHED_JOB_ID"]
+    busy, (gpu,) = {"utilization": 100.0, "memory_gb": 20.0}, ts.visible(env)
+    forged = {
+        "job_id": job_id,
+        "backend": "simulated",  # what this hub's monitors say
+        "server": {**busy, "gpus": [gpu]},
+        "devices": [{"index": gpu, **busy}],
+        "kernels": {"k": busy},
+    }
+
+    def claim(user):
+        response = hub.service("POST", "api/usage-samples", token, json=forged)
+        assert response.status_code in (200, 404), response.text  # 404: culled meanwhile
+
+    answer = hub.service("POST", "api/usage-samples", token, json=forged)
+    assert answer.status_code == 200 and answer.json()["ignored"] is None, answer.text
+    idle = time.time() - wait_measured(hub, "bob")["bob"]["idle_since"]
+    timeout = round(idle + 4, 1)
+    configure(hub, timeout_tier_2=timeout)
+    seen = wait_all_culled(hub, {"bob": job_id}, timeout=4 + 2 + 15, claim=claim)
+    assert len([n for n in seen["bob"] if n["kind"] == "idle"]) == 1, seen
+    (cull,) = cull_events(hub, job_id)
+    assert cull["data"]["reason"] == "idle" and cull["data"]["idle_seconds"] >= timeout
+    assert cull["data"]["samples"][-1]["devices"][0]["utilization"] == 0.0  # what it measured
+
+
 def test_an_idle_server_is_warned_then_stopped_and_a_queued_user_starts(hub):
     configure(hub, timeout_tier_2=None, warning_lead=4, exempt_users=[])  # none while it starts
     filler = ts.hold_gpus(hub, "admin", 2)  # a batch job: never reaped
@@ -308,9 +438,9 @@ def test_an_idle_server_is_warned_then_stopped_and_a_queued_user_starts(hub):
     assert ts.free_gpus(hub) == 0
     carol_start = ts.start_in_background(hub, "carol", "t2-2")
     ts.wait_pending(hub, "carol")
-    # idleness counts from the server's first report (a varying few seconds ago here): warn 2 s
-    # from now, stop 6 s from now
-    idle = time.time() - wait_reported(hub, "bob")["bob"]["idle_since"]
+    # idleness counts from the service's first measurement of the server (a varying few seconds
+    # ago here): warn 2 s from now, stop 6 s from now
+    idle = time.time() - wait_measured(hub, "bob")["bob"]["idle_since"]
     timeout = round(idle + 6, 1)
     configure(hub, timeout_tier_2=timeout)
 
@@ -355,8 +485,8 @@ def test_admin_lowers_the_timeout_at_run_time_exempt_users_stay(hub):
     ts.start_server(hub, "bob", "t2-1")
     ts.start_server(hub, "carol", "t2-1")
     bob_job = job_id_of(hub, "bob")
-    wait_reported(hub, "bob", "carol")
-    time.sleep(2 * MONITOR_INTERVAL)  # idle, but no timeout: nobody is culled
+    wait_measured(hub, "bob", "carol")
+    time.sleep(2 * SAMPLE_INTERVAL)  # idle, but no timeout: nobody is culled
     assert set(ts.servers_of(hub, "bob")) == {""} and set(ts.servers_of(hub, "carol")) == {""}
     assert not cull_events(hub, bob_job)
 
@@ -408,6 +538,7 @@ def test_kernels_holding_gpu_memory_go_first_then_the_idle_server(hub):
             assert time.monotonic() < deadline, "the kernel's GPU memory is not attributed"
             time.sleep(0.3)
         wait_reported(hub, "bob")
+        wait_measured(hub, "bob")
         time.sleep(MONITOR_INTERVAL + SERVICE_POLL)  # a report with the memory reached the reaper
         idle = time.time() - sessions(hub)["bob"]["idle_since"]
         configure(hub, timeout_tier_2=round(idle + 1, 1))
@@ -455,6 +586,7 @@ def test_a_server_that_outlived_a_hub_restart_keeps_reporting_and_is_culled(reap
     # the new service hears from the server again, well after the hub's first poll of it
     found = wait_reported(hub, "bob", after=up + 2 * MONITOR_INTERVAL, timeout=20)
     assert found["bob"]["job_id"] == bob_job
+    found = wait_measured(hub, "bob", after=up)  # and the new service measures it
 
     idle = time.time() - found["bob"]["idle_since"]
     timeout = round(idle + 5, 1)  # warned 2 s from now, culled 5 s from now
@@ -492,6 +624,13 @@ def test_the_profiles_idle_timeout_is_the_one_the_reaper_applies(hub):
     settings = hub.service("GET", "api/reaper", hub.token("alice")).json()["settings"]
     assert settings["profile_idle_timeouts"] == {"t2-idle": 7200}  # t2-1, t2-2 have none
     assert server_get(hub, "alice", "gpusched/api/status")["reaper"]["timeout"] == 7200
+    # the server's own token reports another profile (its GPUSCHED_PROFILE is the user's):
+    # the reaper keeps the one the spawner named
+    token = ts.server_env(hub, "alice")["GPUSCHED_SERVICE_TOKEN"]
+    claim = {"job_id": found["alice"]["job_id"], "profile": "t2-1", "backend": "simulated"}
+    answer = hub.service("POST", "api/usage-samples", token, json=claim)
+    assert answer.status_code == 200 and answer.json()["timeout"] == 7200, answer.text
+    assert sessions(hub)["alice"]["profile"] == "t2-idle"
     refused = set_reaper(hub, hub.token("admin"), profile_idle_timeouts={"t2-idle": 1})
     assert refused.status_code == 400 and refused.json()["field"] == "profile_idle_timeouts"
     try:  # the admin's setting for the profile wins over the profile's own
@@ -510,7 +649,7 @@ def test_after_a_cull_the_hub_pages_say_why(hub):
     configure(hub, timeout_tier_2=None, warning_lead=1, exempt_users=[])
     ts.start_server(hub, "bob", "t2-1", name="work")  # a named server
     job_id = job_id_of_named(hub, "bob", "work")
-    wait_reported(hub, "bob")
+    wait_measured(hub, "bob")
     configure(hub, timeout_tier_2=1)  # already past it: warned now, stopped 1 s later
     ts.wait_job(hub, "bob", job_id, ts.RELEASED, timeout=10 + ts.RELEASE_TIMEOUT)
     ts.wait_gone(hub, "bob", "work", timeout=15)

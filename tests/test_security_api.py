@@ -366,3 +366,18 @@ async def test_another_users_job_is_a_404_everywhere_like_an_unknown_one(service
         assert status == unknown_status == 404, (path, theirs, nobody)
         assert theirs["error"].replace(job_id, unknown) == nobody["error"], (theirs, nobody)
     assert (await alice.post("api/usage-samples", {"job_id": job_id}))[0] == 200
+
+
+async def test_a_cancel_reason_is_any_text_without_control_characters(service_factory):
+    """``DELETE api/jobs/{id}?reason=``: what the schema says (no control characters), neither
+    more nor less: a private-use character is text (Schemathesis found it refused)."""
+    service = await service_factory()
+    alice = service.client("alice")
+    for reason, expected in (("two\nlines", 400), ("x" * 201, 400), ("\U000fbb72 ok é", 200)):
+        status, job = await alice.post("api/jobs", {"command": "sleep 30", "gpus": 1})
+        assert status == 201, job
+        status, answer = await alice.delete(f"api/jobs/{job['id']}", params={"reason": reason})
+        assert status == expected, (reason, answer)
+        if expected == 400:
+            assert answer["field"] == "reason"
+            await alice.delete(f"api/jobs/{job['id']}")

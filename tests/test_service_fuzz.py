@@ -263,6 +263,8 @@ INVALID = {
     "held": _not(json_values, lambda v: isinstance(v, bool)),
     "server_name": _not(json_values, lambda v: v is None or isinstance(v, str))
     | st.just("x" * 256),
+    "profile": _not(json_values, lambda v: v is None or (isinstance(v, str) and v.strip()))
+    | st.just("x" * 201),
 }
 assert set(INVALID) == set(PROPERTIES), "every JOB_REQUEST property needs wrong values"
 

@@ -65,6 +65,7 @@ def test_job_round_trip_every_field(store):
         kind="notebook",
         name="fine-tune llama",
         server_name="llama",
+        profile="big-gpu",
         gpus=4,
         gpus_per_node=2,
         gpu_models=["A100", "H100"],

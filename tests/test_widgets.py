@@ -1,10 +1,11 @@
 """GPU utilization in the notebook views, and ``api/me``, against a real in-process service
 (token-file auth; ``ThreadedService`` of ``tests/test_client.py``).
 
-A notebook server's GPU monitor reports to the service's reaper (``POST api/usage-samples``, as
-``serverext/monitor.py`` does); the service's job view then carries the latest utilization, and
+The service samples the GPUs of each notebook server itself (here: the simulated loads in its own
+folder, ``start_service(gpu_load_dir=...)``); the service's job view then carries the latest
+utilization it measured, and
 the client's displays (``QueueWidget``, a ``Job``'s HTML and widget) show it, or an em dash when
-nobody measured it (a batch job; a server that has not reported). A notebook server's row has no
+nobody measured it (a batch job; a server not measured yet). A notebook server's row has no
 Cancel button but says where to stop it; ended jobs have none either.
 """
 
@@ -21,7 +22,7 @@ from jupyter_gpusched.service.records import utilization_view
 
 @pytest.fixture
 def service(tmp_path):
-    running = ThreadedService(tmp_path)
+    running = ThreadedService(tmp_path, gpu_load_dir=tmp_path / "gpus")
     yield running
     running.close()
 
@@ -34,25 +35,40 @@ def start_notebook(client, gpus=2, **fields) -> dict:
 
 
 def report(client, job_id: str, devices=None, server=None) -> dict:
-    """What a server's GPU monitor posts to the reaper."""
+    """What a server's GPU monitor posts to the reaper (its kernels' attribution only)."""
     body = {"job_id": job_id, "server": server or {}, "kernels": {}, "devices": devices or []}
     body["backend"] = "simulated"  # the service runs the simulated cluster (start_service)
     return client.request("POST", "api/usage-samples", body)
 
 
-def test_a_reported_utilization_is_in_the_job_view_the_widget_and_the_display(service):
+def measured(service, client, job_id: str, utils: list[float]) -> dict:
+    """Load the server's GPUs at ``utils`` and wait until its job view shows the service's
+    measurement of them."""
+    service.service.load(job_id, utils)
+    mean = sum(utils) / len(utils)
+    deadline = time.monotonic() + 15
+    while True:
+        view = client.job(job_id).data["utilization"]
+        if view is not None and [d["utilization"] for d in view["devices"]] == utils:
+            assert view["percent"] == mean
+            return view
+        assert time.monotonic() < deadline, f"no measurement of {utils} in {view}"
+        time.sleep(0.05)
+
+
+def test_a_measured_utilization_is_in_the_job_view_the_widget_and_the_display(service):
     from jupyter_gpusched.widgets import JobWidget, QueueWidget
 
     alice = service.client("alice")
     server = start_notebook(alice)
-    assert server["utilization"] is None  # running, not reported yet
+    assert server["utilization"] is None  # running, not measured yet
     batch = alice.submit(command="sleep 30", gpus=1, name="batch")
     assert batch.state == "running"
 
     before = time.time()
-    devices = [{"index": 0, "utilization": 80.0}, {"index": 1, "utilization": 40.0}]
-    report(alice, server["id"], devices, {"utilization": 120.0, "memory_gb": 3.0})
-
+    # its monitor's report says otherwise: not a measurement
+    report(alice, server["id"], [{"index": 0, "utilization": 5.0}], {"utilization": 5.0})
+    utilization = measured(service, alice, server["id"], [80.0, 40.0])  # mean 60
     job = alice.job(server["id"])
     utilization = job.data["utilization"]
     assert utilization["percent"] == 60.0  # the mean over its 2 GPUs
@@ -79,16 +95,14 @@ def test_a_reported_utilization_is_in_the_job_view_the_widget_and_the_display(se
     assert "60% at" in live.html.value
     live.close()
 
-    # a newer report replaces it
-    report(alice, server["id"], [{"index": 0, "utilization": 10.0}, {"index": 1, "utilization": 0}])
-    assert alice.job(server["id"]).data["utilization"]["percent"] == 5.0
+    # a newer measurement replaces it
+    assert measured(service, alice, server["id"], [10.0, 0.0])["percent"] == 5.0
 
 
 def test_utilization_is_only_for_running_jobs_and_only_the_owners(service):
     alice, bob = service.client("alice"), service.client("bob")
     server = start_notebook(alice)
-    report(alice, server["id"], server={"utilization": 90.0})  # no per-device figures
-    assert alice.job(server["id"]).data["utilization"]["percent"] == 45.0  # 90% of one / 2 GPUs
+    assert measured(service, alice, server["id"], [90.0, 0.0])["percent"] == 45.0
     with pytest.raises(GPUSchedError) as refused:  # bob cannot report for alice's server...
         report(bob, server["id"], server={"utilization": 0.0})
     assert refused.value.status == 404  # (answered as an unknown server)

@@ -35,23 +35,21 @@ from ..core.quotas import QueueTree
 from ..core.scheduler import Scheduler
 from ..core.settings import PolicySettings
 from ..files import load_cluster, load_policy, read_yaml
-from ..gpu.telemetry import (
-    BACKENDS,
-    TelemetryUnavailable,
-    configured_backend,
-    get_telemetry,
-    short_hostname,
-)
+from ..gpu.telemetry import BACKENDS, configured_backend, short_hostname
 from . import admin_handlers as admin
+from . import gpu_sources
 from . import handlers as user
 from .auth import HubAuthenticated, TokenFileAuth
 from .exit_stop import stop_everything
+from .gpu_sampling import GPUSampler, LocalSource, local_telemetries
 from .hubclient import HubClient
 from .launcher import Launcher, LocalLauncher
 from .live import LiveScheduler
 from .metrics import Metrics
-from .reaper import Reaper, ReaperHandler, UsageSamplesHandler
-from .reaper_policy import with_profile_idle_timeouts
+from .profile_claims import profile_shapes
+from .reaper import Reaper
+from .reaper_handlers import ReaperHandler, UsageSamplesHandler
+from .reaper_policy import trusted_backends, with_profile_idle_timeouts
 from .recovery import recover
 from .requests import MAX_BODY_BYTES, RequestError
 from .rogue import SYSTEM_PROCESSES, RogueWatch
@@ -161,6 +159,13 @@ class GPUSchedService(Application):
         "sets profile_timeouts for the profile. hub_config/jupyterhub_config.py passes it from "
         "GPUSchedSpawner.profiles (jupyter_gpusched.profiles.pass_idle_timeouts_to_service).",
     ).tag(config=True)
+    profile_shapes = Dict(
+        {},
+        help="""The GPUs and tier of each of the hub's profiles (slug -> {"gpus": N, "tier": T},
+        or that as JSON on the command line): a notebook job that names a profile must match
+        it (400 otherwise), so that nobody claims a profile's idle timeout or exemption by hand.
+        Passed by jupyter_gpusched.profiles.pass_idle_timeouts_to_service; empty: not checked.""",
+    ).tag(config=True)
     proxy_url = Unicode(
         help="The hub's public URL (its proxy), through which the service posts pre-emption "
         "notices to notebook servers. Default: $JUPYTERHUB_PUBLIC_URL, else "
@@ -201,19 +206,26 @@ class GPUSchedService(Application):
     gpu_backend = Unicode(
         help="""The service's own GPU telemetry: 'auto' or 'nvml' (NVIDIA's NVML), or
         'simulated': the cluster's GPUs are the simulated ones (the demo, the tests). Default
-        $GPUSCHED_GPU_BACKEND, else 'auto'. The reaper acts on monitor reports measured by NVML,
-        and on simulated ones only when this is 'simulated' (docs/gpu.md).""",
+        $GPUSCHED_GPU_BACKEND, else 'auto'. The reaper acts on GPU samples measured by NVML or
+        DCGM, and on simulated ones only when this is 'simulated' (docs/gpu.md).""",
     ).tag(config=True)
     local_gpu_nodes = List(
         Unicode(),
         default_value=None,
         allow_none=True,
         help="""Nodes of the cluster file whose GPUs this machine sees (through gpu_backend):
-        the service checks them for rogue GPU processes every
+        the idle reaper's GPU samples of them are taken here (service/gpu_sampling.py), the
+        service checks them for rogue GPU processes every
         rogue_check_interval (see service/rogue.py; the reaper setting rogue_processes says
         report, kill or off), and a notebook server placed on them is over only when its
         processes are gone here (service/server_stops.py). Default: the node named like
         this host, if the cluster has one; [] turns the checks off.""",
+    ).tag(config=True)
+    gpu_sample_interval = Float(
+        10.0,
+        min=0.1,
+        help="""Seconds between the service's GPU samples of the nodes of running notebook
+        servers, which the idle reaper decides on (service/gpu_sampling.py).""",
     ).tag(config=True)
     rogue_check_interval = Float(
         30.0, help="Seconds between checks of the local GPUs for rogue processes."
@@ -295,10 +307,9 @@ class GPUSchedService(Application):
         settings = load_policy(self.policy_file) if self.policy_file else PolicySettings()
         try:  # checked here, before anything is opened: exit code 2 naming the profile
             with_profile_idle_timeouts({}, self.profile_idle_timeouts)
+            profile_shapes(self.profile_shapes)
         except RequestError as exc:
-            raise ConfigError(
-                exc.message, source="GPUSchedService.profile_idle_timeouts", field=exc.field
-            ) from None
+            raise ConfigError(exc.message, source="GPUSchedService", field=exc.field) from None
         engine = Scheduler(cluster, tree, settings, self.policy)
         launcher = self.launcher_class(parent=self)
         if os.geteuid() == 0 and not getattr(launcher, "run_as_submitting_user", True):
@@ -335,8 +346,14 @@ class GPUSchedService(Application):
             self.metrics,
             self.gpu_backend,
             profile_idle_timeouts=self.profile_idle_timeouts,
+            profile_shapes=self.profile_shapes,
         )
-        live.rogue_watch = self._rogue_watch(live, cluster)
+        telemetries = self._telemetries(live, cluster)  # one each, for the two that sample
+        sources = [LocalSource(telemetries), *gpu_sources.configured_sources(self, cluster)]
+        backends = trusted_backends(self.gpu_backend)
+        sampler = GPUSampler(live, sources, self.gpu_sample_interval, backends)
+        live.reaper.sampler = sampler
+        live.rogue_watch = self._rogue_watch(live, telemetries)
         # where the service sees notebook servers' processes (service/server_stops.py)
         live.server_stops.local_nodes = set() if live.node_sync else set(self._local_nodes(cluster))
         counts = recover(live)
@@ -373,22 +390,19 @@ class GPUSchedService(Application):
         host = short_hostname()
         return [host] if any(node.name == host for node in cluster.nodes) else []
 
-    def _rogue_watch(self, live, cluster) -> RogueWatch | None:
+    def _telemetries(self, live, cluster) -> dict:
+        """Node name -> the service's telemetry of it, for local_gpu_nodes (none with Slurm:
+        the GPU indices of Slurm jobs are Slurm's, not the engine's)."""
         if live.node_sync is not None:  # the Slurm launcher
             if self.local_gpu_nodes:
                 self.log.warning(
-                    "not checking for rogue GPU processes: the GPU indices of Slurm jobs are "
-                    "Slurm's, not the engine's"
+                    "not sampling local GPUs (rogue processes, the reaper's samples): the GPU "
+                    "indices of Slurm jobs are Slurm's, not the engine's"
                 )
-            return None
-        names = self._local_nodes(cluster)
-        telemetries = {}
-        for name in names:
-            cluster.node(name)  # ConfigError when the cluster has no such node
-            try:
-                telemetries[name] = get_telemetry(self.gpu_backend, node=name, cluster=cluster)
-            except (TelemetryUnavailable, ValueError) as exc:
-                self.log.warning("not checking %s for rogue GPU processes: %s", name, exc)
+            return {}
+        return local_telemetries(self._local_nodes(cluster), self.gpu_backend, cluster)
+
+    def _rogue_watch(self, live, telemetries: dict) -> RogueWatch | None:
         if not telemetries:
             return None
         self.log.info("checking the GPUs of %s for rogue processes", ", ".join(telemetries))

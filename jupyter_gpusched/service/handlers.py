@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from functools import wraps
 
 from tornado import web
@@ -38,6 +39,8 @@ from .requests import (
     parse_job_request,
 )
 from .server_stops import MAX_REASON
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode's control characters (Cc)
 
 MAX_MESSAGE = 1000  # characters of an error message, whatever raised it (a last safety net)
 DRAIN_FACTOR = 64  # bodies up to this many times max_body_bytes are read (and dropped) for a 413
@@ -396,6 +399,8 @@ class JobsHandler(APIHandler):
     @api
     async def post(self):
         request = parse_job_request(self.body())
+        if request.kind == "notebook" and self.live.reaper is not None:
+            self.live.reaper.check_profile(request, self.live.default_tier)
         job = self.live.submit(self.identity, request)
         try:
             await self.live.saved(job.id)
@@ -437,9 +442,12 @@ class JobHandler(APIHandler):
         if gone not in ("true", "false"):
             raise APIError(400, "'server_gone' must be true or false", "server_gone")
         reason = self.get_argument("reason", None)
-        if reason is not None and (len(reason) > MAX_REASON or not reason.isprintable()):
+        # no control characters (what the schema's pattern says too: a log line stays one line)
+        if reason is not None and (len(reason) > MAX_REASON or _CONTROL.search(reason)):
             raise APIError(
-                400, f"'reason' must be printable text of at most {MAX_REASON} characters", "reason"
+                400,
+                f"'reason' must be text of at most {MAX_REASON} characters, no control characters",
+                "reason",
             )
         self.live.cancel(job_id, self.identity.name, server_gone=gone == "true", reason=reason)
         self.send(self.view(self.live.row(job_id)))

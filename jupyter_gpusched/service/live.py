@@ -158,6 +158,7 @@ class LiveScheduler:
             notebook=request.notebook,
             name=request.name,
             server_name=request.server_name,
+            profile=request.profile,
             env=request.env,
             cwd=request.cwd,
         )

@@ -72,6 +72,8 @@ class Job(Base):
     name: Mapped[str | None] = mapped_column(sa.Text)  # the user's label for it, if any
     # for a notebook server: the hub's name of the server ("" for the default one)
     server_name: Mapped[str | None] = mapped_column(sa.String(255))
+    # for a notebook server: the slug of the hub profile it started with (its spawner's word)
+    profile: Mapped[str | None] = mapped_column(sa.String(255))
     # the request
     gpus: Mapped[int] = mapped_column(sa.Integer)
     gpus_per_node: Mapped[int | None] = mapped_column(sa.Integer)

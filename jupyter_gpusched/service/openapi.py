@@ -215,7 +215,15 @@ PATHS = {
                 *_JOB,
                 # the server's spawner, releasing a server it stopped or found exited
                 ("server_gone", "query", {"type": "boolean"}),
-                ("reason", "query", {"type": "string", "maxLength": MAX_REASON}),
+                (
+                    "reason",
+                    "query",
+                    {
+                        "type": "string",
+                        "maxLength": MAX_REASON,
+                        "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*$",
+                    },
+                ),
             ],
             errors=("409",),
         ),
@@ -346,8 +354,9 @@ PATHS = {
     "/api/usage-samples": {
         "post": _op(
             "postUsageSample",
-            "A notebook server's GPU monitor reports its sample (the server's user; 404 for "
-            "anything but a running notebook server of theirs)",
+            "A notebook server's GPU monitor reports which kernels hold GPU memory (the "
+            "server's user; 404 for anything but a running notebook server of theirs); the "
+            "reaper decides on the service's own GPU samples, never on this",
             ref("UsageSampleTaken"),
             body=USAGE_SAMPLE_REQUEST,
             errors=("404",),

@@ -160,13 +160,14 @@ JOB_REQUEST = {
         "cwd": text(MAX_PATH, "^/[^\\u0000]*$"),
         "held": {"type": "boolean"},
         "server_name": text(MAX_SERVER_NAME, NO_NUL),
+        "profile": text(MAX_PROFILE, minLength=1),
     },
     "allOf": [
         {  # a notebook server: an allocation, nothing to run
             "if": {"required": ["kind"], "properties": {"kind": {"const": "notebook"}}},
             "then": {"properties": {"command": {"type": "null"}, "notebook": {"type": "null"}}},
             "else": {  # a batch job: exactly one of command and notebook; no server name
-                "properties": {"server_name": {"type": "null"}},
+                "properties": {"server_name": {"type": "null"}, "profile": {"type": "null"}},
                 "oneOf": [
                     {
                         "required": ["command"],
@@ -267,6 +268,8 @@ REAPER_REQUEST = {
         "stale_after": _DURATION,
         "shutdown_kernels_first": {"type": "boolean"},
         "rogue_processes": {"type": "string", "enum": ["report", "kill", "off"]},
+        "unmonitored": {"type": "string", "enum": ["warn", "cull", "keep"]},
+        "unmonitored_after": _DURATION,
     },
 }
 

@@ -81,6 +81,7 @@ _JOB_FULL = {
     "exit_code": nullable("integer"),
     "message": nullable("string"),
     "server_name": nullable("string"),
+    "profile": nullable("string"),
     "cpus": nullable("number"),
     "memory_gb": nullable("number"),
 }
@@ -195,6 +196,8 @@ REAPER_SETTINGS = strict(
         "stale_after": {"type": "number", "minimum": 0},
         "shutdown_kernels_first": BOOLEAN,
         "rogue_processes": {"type": "string", "enum": ["report", "kill", "off"]},
+        "unmonitored": {"type": "string", "enum": ["warn", "cull", "keep"]},
+        "unmonitored_after": {"type": "number", "minimum": 0},
     }
 )
 
@@ -212,7 +215,13 @@ SESSION = strict(
         "exempt": BOOLEAN,
         "warned": nullable("number"),
         "stop_at": nullable("number"),
+        # the service's own measurements (service/gpu_sampling.py, the hub's activity)
+        "measured_by": nullable("string"),
+        "last_measured": nullable("number"),
         "last_sample": {"type": ["object", "null"]},
+        "unmonitored_since": nullable("number"),
+        "unmonitored_reason": nullable("string"),
+        "kernels": {"type": "object"},  # the monitor's latest report: kernel attribution
         "backend": nullable("string"),
         "ignored_reports": {"type": "integer", "minimum": 0},
         "ignored_reason": nullable("string"),

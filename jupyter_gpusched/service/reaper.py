@@ -1,11 +1,20 @@
 """The idle reaper: notebook servers whose GPUs stay idle are warned, then stopped.
 
-The GPU monitor of each notebook server (``serverext/monitor.py``) reports every few seconds
-(``POST api/usage-samples``); the service keeps the last report and the idle stretch of each
-notebook job. A session is *GPU-idle* when the utilization of every GPU of the server (and the sum
-over its processes) is below ``idle_threshold``, whatever the CPU or the browser does. Each
-``poll()`` of the service calls :meth:`Reaper.tick`, which asks :func:`decide` (one plain
-function, in the style of jupyterhub-idle-culler) what to do and carries it out:
+It decides from measurements the user cannot switch off or forge: the service's own GPU samples
+of each server's allocated devices (``service/gpu_sampling.py``: the service's host, node agents,
+Prometheus; :mod:`.reaper_measure`), and for a server without GPUs the hub's activity of it. A
+session is *GPU-idle* when every GPU of the server is below ``idle_threshold``, whatever the CPU or
+the browser does. The GPU monitor inside the server (``serverext/monitor.py``, ``POST
+api/usage-samples``) only says which kernels hold GPU memory: its reports neither keep a server
+nor exempt one. Each ``poll()`` of the service calls :meth:`Reaper.tick`, which asks
+:func:`decide` (one plain function, in the style of jupyterhub-idle-culler) what to do and
+carries it out:
+
+* :class:`Unmonitored`: a server with no trusted measurement for ``unmonitored_after`` is
+  reported to admins (audit event ``reaper-unmonitored`` once per stretch, gauge
+  ``gpusched_unmonitored_servers``, ``api/reaper``) and handled by the setting ``unmonitored``:
+  ``warn`` (a notice ``kind: "unmonitored"`` to its owner; it keeps running), ``cull`` (its
+  unmeasured time counts as idle: warned, then culled) or ``keep``;
 
 * :class:`Warn` at ``timeout - warning_lead`` idle: a notice to the server (``kind: "idle"``),
   once per idle stretch; GPU activity ends the stretch (and so cancels the warning). Always
@@ -23,11 +32,10 @@ function, in the style of jupyterhub-idle-culler) what to do and carries it out:
 
 The policy itself (settings, :func:`decide`) is :mod:`.reaper_policy`.
 
-Only measured samples count: a report is acted on when its ``backend`` is ``nvml``, or
-``simulated`` where the service itself runs the simulated cluster (``GPUSchedService.gpu_backend
-= "simulated"``, as the demo and the tests do). Any other report (simulated numbers on a real
-cluster, a monitor without telemetry, no backend named) is counted (``ignored_reports`` in
-``api/reaper``), answered with the reason (``ignored``) and otherwise treated as no report.
+Only trusted measurements count: readings by ``nvml`` or ``dcgm``, or ``simulated`` where the
+service itself runs the simulated cluster (``GPUSchedService.gpu_backend = "simulated"``, as the
+demo and the tests do). A monitor report from another backend is counted (``ignored_reports`` in
+``api/reaper``), answered with the reason (``ignored``) and its kernels are not used.
 
 Settings (``GET/PUT api/reaper``, ``jupyter-gpusched reaper show|set``): defaults from the policy
 file's ``reaper:`` section, run-time overrides stored in the database (setting ``reaper``), audited
@@ -40,34 +48,35 @@ import asyncio
 import logging
 import time
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from ..core.durations import describe_duration
 from ..core.jobs import JobState
 from .launcher import Exit
+from .profile_claims import applied_profile, check_claimed_profile
+from .profile_claims import profile_shapes as profile_shapes_of
+from .reaper_measure import measure, take_report
 from .reaper_policy import (  # noqa: F401 (the policy's names are importable from here too)
     DEFAULTS,
     Cull,
     Session,
     ShutdownKernels,
+    Unmonitored,
     Warn,
-    as_dict,
-    as_number,
-    busy,
     decide,
     exempt,
     idle_kernels_holding_memory,
     next_moment,
-    reported_devices,
     stop_at,
     stop_phrase,
     timeout_for,
     trusted_backends,
+    unmonitored,
     untrusted_reason,
     validate,
     with_profile_idle_timeouts,
 )
-from .requests import RequestError, check_reaper_changes, check_usage_report, quote
+from .requests import RequestError, quote
 
 log = logging.getLogger("jupyter_gpusched.service")
 
@@ -80,15 +89,24 @@ class Reaper:
         metrics=None,
         gpu_backend: str = "auto",
         profile_idle_timeouts: dict | None = None,
+        sampler=None,
+        profile_shapes: dict | None = None,
     ):
         self.live = live
+        self.sampler = sampler  # the service's GPU samples (service/gpu_sampling.py)
         # the policy file's reaper: section, and the hub profiles' own idle timeouts
         self.defaults = with_profile_idle_timeouts(validate(defaults or {}), profile_idle_timeouts)
         self.trusted_backends = trusted_backends(gpu_backend)  # whose samples count
+        self.profile_shapes = profile_shapes_of(profile_shapes or {})  # the hub's profiles
         self.sessions: dict[str, Session] = {}
         self.since = live.clock()  # servers running before this (a restart): no history
-        self.reclaimed = None
+        self.reclaimed = self.unmonitored_gauge = None
         if metrics is not None:
+            self.unmonitored_gauge = Gauge(
+                "gpusched_unmonitored_servers",
+                "Notebook servers with no trusted measurement for longer than unmonitored_after",
+                registry=metrics.registry,
+            )
             self.reclaimed = Counter(
                 "gpusched_reaper_reclaimed_gpu_hours",
                 "GPU-hours of idleness ended by the reaper's culls (GPUs x idle time)",
@@ -137,46 +155,16 @@ class Reaper:
         session = self._session(job)
         if job.user == who.name:
             session.groups = who.groups
-        profile = report.get("profile")
-        if isinstance(profile, str):
-            session.profile = profile
         backend = report.get("backend")
         session.backend = backend if isinstance(backend, str) else None
         why = untrusted_reason(report, self.trusted_backends)
-        if why is not None:  # not a measurement to act on: as if it had not come
+        if why is not None:  # its kernel attribution is not used either
             if session.ignored_reports == 0 or why != session.ignored_reason:
                 log.warning("reaper: not acting on the reports of %s: %s", job.id, why)
             session.ignored_reports += 1
             session.ignored_reason = why
             return session
-        settings = self.settings()
-        server = as_dict(report.get("server"))
-        sample = {
-            "time": now,
-            "backend": backend,
-            "utilization": as_number(server.get("utilization")),
-            "memory_gb": as_number(server.get("memory_gb")),
-            "devices": [
-                {"index": d.get("index"), "utilization": as_number(d.get("utilization"))}
-                for d in reported_devices(report)
-            ],
-            "kernels": {
-                str(k)[:100]: {
-                    "utilization": as_number(v.get("utilization")),
-                    "memory_gb": as_number(v.get("memory_gb")),
-                }
-                for k, v in list(as_dict(report.get("kernels")).items())[:100]
-                if isinstance(v, dict)
-            },
-        }
-        session.samples.append(sample)
-        session.last_report = now
-        if session.first_report is None:
-            session.first_report = now
-        if busy(report, settings["idle_threshold"]):
-            session.last_busy = now
-            # GPU activity cancels the warning
-            session.warned = session.warn_deadline = session.kernels_shut = None
+        take_report(session, report, now)
         return session
 
     def _session(self, job) -> Session:
@@ -190,9 +178,22 @@ class Reaper:
                 tier=job.tier,
                 started=job.start_time or self.live.clock(),
                 server_name=(extra.server_name or "") if extra else "",
+                # its spawner's word, checked against the hub's profiles at submission (the
+                # server's own GPUSCHED_PROFILE is the user's to change)
+                profile=applied_profile(extra.profile if extra else None, self.profile_shapes),
             )
+            if extra is not None and extra.profile and session.profile is None:
+                log.warning(
+                    "reaper: %s names profile %r, which is none of the hub's profiles the "
+                    "service was told (GPUSchedService.profile_shapes: call "
+                    "pass_idle_timeouts_to_service after the profiles): its tier's timeout "
+                    "applies",
+                    job.id,
+                    extra.profile[:80],
+                )
             if session.started < self.since:  # its idle time before a restart is unknown:
                 session.last_busy = self.live.clock()  # count from now, warning first
+                session.watched_from = self.since  # and its unmeasured time
             if self.live.hub is not None:  # its groups, for exemptions before its first report
                 self.live._spawn(self._read_groups(session))
         return session
@@ -204,6 +205,8 @@ class Reaper:
 
     def view(self, session: Session, settings: dict) -> dict:
         timeout = timeout_for(session, settings)
+        now = self.live.clock()
+        lost = unmonitored(session, settings, now)
         return {
             "job_id": session.job_id,
             "user": session.user,
@@ -216,12 +219,22 @@ class Reaper:
             "timeout": timeout,
             "exempt": exempt(session, settings),
             "warned": session.warned,
-            "stop_at": stop_at(session, settings, self.live.clock()),
+            "stop_at": stop_at(session, settings, now),
+            "measured_by": session.measured_by,
+            "last_measured": session.last_measured,
             "last_sample": session.samples[-1] if session.samples else None,
+            "unmonitored_since": session.unmonitored_since(settings) if lost else None,
+            "unmonitored_reason": session.unmonitored_reason if lost else None,
+            "kernels": session.kernels,
             "backend": session.backend,
             "ignored_reports": session.ignored_reports,
             "ignored_reason": session.ignored_reason,
         }
+
+    def check_profile(self, request, default_tier: int) -> None:
+        """400 naming ``profile`` when a notebook job claims a hub profile it is not."""
+        tier = request.tier or default_tier
+        check_claimed_profile(request.profile, request.gpus, tier, self.profile_shapes)
 
     def stop_reason(self, job_id: str) -> str | None:
         """Why the reaper is stopping this server, while it is (the spawner's release that
@@ -229,30 +242,25 @@ class Reaper:
         return self._culling.get(job_id)
 
     def latest_sample(self, job_id: str) -> tuple[dict, float] | None:
-        """The last sample a notebook server's monitor reported and the server's GPUs, or None
-        (no report since it, or the service, started)."""
+        """The service's last measurement of a notebook server and the server's GPUs, or None
+        (none since it, or the service, started)."""
         session = self.sessions.get(job_id)
         if session is None or not session.samples:
             return None
         return session.samples[-1], session.gpus
 
     def measured(self) -> dict[int, tuple[float, float]]:
-        """By tier: (GPUs of notebook servers with a fresh monitor report, their mean measured
+        """By tier: (GPUs of notebook servers with a fresh measurement, their mean measured
         utilization in percent, weighted by GPUs): the cluster utilization metric."""
         now, stale = self.live.clock(), self.settings()["stale_after"]
         sums: dict[int, list[float]] = {}
         for session in self.sessions.values():
-            if not session.samples or session.last_report is None:
+            if not session.samples or session.last_measured is None or session.gpus == 0:
                 continue
-            if now - session.last_report > stale:
+            if now - session.last_measured > stale:
                 continue
-            sample = session.samples[-1]
-            devices = [d["utilization"] for d in sample["devices"] if d["utilization"] is not None]
-            if devices:
-                utilization = sum(devices) / len(devices)
-            elif sample["utilization"] is not None:
-                utilization = min(100.0, sample["utilization"])
-            else:
+            utilization = session.samples[-1].get("utilization")
+            if utilization is None:
                 continue
             tier = sums.setdefault(session.tier, [0.0, 0.0])
             tier[0] += session.gpus
@@ -261,6 +269,8 @@ class Reaper:
 
     # -- each poll ---------------------------------------------------------------------------
     def tick(self) -> list:
+        if self.sampler is not None:
+            self.sampler.tick()  # a new read, when one is due (its readings come next ticks)
         engine = self.live.engine
         for job_id in list(self.sessions):
             job = engine.jobs.get(job_id)
@@ -271,12 +281,19 @@ class Reaper:
                 self._session(job)
         settings = self.settings()
         now = self.live.clock()
+        for session in self.sessions.values():
+            measure(self.live, self.sampler, session, settings["idle_threshold"], now)
         candidates = [s for s in self.sessions.values() if s.job_id not in self._culling]
         actions = decide(candidates, settings, now)
         self._schedule(candidates, settings, now)
+        if self.unmonitored_gauge is not None:
+            lost = sum(unmonitored(s, settings, now) for s in self.sessions.values())
+            self.unmonitored_gauge.set(lost)
         for action in actions:
             session = self.sessions[action.job_id]
-            if isinstance(action, Warn):
+            if isinstance(action, Unmonitored):
+                self._unmonitored(session, action, settings, now)
+            elif isinstance(action, Warn):
                 self._warn(session, action, settings, now)
             elif isinstance(action, ShutdownKernels):
                 self._shutdown_kernels(session, action, settings, now)
@@ -325,16 +342,46 @@ class Reaper:
             "samples": list(session.samples)[-10:],
         }
 
+    def _unmonitored(self, session: Session, action: Unmonitored, settings: dict, now: float):
+        since = _clock(action.since - settings["unmonitored_after"])
+        mode = settings["unmonitored"]
+        if action.report:
+            session.unmonitored_reported = now
+            message = f"GPU use not measured since {since}: {action.reason} (unmonitored: {mode})"
+            data = {"since": action.since, "reason": action.reason, "unmonitored": mode}
+            data["measured_by"] = session.measured_by
+            self._tell(session, "reaper-unmonitored", message, data, None)
+        if action.notify and self.live.hub is not None:
+            session.unmonitored_told = now
+            message = (
+                f"This server's GPU use cannot be measured (since {since}: {action.reason}), so "
+                "it is not stopped for idleness; the admins were told."
+            )
+            notice = {"kind": "unmonitored", "deadline": None, "job_id": session.job_id}
+            self.live._spawn(self._notify(session, {**notice, "message": message}))
+
+    async def _notify(self, session: Session, notice: dict) -> None:
+        """Post ``notice`` to the server; if it does not arrive (the server is not up yet), the
+        next tick sends it again."""
+        if not await self.live.hub.post_notice(session.user, session.server_name, notice):
+            session.unmonitored_told = None
+
     def _warn(self, session: Session, action: Warn, settings: dict, now: float) -> None:
         session.warned, session.warn_deadline = now, action.deadline
+        if action.reason == "unmonitored":
+            idle = (
+                f"This server's GPU use cannot be measured ({session.unmonitored_reason}), and "
+                "this hub counts unmeasured time as idle"
+            )
+        else:
+            idle = f"This server's GPUs have been idle since {_clock(action.idle_since)}"
         message = (
-            f"This server's GPUs have been idle since "
-            f"{time.strftime('%H:%M:%S UTC', time.gmtime(action.idle_since))}. It will be "
-            f"stopped {stop_phrase(action.deadline, now)} unless its GPUs are used; save your "
-            "work."
+            f"{idle}. It will be stopped {stop_phrase(action.deadline, now)} unless its GPUs "
+            "are used; save your work."
         )
         data = self._evidence(session, action, settings, now)
-        self._tell(session, "reaper-warning", message, data, kind="idle", deadline=action.deadline)
+        notice = {"kind": "idle", "deadline": action.deadline}
+        self._tell(session, "reaper-warning", message, data, notice)
 
     def _shutdown_kernels(
         self, session: Session, action: ShutdownKernels, settings: dict, now: float
@@ -349,34 +396,29 @@ class Reaper:
         )
         kernels = list(action.kernel_ids)
         data = {**self._evidence(session, action, settings, now), "kernel_ids": kernels}
-        self._tell(
-            session,
-            "reaper-kernels",
-            message,
-            data,
-            kind="shutdown-kernels",
-            kernel_ids=kernels,
-            deadline=action.deadline,
-        )
+        notice = {"kind": "shutdown-kernels", "kernel_ids": kernels, "deadline": action.deadline}
+        self._tell(session, "reaper-kernels", message, data, notice)
 
-    def _tell(self, session: Session, event_kind: str, message: str, data: dict, **notice):
-        """Audit ``event_kind`` with its evidence, log it, and post the notice to the server:
-        one message for all three."""
+    def _tell(self, session: Session, event_kind: str, message: str, data: dict, notice):
+        """Audit ``event_kind`` with its evidence, log it, and post the ``notice`` (None: none)
+        to the server: one message for all three."""
         job = self.live.engine.jobs[session.job_id]
         log.info("reaper: %s of %s (%s): %s", event_kind, job.id, job.user, message)
         event = self.live._event(event_kind, job, "reaper", message)
         event["data"] = data
         self.live.store.add_event(event)
         hub = self.live.hub
-        if hub is not None:
+        if hub is not None and notice is not None:
             notice = {**notice, "job_id": session.job_id, "message": message}
             self.live._spawn(hub.post_notice(session.user, session.server_name, notice))
 
     def _cull(self, session: Session, action: Cull, settings: dict, now: float) -> None:
         job = self.live.engine.jobs[session.job_id]
-        if action.reason == "idle":
+        if action.reason in ("idle", "unmonitored"):
             why = f"GPUs idle for {describe_duration(now - action.idle_since)} (timeout "
             why += f"{describe_duration(action.timeout)})"
+            if action.reason == "unmonitored":
+                why += ", as far as measured: unmeasured time counts as idle (unmonitored: cull)"
         else:
             why = f"ran past the maximum lifetime of {describe_duration(action.timeout)}"
         message = f"culled by the reaper: {why}"
@@ -386,7 +428,7 @@ class Reaper:
         self.live.store.add_event(event)
         if self.metrics is not None:
             self.metrics.culls.inc()
-        if self.reclaimed is not None and action.reason == "idle":
+        if self.reclaimed is not None and action.reason != "max-lifetime":
             self.reclaimed.inc(session.gpus * max(0.0, now - action.idle_since) / 3600)
         self._culling[job.id] = message
         self.live._spawn(self._stop(job, job.runs, session.server_name, message))
@@ -408,66 +450,5 @@ class Reaper:
             self._culling.pop(job.id, None)
 
 
-# -- REST ------------------------------------------------------------------------------------
-from .handlers import APIHandler, api  # noqa: E402 (handlers imports nothing of this module)
-
-
-class ReaperHandler(APIHandler):
-    """``GET api/reaper``: the settings in force, the policy file's defaults, the run-time
-    overrides and (admins: every, users: their own) sessions. ``PUT``: change settings (admin),
-    a partial object; ``null`` for a timeout turns it off."""
-
-    @property
-    def reaper(self) -> Reaper:
-        return self.live.reaper
-
-    @api
-    def get(self):
-        reaper = self.reaper
-        settings = reaper.settings()
-        sessions = [
-            reaper.view(s, settings)
-            for s in reaper.sessions.values()
-            if self.admin or s.user == self.identity.name
-        ]
-        self.send(
-            {
-                "settings": settings,
-                "defaults": reaper.defaults,
-                "overrides": reaper.overrides(),
-                "sessions": sessions,
-            }
-        )
-
-    @api
-    def put(self):
-        self.require_admin()
-        changes = self.body()
-        check_reaper_changes(changes)
-        self.reaper.update(changes, self.identity.name)
-        self.get_sync()
-
-    def get_sync(self):
-        reaper = self.reaper
-        self.send({"settings": reaper.settings(), "overrides": reaper.overrides()})
-
-
-class UsageSamplesHandler(APIHandler):
-    """``POST api/usage-samples``: a notebook server's GPU monitor reports (its user's token)."""
-
-    @api
-    def post(self):
-        report = self.body()
-        check_usage_report(report)
-        session = self.live.reaper.report(self.identity, report)
-        settings = self.live.reaper.settings()
-        self.send(
-            {
-                "job_id": session.job_id,
-                "idle_since": session.idle_since,
-                "warned": session.warned,
-                "timeout": timeout_for(session, settings),
-                # why this report is not acted on (None: it is): its monitor logs it
-                "ignored": untrusted_reason(report, self.live.reaper.trusted_backends),
-            }
-        )
+def _clock(moment: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(moment))

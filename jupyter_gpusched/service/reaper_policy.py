@@ -13,7 +13,10 @@ Two rules hold whatever the settings and whenever they change:
   to the service as ``GPUSchedService.profile_idle_timeouts``: what the spawn form shows), else
   its tier's ``timeout_tier_N``.
 
-:class:`~.reaper.Reaper` feeds it the monitors' reports and carries out its decisions.
+:class:`~.reaper.Reaper` feeds it the service's own measurements (the GPU samples of
+``service/gpu_sampling.py``; the hub's activity for servers without GPUs: :mod:`.reaper_measure`)
+and carries out its decisions. The monitors' reports inside the users' servers only say which
+kernels hold GPU memory.
 """
 
 from __future__ import annotations
@@ -40,7 +43,12 @@ DEFAULTS: dict = {
     "exempt_groups": [],
     "exempt_profiles": [],
     "max_lifetime": None,  # seconds a notebook server may run at all; None: no limit
-    "stale_after": 120.0,  # a session without a report this recent is not decided on
+    "stale_after": 120.0,  # a session without a measurement this recent is not decided on
+    # a session without a trusted measurement for this long (since its start or its last one)
+    # is unmonitored: reported to admins, then "warn" (its owner is told, it keeps running),
+    # "cull" (its unmeasured time counts as idle: warned, then culled) or "keep" (reported only)
+    "unmonitored": "warn",
+    "unmonitored_after": 300.0,
     # at the timeout, first shut down only the GPU-idle kernels that hold GPU memory; the
     # server is stopped if it stays GPU-idle for warning_lead more
     "shutdown_kernels_first": False,
@@ -48,6 +56,7 @@ DEFAULTS: dict = {
     "rogue_processes": "report",
 }
 ROGUE_MODES = ("report", "kill", "off")
+UNMONITORED_MODES = ("warn", "cull", "keep")
 DURATIONS = ("warning_lead", "timeout_tier_1", "timeout_tier_2", "timeout_tier_3")
 OPTIONAL = ("timeout_tier_1", "timeout_tier_2", "timeout_tier_3", "max_lifetime")
 LISTS = ("exempt_users", "exempt_groups", "exempt_profiles")
@@ -93,9 +102,10 @@ def validate(changes, base: dict | None = None) -> dict:
         if name in ("enabled", "shutdown_kernels_first"):
             if not isinstance(value, bool):
                 raise RequestError(f"'{name}' must be true or false", name)
-        elif name == "rogue_processes":
-            if value not in ROGUE_MODES:
-                raise RequestError(f"'{name}' must be one of {', '.join(ROGUE_MODES)}", name)
+        elif name in ("rogue_processes", "unmonitored"):
+            modes = ROGUE_MODES if name == "rogue_processes" else UNMONITORED_MODES
+            if value not in modes:
+                raise RequestError(f"'{name}' must be one of {', '.join(modes)}", name)
         elif name == "idle_threshold":
             if (
                 isinstance(value, bool)
@@ -104,7 +114,7 @@ def validate(changes, base: dict | None = None) -> dict:
             ):
                 raise RequestError("'idle_threshold' must be a percentage from 0 to 100", name)
             value = float(value)
-        elif name in DURATIONS or name in ("max_lifetime", "stale_after"):
+        elif name in DURATIONS or name in ("max_lifetime", "stale_after", "unmonitored_after"):
             value = _duration(value, name, name in OPTIONAL)
         elif name in LISTS:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -133,24 +143,40 @@ class Session:
     server_name: str = ""
     groups: frozenset[str] = frozenset()
     profile: str | None = None
-    first_report: float | None = None
-    last_report: float | None = None
-    last_busy: float | None = None  # the last report that showed GPU use
+    watched_from: float | None = None  # when the service could first measure it (None: started)
+    first_measured: float | None = None  # its first trusted measurement (the service's own)
+    last_measured: float | None = None  # its latest one
+    last_busy: float | None = None  # the last measurement that showed use
     warned: float | None = None  # when the warning of this idle stretch went out
     warn_deadline: float | None = None  # the stop time that warning named
     kernels_shut: float | None = None  # when its idle kernels were shut down, this stretch
-    samples: deque = field(default_factory=lambda: deque(maxlen=SAMPLES_KEPT))  # trusted only
+    samples: deque = field(default_factory=lambda: deque(maxlen=SAMPLES_KEPT))  # measurements
+    measured_by: str | None = None  # the source and backend of the latest measurement
+    unmonitored_reason: str | None = None  # why it has no trusted measurement now (None: it has)
+    unmonitored_reported: float | None = None  # when admins were told, this unmonitored stretch
+    unmonitored_told: float | None = None  # when its owner's notice went out (warn), this stretch
+    # what its monitor's reports add: which kernels hold GPU memory (shutdown_kernels_first)
+    kernels: dict = field(default_factory=dict)
+    last_report: float | None = None  # the monitor's latest report (attribution only)
     backend: str | None = None  # the backend the latest report named (None: none, or no report)
     ignored_reports: int = 0  # reports not acted on (see untrusted_reason)
     ignored_reason: str | None = None  # why the latest of them was not
 
     @property
     def idle_since(self) -> float:
-        """The start of the current idle stretch: the last report that showed GPU use, else the
-        first report (the server's start-up is not idle time), else the allocation."""
+        """The start of the current idle stretch: the last measurement that showed use, else the
+        first measurement (the server's start-up is not idle time), else the allocation."""
         if self.last_busy is not None:
             return self.last_busy
-        return self.first_report if self.first_report is not None else self.started
+        return self.first_measured if self.first_measured is not None else self.started
+
+    def unmonitored_since(self, settings: dict) -> float:
+        """When it is (or will be) unmonitored if no measurement comes: ``unmonitored_after``
+        past its last measurement, else past the moment the service could first measure it."""
+        base = self.last_measured
+        if base is None:
+            base = self.watched_from if self.watched_from is not None else self.started
+        return base + settings["unmonitored_after"]
 
 
 @dataclass(frozen=True)
@@ -159,6 +185,20 @@ class Warn:
     deadline: float
     timeout: float
     idle_since: float
+    reason: str = "idle"  # or "unmonitored" (unmonitored: cull, its unmeasured time as idle)
+
+
+@dataclass(frozen=True)
+class Unmonitored:
+    """This session has had no trusted measurement: tell the admins (``report``, once per
+    unmonitored stretch) and, under ``unmonitored: warn``, its owner (``notify``, until the
+    notice reached the server: it may not be up yet)."""
+
+    job_id: str
+    since: float
+    reason: str
+    notify: bool
+    report: bool = True
 
 
 @dataclass(frozen=True)
@@ -176,14 +216,14 @@ class ShutdownKernels:
 @dataclass(frozen=True)
 class Cull:
     job_id: str
-    reason: str  # "idle" or "max-lifetime"
+    reason: str  # "idle", "unmonitored" (idle as far as known, unmeasured since) or "max-lifetime"
     timeout: float
     idle_since: float
 
 
 #: The backends whose samples the reaper acts on; "simulated" only where the service itself runs
 #: the simulated cluster (service/app.py's gpu_backend), as the demo and the tests do.
-REAL_BACKENDS = frozenset({"nvml"})
+REAL_BACKENDS = frozenset({"nvml", "dcgm"})
 
 
 def trusted_backends(service_backend: str) -> frozenset[str]:
@@ -270,9 +310,16 @@ def exempt(session: Session, settings: dict) -> bool:
     )
 
 
+def unmonitored(session: Session, settings: dict, now: float) -> bool:
+    """No trusted measurement for longer than ``unmonitored_after``."""
+    return now > session.unmonitored_since(settings)
+
+
 def decide(sessions, settings: dict, now: float) -> list:
-    """What to do with ``sessions`` at ``now``: a list of :class:`Warn`,
-    :class:`ShutdownKernels` and :class:`Cull`."""
+    """What to do with ``sessions`` at ``now``: a list of :class:`Unmonitored`, :class:`Warn`,
+    :class:`ShutdownKernels` and :class:`Cull`. Only measurements count: a session whose latest
+    one is older than ``stale_after`` is left alone, unless it is unmonitored and the setting
+    ``unmonitored`` is ``cull``."""
     actions: list = []
     if not settings["enabled"]:
         return actions
@@ -283,10 +330,21 @@ def decide(sessions, settings: dict, now: float) -> list:
         if lifetime is not None and now - s.started >= lifetime:
             actions.append(Cull(s.job_id, "max-lifetime", lifetime, s.idle_since))
             continue
-        if s.last_report is None or now - s.last_report > settings["stale_after"]:
-            continue  # unknown is not idle: a server that does not report is left alone
-        if s.last_busy is not None and s.last_busy >= s.last_report:
-            continue  # its latest report shows GPU use (a late next report is not idleness)
+        reason = "idle"
+        if unmonitored(s, settings, now):
+            report = s.unmonitored_reported is None  # once per unmonitored stretch
+            notify = settings["unmonitored"] == "warn" and s.unmonitored_told is None
+            if report or notify:
+                why = s.unmonitored_reason or "no trusted GPU measurement"
+                since = s.unmonitored_since(settings)
+                actions.append(Unmonitored(s.job_id, since, why, notify, report))
+            if settings["unmonitored"] != "cull":
+                continue  # unknown is not idle
+            reason = "unmonitored"  # its unmeasured time counts as idle
+        elif s.last_measured is None or now - s.last_measured > settings["stale_after"]:
+            continue  # unknown is not idle: no measurement this recent
+        elif s.last_busy is not None and s.last_busy >= s.last_measured:
+            continue  # its latest measurement shows use (a late next one is not idleness)
         timeout = timeout_for(s, settings)
         if timeout is None:
             continue
@@ -295,7 +353,7 @@ def decide(sessions, settings: dict, now: float) -> list:
             continue
         if s.warned is None:  # warned first, always: a whole lead, even past the timeout
             deadline = max(s.idle_since + timeout, now + lead)
-            actions.append(Warn(s.job_id, deadline, timeout, s.idle_since))
+            actions.append(Warn(s.job_id, deadline, timeout, s.idle_since, reason))
             continue
         if now < stop_due(s, timeout, settings):
             continue
@@ -309,7 +367,7 @@ def decide(sessions, settings: dict, now: float) -> list:
                     continue
             elif now < s.kernels_shut + lead:
                 continue  # its kernels went first; the server gets warning_lead more
-        actions.append(Cull(s.job_id, "idle", timeout, s.idle_since))
+        actions.append(Cull(s.job_id, reason, timeout, s.idle_since))
     return actions
 
 
@@ -345,29 +403,14 @@ def as_dict(value) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def reported_devices(report: dict) -> list[dict]:
-    devices = report.get("devices")
-    return [d for d in devices[:64] if isinstance(d, dict)] if isinstance(devices, list) else []
-
-
-def busy(report: dict, threshold: float) -> bool:
-    """Did this report show GPU use at or above ``threshold`` on any GPU of the server?"""
-    if (as_number(as_dict(report.get("server")).get("utilization")) or 0) >= threshold:
-        return True
-    devices = reported_devices(report)
-    return any((as_number(d.get("utilization")) or 0) >= threshold for d in devices)
-
-
 #: GPU memory (GB) below which a kernel is taken to hold none (a CUDA context alone holds more).
 MEMORY_HELD_GB = 0.01
 
 
 def idle_kernels_holding_memory(session: Session, threshold: float) -> tuple[str, ...]:
-    """The kernels whose latest sample shows GPU memory held at a utilization below
-    ``threshold``: what ``shutdown_kernels_first`` shuts down."""
-    if not session.samples:
-        return ()
-    kernels = session.samples[-1].get("kernels") or {}
+    """The kernels whose monitor's latest report shows GPU memory held at a utilization below
+    ``threshold``: what ``shutdown_kernels_first`` shuts down (the reports' one use)."""
+    kernels = session.kernels
     return tuple(
         sorted(
             kernel_id

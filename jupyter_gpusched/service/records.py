@@ -24,6 +24,7 @@ class Extra:
     notebook: str | None = None
     name: str | None = None
     server_name: str | None = None  # a notebook server's hub name
+    profile: str | None = None  # a notebook server's hub profile (slug), as its spawner said
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
     handle: dict | None = None  # the launcher's, for the current run
@@ -56,6 +57,7 @@ def row_for(job: Job, extra: Extra) -> dict:
         "notebook": extra.notebook,
         "name": extra.name,
         "server_name": extra.server_name,
+        "profile": extra.profile,
         "env": dict(extra.env),
         "cwd": extra.cwd,
         "submit_time": job.submit_time,
@@ -128,6 +130,7 @@ def job_from_row(row: dict) -> tuple[Job, Extra]:
         notebook=row.get("notebook"),
         name=row.get("name"),
         server_name=row.get("server_name"),
+        profile=row.get("profile"),
         env=dict(row.get("env") or {}),
         cwd=row.get("cwd"),
         handle=row.get("handle"),
@@ -220,7 +223,7 @@ def public_job(row: dict, *, mine: bool, full: bool, position: int | None = None
     if full:
         for key in ("user", "name", "command", "notebook", "env", "cwd", "exit_code", "message"):
             view[key] = row.get(key)
-        for key in ("server_name",):
+        for key in ("server_name", "profile"):
             view[key] = row.get(key)
         view["cpus"], view["memory_gb"] = row.get("cpus"), row.get("memory_gb")
     return view

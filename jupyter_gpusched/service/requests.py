@@ -41,7 +41,7 @@ MAX_EVENTS_LIMIT = 10_000  # '?limit' of api/events
 MAX_LOG_BYTES = 1 << 20  # '?bytes' of api/jobs/{id}/log: the most one request returns
 MAX_SAMPLE_DEVICES = 64  # POST api/usage-samples: 'devices' entries
 MAX_SAMPLE_KERNELS = 1000  # POST api/usage-samples: 'kernels' entries
-MAX_PROFILE = 200  # POST api/usage-samples: characters of 'profile'
+MAX_PROFILE = 200  # 'profile' (a hub profile's slug) of a notebook job and a monitor's report
 MAX_BACKEND = 40  # POST api/usage-samples: characters of 'backend'
 MAX_TELEMETRY_ERROR = 1000  # POST api/usage-samples: characters of 'telemetry_error'
 MAX_REAPER_LIST = 1000  # PUT api/reaper: names in each exempt_* list, and profile_timeouts
@@ -73,6 +73,7 @@ JOB_FIELDS = {
     "enter (default: your home directory)",
     "held": "submit on hold (true/false): it waits until released",
     "server_name": "kind notebook: the hub's name of the server ('' for the default server)",
+    "profile": "kind notebook: the slug of the hub profile the server starts with",
 }
 
 
@@ -119,6 +120,7 @@ class JobRequest:
     cwd: str | None = None
     held: bool = False
     server_name: str | None = None
+    profile: str | None = None  # kind notebook: the hub profile (the reaper's timeout)
 
 
 def _no_constant(name: str):
@@ -219,6 +221,10 @@ def parse_job_request(data: dict) -> JobRequest:
                 "server_name",
             )
         request.server_name = server
+    if data.get("profile") is not None:
+        if request.kind != "notebook":
+            raise RequestError("'profile' is for notebook servers (kind notebook)", "profile")
+        request.profile = _text(data, "profile", MAX_PROFILE)
     if "held" in data:
         if not isinstance(data["held"], bool):
             raise RequestError("'held' must be true or false", "held")

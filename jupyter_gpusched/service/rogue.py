@@ -48,6 +48,7 @@ import psutil
 from prometheus_client import Gauge
 
 from ..gpu.discover import RogueProcess, job_of_process, rogue_processes
+from .gpu_sampling import allocated_gpus
 
 log = logging.getLogger("jupyter_gpusched.service")
 
@@ -151,14 +152,11 @@ class RogueWatch:
 
     def allocations(self, node: str) -> dict[str, list[int]]:
         """Job id -> the GPU indices it holds on ``node`` (running jobs and pre-emption claims)."""
-        cluster = self.live.cluster
-        index = cluster.node(node).index
         held: dict[str, list[int]] = {}
-        for job_id, placement in self.live.engine.state.allocations.items():
-            for part in placement.parts:
-                if part.node == index:
-                    gpus = [i for i in range(part.mask.bit_length()) if part.mask >> i & 1]
-                    held.setdefault(job_id, []).extend(gpus)
+        for job_id, gpus in allocated_gpus(self.live).items():
+            indices = [index for name, index in gpus if name == node]
+            if indices:
+                held[job_id] = indices
         return held
 
     def listing(self) -> list[dict]:

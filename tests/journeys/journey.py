@@ -68,6 +68,8 @@ c.GPUSchedSpawner.queue_poll_interval = 0.5
 c.Spawner.args = ["--GPUMonitor.interval=1"]
 c.Spawner.http_timeout = 90
 """
+# the service's own GPU samples, which the reaper decides on, every second (default 10 s)
+CI_SERVICE_ARGS = ("--GPUSchedService.gpu_sample_interval=1",)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +86,9 @@ def demo():
     policy.chmod(0o644)
     env["GPUSCHED_POLICY_FILE"] = str(policy)
     try:
-        with hub_harness.running_hub(env=env, extra_config=CI_CONFIG) as hub:
+        with hub_harness.running_hub(
+            env=env, extra_config=CI_CONFIG, service_args=CI_SERVICE_ARGS
+        ) as hub:
             for user in hub_harness.DEMO_USERS:
                 hub_harness.no_news(hub.state_dir, user)
             yield hub

@@ -1,0 +1,2 @@
+def configured_sources(app, cluster):
+    return []

@@ -46,6 +46,7 @@ from . import admin_handlers as admin
 from . import handlers as user
 from .auth import HubAuthenticated, TokenFileAuth
 from .exit_stop import stop_everything
+from .gpu_sources import GPUSourceSettings
 from .hubclient import HubClient
 from .launcher import Launcher, LocalLauncher
 from .live import LiveScheduler
@@ -93,7 +94,7 @@ ROUTES = [
 ]
 
 
-class GPUSchedService(Application):
+class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sources.py
     name = "jupyter-gpusched-serve"
     description = "The GPU scheduler service: queue, engine, launcher and REST API."
     # Configurables the service creates: listed so that --help-all shows them and config and

@@ -195,21 +195,20 @@ def parse_metrics(text: str, node: str, scraped: float) -> list[GPUReading]:
                 continue
             entry = found.setdefault(index, {"backend": sample.labels.get("backend") or "dcgm"})
             entry[family.name] = sample.value
-    return [
-        GPUReading(
-            node=node,
-            index=index,
-            utilization=entry.get(GPU_UTIL),
-            memory_used_gb=_gib(entry.get(FB_USED)),
-            backend=entry["backend"],
-            time=scraped,
-        )
-        for index, entry in sorted(found.items())
-    ]
+    return [_reading(node, index, entry, scraped) for index, entry in sorted(found.items())]
 
 
-def _gib(mib: float | None) -> float | None:
-    return None if mib is None else mib / MIB_PER_GIB
+def _reading(node: str, index: int, entry: dict, taken: float) -> GPUReading:
+    """The reading of one GPU's series values (``entry``: metric -> value, and "backend")."""
+    used = entry.get(FB_USED)
+    return GPUReading(
+        node=node,
+        index=index,
+        utilization=entry.get(GPU_UTIL),
+        memory_used_gb=None if used is None else used / MIB_PER_GIB,
+        backend=entry["backend"],
+        time=taken,
+    )
 
 
 class PrometheusSource(ReadingSource):
@@ -281,14 +280,7 @@ class PrometheusSource(ReadingSource):
                 else:
                     entry[metric] = value
         return [
-            GPUReading(
-                node=node,
-                index=index,
-                utilization=entry.get(GPU_UTIL),
-                memory_used_gb=_gib(entry.get(FB_USED)),
-                backend=entry["backend"],
-                time=min(entry["times"]),  # the older of the two metrics' samples
-            )
+            _reading(node, index, entry, min(entry["times"]))  # the older metric's sample
             for (node, index), entry in sorted(found.items())
             if entry["times"] and (GPU_UTIL in entry or FB_USED in entry)
         ]

@@ -313,7 +313,10 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def prometheus(world, tmp_path_factory):
     if not os.access(PROMETHEUS, os.X_OK):
-        pytest.skip("prometheus is not installed (apt-get install prometheus)")
+        pytest.skip(
+            "/usr/bin/prometheus is missing: run scripts/install-system.sh "
+            "(apt-get install prometheus)"
+        )
     root = tmp_path_factory.mktemp("prometheus")
     targets = [
         {"targets": [f"127.0.0.1:{agent.port}"], "labels": {"node": f"{name}.cluster.internal"}}

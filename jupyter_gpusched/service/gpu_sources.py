@@ -34,8 +34,7 @@ from urllib.parse import urlencode, urlparse
 
 from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-from traitlets import Dict, Float, Unicode
-from traitlets.config import Configurable
+from traitlets import Dict, Float, HasTraits, Unicode
 
 from ..core.errors import ConfigError
 from .gpu_sampling import GPUReading, ReadingSource, SourceError
@@ -47,9 +46,10 @@ AGENT_MAX_BYTES = 1 << 20  # a node's metrics: a few kB per GPU (dcgm-exporter's
 PROMETHEUS_MAX_BYTES = 16 << 20  # one query's answer for a whole cluster's GPUs
 
 
-class GPUSourceSettings(Configurable):
-    """The settings of these sources, traits of ``GPUSchedService`` (which inherits them, so that
-    they are set as ``c.GPUSchedService.node_agents`` and the like)."""
+class GPUSourceSettings(HasTraits):
+    """The settings of these sources: traits of ``GPUSchedService``, which inherits them (set as
+    ``c.GPUSchedService.node_agents`` and the like; not a Configurable of its own, so that they
+    have one name only)."""
 
     node_agents = Dict(
         value_trait=Unicode(),

@@ -19,6 +19,10 @@ seconds.
   Each kernel's report to the reaper holds only that kernel's utilization, not the device's: both
   kernels share one GPU here, whose utilization is the busy kernel's. (The service decides per
   notebook server, whose GPUs are its own.)
+* Node agent (``gpu_check_agent.py``): ``jupyter-gpusched node-agent --backend nvml`` on a free
+  port, scraped at each step of the attribution half; its ``DCGM_FI_DEV_GPU_UTIL`` and
+  ``DCGM_FI_DEV_FB_USED`` of the GPU must match this script's own NVML reads (means within 15
+  points, memory within 256 MiB), with DCGM exporter's labels, and it must stop on SIGTERM.
 * Backend: the default backend (``auto``) must be NVML on this machine (no fallback to simulated
   GPUs), every sample and the monitor's snapshots must name the backend used, and each report is
   checked by the reaper's own rule (``untrusted_reason``) as a real cluster's service applies it
@@ -46,6 +50,9 @@ import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from gpu_check_agent import AgentCheck  # noqa: E402 (after the path)
 
 DEADLINE_S = 270  # the whole check, kernels' start and stop included; the .sh allows 290
 
@@ -171,7 +178,7 @@ def run(args) -> dict:
 
     kernels = {}
     rows: list[dict] = []
-    reaper = None
+    reaper = agent = None
     try:
         for name in ("busy", "idle"):
             kernels[name] = start_kernel(env)
@@ -185,6 +192,9 @@ def run(args) -> dict:
         wait_for_output(busy_client, "busy-ready", 120)
         result["kernels_ready_s"] = round(time.monotonic() - started, 1)
 
+        # the node agent on the same GPUs, compared with this script's reads (gpu_check_agent.py)
+        agent_env = dict(env, GPUSCHED_SIM_GPUS=str(args.gpu + 1)) if simulated else env
+        agent = AgentCheck(args.backend, args.gpu, agent_env, "gpu-check" if simulated else None)
         time.sleep(args.warmup)
         telemetry.sample()  # per-process utilization is "since the previous sample"
         reaper = ReaperCheck(args, kernels, telemetry.backend)
@@ -197,11 +207,13 @@ def run(args) -> dict:
             row = sample_kernels(samples, args.gpu, pids)
             if elapsed <= args.sample_seconds + args.interval / 2 and reaper.culled_at is None:
                 rows.append(row)  # the attribution half: both kernels still there
+                agent.step(samples)  # the busy kernel's load runs: the agent must see it
             reaper.step(samples, row, now)
             if reaper.done(now) and elapsed >= args.sample_seconds:
                 break
         result["samples"] = rows
     finally:
+        agent_exit = agent.stop() if agent is not None else None
         for name, (manager, client) in kernels.items():
             if reaper is not None and name in reaper.shut_down:
                 continue
@@ -216,10 +228,17 @@ def run(args) -> dict:
     result["summary"] = attribution["summary"]
     result["attribution"] = {"ok": attribution["ok"], "failures": attribution["failures"]}
     result["reaper"] = reaper.verdict()
-    result["ok"] = attribution["ok"] and result["reaper"]["ok"] and not backend_failures
+    result["node_agent"] = agent.verdict(agent_exit)
+    result["ok"] = (
+        attribution["ok"]
+        and result["reaper"]["ok"]
+        and result["node_agent"]["ok"]
+        and not backend_failures
+    )
     result["failures"] = (
         attribution["failures"]
         + [f"reaper: {f}" for f in result["reaper"]["failures"]]
+        + [f"node agent: {f}" for f in result["node_agent"]["failures"]]
         + [f"backend: {f}" for f in backend_failures]
     )
     result["elapsed_s"] = round(time.monotonic() - started, 1)

@@ -7,7 +7,9 @@
 # 0% to the idle one. Fed the same samples (through the notebook server's own GPU monitor), the
 # reaper's decision function, each kernel its own session, 20 s timeout and 10 s warning lead,
 # must warn and then cull the idle kernel only; the culled kernel is shut down and must leave the
-# GPU while the busy one keeps running. Prints what it saw as JSON on stdout (messages on stderr);
+# GPU while the busy one keeps running. `jupyter-gpusched node-agent --backend nvml`, started on a
+# free port, must serve the GPU's utilization and memory as NVML reads them directly
+# (DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, with DCGM exporter's labels) and stop on SIGTERM. Prints what it saw as JSON on stdout (messages on stderr);
 # exits 0 when the check passes, 1 otherwise (2: bad usage). Finishes in under 5 minutes.
 #
 #   benchmarks/gpu_check.sh [--gpu N] [--busy-seconds 90] [--sample-seconds 20]

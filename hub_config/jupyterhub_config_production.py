@@ -69,6 +69,10 @@ c.JupyterHub.services = [
             "--log-dir=/var/log/gpusched/jobs",
             # pre-emption notices reach notebook servers through the public address
             "--GPUSchedService.proxy_url=https://hub.example.org",  # CHANGE
+            # GPU samples of the nodes other than this one (docs/gpu.md): the site's Prometheus
+            # that scrapes their DCGM exporters, or `jupyter-gpusched node-agent` on each node
+            # "--GPUSchedService.gpu_metrics_url=http://prometheus.example.org:9090",
+            # "--GPUSchedService.node_agents=gpu1=http://10.0.0.11:9400/metrics",
         ],
         # The hub passes no environment on to services except what is listed here. The
         # database password comes from ~/.pgpass or PGPASSWORD (never in this file).

@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     from .service.reaper_cli import add_parser as add_reaper
 
     add_reaper(commands)
+    from .node_agent import add_parser as add_node_agent
+
+    add_node_agent(commands)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

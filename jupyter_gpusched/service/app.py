@@ -42,6 +42,7 @@ from . import handlers as user
 from .auth import HubAuthenticated, TokenFileAuth
 from .exit_stop import stop_everything
 from .gpu_sampling import GPUSampler, LocalSource, local_telemetries
+from .gpu_sources import GPUSourceSettings
 from .hubclient import HubClient
 from .launcher import Launcher, LocalLauncher
 from .live import LiveScheduler
@@ -91,7 +92,7 @@ ROUTES = [
 ]
 
 
-class GPUSchedService(Application):
+class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sources.py
     name = "jupyter-gpusched-serve"
     description = "The GPU scheduler service: queue, engine, launcher and REST API."
     # Configurables the service creates: listed so that --help-all shows them and config and

@@ -201,7 +201,12 @@ class GPUSampler:
                 self.failed[node] = f"source {source.name} failed: {why}"
             return
         self.errors.pop(source.name, None)
+        # a source of several endpoints (node agents) may have failed for some nodes only
+        failures = getattr(source, "failures", None) or {}
         for node in nodes:
+            if node in failures:
+                self.failed[node] = f"source {source.name} failed: {failures[node]}"
+                continue
             self.failed.pop(node, None)
             self.read_by[node] = source.name
         for reading in readings:

@@ -1,13 +1,14 @@
 """Real node agents and a real Prometheus on this machine, for the tests of the service's GPU
 sources (tests/test_node_agent.py) and of the reaper acting on them (tests/test_reaper_sources.py).
 
-    with running_agents(root, CLUSTER, ["gpu1", "gpu2"]) as (agents, env):
+    with running_agents(root, ["gpu1", "gpu2"], gpus=2) as (agents, env):
         ...   # agents["gpu1"].url; loads in env[STATE_DIR_ENV] show in their metrics
         with running_prometheus(root, agents, ports=range(9480, 9490)) as url:
             ...   # url: Prometheus scraping every agent each second, all targets up
 
 Each agent is ``jupyter-gpusched node-agent --backend simulated`` in a child process, on a free
-port of 127.0.0.1, for one node of one cluster file; all read one load folder (``root/loads``).
+port of 127.0.0.1, for one node of one cluster file (``root/cluster.yaml``: the nodes, each with
+``gpus`` H100 of 80 GB); all read one load folder (``root/loads``).
 Prometheus is Debian's ``/usr/bin/prometheus`` (the test is skipped with the way to install it
 where it is missing).
 """
@@ -29,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from jupyter_gpusched.gpu.simulated import STATE_DIR_ENV, make_load_dir
@@ -105,12 +107,22 @@ class Agent:
 
 
 @contextlib.contextmanager
-def running_agents(root: Path, cluster_text: str, nodes):
+def running_agents(root: Path, nodes: list[str], gpus: int):
     """``(agents, env)``: an :class:`Agent` per node (a dict by node name) of the cluster file
-    ``cluster_text`` (written to ``root/cluster.yaml``), all stopped on the way out; ``env``:
-    their environment, whose ``STATE_DIR_ENV`` is the load folder ``root/loads`` they read."""
+    ``root/cluster.yaml`` (``nodes``, each with ``gpus`` H100 of 80 GB), all stopped on the way
+    out; ``env``: their environment, whose ``STATE_DIR_ENV`` is the load folder ``root/loads``
+    they read."""
     cluster = root / "cluster.yaml"
-    cluster.write_text(cluster_text)
+    cluster.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": [
+                    {"name": n, "gpus": gpus, "gpu_model": "h100", "gpu_memory_gb": 80}
+                    for n in nodes
+                ]
+            }
+        )
+    )
     env = dict(os.environ, **{STATE_DIR_ENV: str(make_load_dir(root / "loads"))})
     env.pop("GPUSCHED_GPU_BACKEND", None)  # --backend says it
     agents: dict[str, Agent] = {}

@@ -35,19 +35,11 @@ from jupyter_gpusched.service.gpu_sources import (
     parse_metrics,
 )
 
-CLUSTER = """\
-nodes:
-  - name: gpu[1-3]
-    gpus: 2
-    gpu_model: h100
-    gpu_memory_gb: 80
-"""
-
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("agents")
-    with running_agents(root, CLUSTER, ["gpu1", "gpu2", "gpu3"]) as (agents, env):
+    with running_agents(root, ["gpu1", "gpu2", "gpu3"], gpus=2) as (agents, env):
         # a kernel's load: 70% and 3 GiB on gpu1's GPU 1, for as long as the child lives
         loader = subprocess.Popen(
             [

@@ -7,23 +7,18 @@ load folder), a GPU loaded by a child process with ``simulate_load``, and Debian
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
-import shutil
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from node_agents import agent_command, running_agents, running_prometheus, wait_for
+from service_helpers import wait_until
 from tornado import web
 from traitlets.config import Config
 
@@ -40,128 +35,31 @@ from jupyter_gpusched.service.gpu_sources import (
     parse_metrics,
 )
 
-CLUSTER = """\
-nodes:
-  - name: gpu[1-3]
-    gpus: 2
-    gpu_model: h100
-    gpu_memory_gb: 80
-"""
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-SERVING = re.compile(r"serving http://127\.0\.0\.1:(\d+)/metrics")
-
-
-def wait_for(predicate, timeout=20.0, what=""):
-    """``predicate()``'s first truthy value, polled until the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
-
-
-async def wait_async(predicate, timeout=20.0, what=""):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-def agent_command(*options) -> list[str]:
-    return [sys.executable, "-m", "jupyter_gpusched", "node-agent", *options]
-
-
-class Agent:
-    """One node agent in a child process; ``url`` once it listens."""
-
-    def __init__(self, node: str, env: dict, cluster: Path):
-        self.node = node
-        self.lines: list[str] = []
-        self.process = subprocess.Popen(
-            agent_command(
-                *f"--node {node} --bind 127.0.0.1:0 --backend simulated --interval 0.2".split(),
-                *("--cluster", str(cluster)),
-            ),
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-        found = wait_for(self._port, what=f"{node}'s agent to listen ({self.lines})")
-        self.port = int(found)
-        self.url = f"http://127.0.0.1:{self.port}/metrics"
-
-    def _read(self):
-        for line in self.process.stderr:
-            self.lines.append(line)
-
-    def _port(self):
-        for line in self.lines:
-            match = SERVING.search(line)
-            if match:
-                return match.group(1)
-        assert self.process.poll() is None, "".join(self.lines)
-        return None
-
-    def metrics(self) -> dict:
-        """{(metric, gpu): (value, labels)} of a scrape, and the info series under "info"."""
-        with urllib.request.urlopen(self.url, timeout=5) as response:
-            assert response.headers["Content-Type"].startswith("text/plain")
-            text = response.read().decode()
-        found = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                key = "info" if family.name == "gpusched_node_agent_info" else None
-                found[key or (family.name, sample.labels["gpu"])] = (sample.value, sample.labels)
-        return found
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=15)
-
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("agents")
-    cluster = root / "cluster.yaml"
-    cluster.write_text(CLUSTER)
-    env = dict(os.environ, GPUSCHED_SIM_GPU_DIR=str(root / "loads"))
-    env.pop("GPUSCHED_GPU_BACKEND", None)
-    (root / "loads").mkdir()
-    # a kernel's load: 70% and 3 GiB on gpu1's GPU 1, for as long as the child lives
-    loader = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys\nfrom jupyter_gpusched.gpu import simulate_load\n"
-            "simulate_load(util=70, memory_gb=3, seconds=None, gpus=[1], node='gpu1')\n"
-            "print('loaded', flush=True)\nsys.stdin.read()",
-        ],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    agents = {}
-    try:
-        assert loader.stdout.readline().strip() == "loaded"
-        for node in ("gpu1", "gpu2", "gpu3"):
-            agents[node] = Agent(node, env, cluster)
-        yield {"root": root, "cluster": cluster, "agents": agents, "env": env}
-    finally:
-        for agent in agents.values():
-            agent.stop()
-        loader.stdin.close()
-        loader.wait(timeout=15)
+    with running_agents(root, ["gpu1", "gpu2", "gpu3"], gpus=2) as (agents, env):
+        # a kernel's load: 70% and 3 GiB on gpu1's GPU 1, for as long as the child lives
+        loader = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys\nfrom jupyter_gpusched.gpu import simulate_load\n"
+                "simulate_load(util=70, memory_gb=3, seconds=None, gpus=[1], node='gpu1')\n"
+                "print('loaded', flush=True)\nsys.stdin.read()",
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert loader.stdout.readline().strip() == "loaded"
+            yield {"root": root, "cluster": root / "cluster.yaml", "agents": agents, "env": env}
+        finally:
+            loader.stdin.close()
+            loader.wait(timeout=15)
 
 
 def test_metrics_carry_dcgm_names_labels_and_the_load(world):
@@ -299,64 +197,11 @@ def test_auto_without_nvml_exits_2_naming_the_library_and_setting(world):
     assert "Traceback" not in result.stderr
 
 
-def free_port() -> int:
-    for port in range(9490, 9500):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    pytest.skip("no free port in 9490-9499 for prometheus")
-
-
 @pytest.fixture(scope="module")
 def prometheus(world, tmp_path_factory):
-    if not os.access(PROMETHEUS, os.X_OK):
-        pytest.skip(
-            "/usr/bin/prometheus is missing: run scripts/install-system.sh "
-            "(apt-get install prometheus)"
-        )
     root = tmp_path_factory.mktemp("prometheus")
-    targets = [
-        {"targets": [f"127.0.0.1:{agent.port}"], "labels": {"node": f"{name}.cluster.internal"}}
-        for name, agent in world["agents"].items()
-    ]
-    config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-        "scrape_configs": [{"job_name": "gpusched-node-agents", "static_configs": targets}],
-    }
-    (root / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
-    port = free_port()
-    log = open(root / "prometheus.log", "w")  # noqa: SIM115 (closed below)
-    process = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={root / 'prometheus.yml'}",
-            f"--storage.tsdb.path={root / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def all_up():
-        assert process.poll() is None, (root / "prometheus.log").read_text()
-        try:
-            with urllib.request.urlopen(f"{url}/api/v1/targets", timeout=2) as response:
-                active = json.load(response)["data"]["activeTargets"]
-        except OSError:
-            return False
-        return len(active) == 3 and all(t["health"] == "up" for t in active)
-
-    try:
-        wait_for(all_up, timeout=60, what="prometheus's targets up")
+    with running_prometheus(root, world["agents"], ports=range(9490, 9500)) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
 
 
 async def test_prometheus_source_reads_both_nodes(world, prometheus):
@@ -368,7 +213,7 @@ async def test_prometheus_source_reads_both_nodes(world, prometheus):
         hit = by_key.get(("gpu1", 1))
         return by_key if hit and hit.utilization == 70 else None
 
-    by_key = await wait_async(loaded, what="gpu1's load in prometheus")
+    by_key = await wait_until(loaded, what="gpu1's load in prometheus")
     assert set(by_key) == {("gpu1", 0), ("gpu1", 1), ("gpu2", 0), ("gpu2", 1)}  # not gpu3
     reading = by_key[("gpu1", 1)]
     assert reading.memory_used_gb == 3 and reading.backend == "simulated"
@@ -417,7 +262,7 @@ async def test_stopped_agent_fails_alone_and_goes_stale(world, prometheus):
         fresh = [r for r in readings if r.node == "gpu1" and r.time > stopped]
         return (all(r.time <= stopped for r in gpu3), fresh) if len(fresh) == 2 else None
 
-    stale, _ = await wait_async(gpu3_stale, what="gpu1 fresh in prometheus")
+    stale, _ = await wait_until(gpu3_stale, what="gpu1 fresh in prometheus")
     assert stale
 
 

@@ -231,7 +231,7 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
         hub, {"kind": "preemption", "message": "A tier-1 job needs your GPUs", "deadline": None}
     )
     # the extension asks for notices every 10 s: wait longer than expect's 5 s default
-    sync_api.expect(_toast(page, "Idle GPUs: Your GPUs have been idle")).to_be_visible(
+    sync_api.expect(_toast(page, "Idle server: Your GPUs have been idle")).to_be_visible(
         timeout=TIMEOUT_MS
     )
     sync_api.expect(_toast(page, "Pre-emption: A tier-1 job needs your GPUs")).to_be_visible(
@@ -254,17 +254,17 @@ def test_every_warning_shows_once_per_server_start(lab_hub, browser):
     lab = f"{hub.url}/user/{USER}/lab"
     page.goto(lab)
     first = _post_notice(hub, {"kind": "idle", "message": "first warning", "deadline": None})
-    sync_api.expect(_toast(page, "Idle GPUs: first warning")).to_be_visible(
+    sync_api.expect(_toast(page, "Idle server: first warning")).to_be_visible(
         timeout=TIMEOUT_MS  # the extension asks every 10 s
     )
 
     page.reload()  # the same server start: the first warning was shown, the second is new
     _post_notice(hub, {"kind": "idle", "message": "second warning", "deadline": None})
-    sync_api.expect(_toast(page, "Idle GPUs: second warning")).to_be_visible(
+    sync_api.expect(_toast(page, "Idle server: second warning")).to_be_visible(
         timeout=TIMEOUT_MS  # the extension asks every 10 s
     )
     # one check of the notices showed the second: the first was in it and stayed hidden
-    assert _toast(page, "Idle GPUs: first warning").count() == 0
+    assert _toast(page, "Idle server: first warning").count() == 0
 
     stop_every_server(hub)  # as the reaper's cull does; then the user starts again
     wait_free(hub, 4, timeout=15)
@@ -272,7 +272,7 @@ def test_every_warning_shows_once_per_server_start(lab_hub, browser):
     page.goto(lab)
     third = _post_notice(hub, {"kind": "idle", "message": "third warning", "deadline": None})
     assert third["id"] == first["id"] == 1  # numbered from 1 again: the id alone cannot tell
-    sync_api.expect(_toast(page, "Idle GPUs: third warning")).to_be_visible(
+    sync_api.expect(_toast(page, "Idle server: third warning")).to_be_visible(
         timeout=TIMEOUT_MS  # the extension asks every 10 s
     )
     assert third["start"] != first["start"]

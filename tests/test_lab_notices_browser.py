@@ -54,7 +54,7 @@ def test_a_long_warning_is_shown_whole(lab_hub, browser):  # noqa: F811
     deadline = time.time() + 600
     _post_notice(hub, {"kind": "idle", "message": WARNING, "deadline": deadline})
 
-    toast = _toast(page, "Idle GPUs:")
+    toast = _toast(page, "Idle server:")
     sync_api.expect(toast).to_be_visible(timeout=TIMEOUT_MS)
     text = toast.inner_text()
     assert not text.rstrip().endswith("\u2026"), text  # not cut by JupyterLab

@@ -373,11 +373,14 @@ class Reaper:
                 f"This server's GPU use cannot be measured ({session.unmonitored_reason}), and "
                 "this hub counts unmeasured time as idle"
             )
+        elif session.gpus == 0:  # a CPU-only server: the hub's activity, as idle-culler
+            idle = f"This server has had no activity since {_clock(action.idle_since)}"
         else:
             idle = f"This server's GPUs have been idle since {_clock(action.idle_since)}"
+        use = "it is used" if session.gpus == 0 else "its GPUs are used"
         message = (
-            f"{idle}. It will be stopped {stop_phrase(action.deadline, now)} unless its GPUs "
-            "are used; save your work."
+            f"{idle}. It will be stopped {stop_phrase(action.deadline, now)} unless {use}; "
+            "save your work."
         )
         data = self._evidence(session, action, settings, now)
         notice = {"kind": "idle", "deadline": action.deadline}
@@ -415,7 +418,8 @@ class Reaper:
     def _cull(self, session: Session, action: Cull, settings: dict, now: float) -> None:
         job = self.live.engine.jobs[session.job_id]
         if action.reason in ("idle", "unmonitored"):
-            why = f"GPUs idle for {describe_duration(now - action.idle_since)} (timeout "
+            idle = "no activity" if session.gpus == 0 else "GPUs idle"
+            why = f"{idle} for {describe_duration(now - action.idle_since)} (timeout "
             why += f"{describe_duration(action.timeout)})"
             if action.reason == "unmonitored":
                 why += ", as far as measured: unmeasured time counts as idle (unmonitored: cull)"

@@ -46,7 +46,10 @@ function title(kind: string): string {
     return 'Pre-emption';
   }
   if (kind === 'idle') {
-    return 'Idle GPUs';
+    return 'Idle server';
+  }
+  if (kind === 'unmonitored') {
+    return 'GPU use not measured';
   }
   return `GPU scheduler (${kind})`;
 }

@@ -64,7 +64,7 @@ def test_warned_first_then_culled_and_told_why(demo, people):
     assert response.status_code == 200, response.text
 
     # the warning comes first: a toast that is not cut off, the whole text one click away
-    toast = alice.locator(".Toastify__toast").filter(has_text="Idle GPUs:")
+    toast = alice.locator(".Toastify__toast").filter(has_text="Idle server:")
     expect(toast.first).to_be_visible(timeout=TIMEOUT_MS)
     summary = toast.first.inner_text()
     assert "will be stopped at" in summary and not summary.rstrip().endswith("\u2026"), summary

@@ -85,6 +85,9 @@ CLUSTER = f"nodes:\n  - {{name: {NODE}, gpus: 4, gpu_model: H100}}\n"
 QUEUES = "queues:\n  bench: {guaranteed: 4, limit: 4}\n"  # names nobody: open to all
 CPU_PROFILE = {"display_name": "CPU only", "slug": "cpu", "gpus": 0}
 HELD_MEMORY_GB = 20
+# api/reaper's session fields kept in the result; the times as seconds after the scenario began
+REAPER_TIMES = ("idle_since", "last_report", "warned", "stop_at")
+REAPER_FIELDS = (*REAPER_TIMES, "timeout", "gpus", "exempt", "last_sample", "ignored_reason")
 
 BUSY_CELL = """\
 import time
@@ -250,6 +253,7 @@ class Scenario:
         self.stopped = self.kernel_culled = self.warned = None
         self.memory_after_kernel: float | None = None
         self.note: str | None = None
+        self.reaper_view: dict | None = None  # api/reaper's session at the end, if still running
 
     def since(self, when: float) -> float:
         return round(when - self.began, 1)
@@ -269,6 +273,8 @@ class Scenario:
         }
         if self.note:
             row["note"] = self.note
+        if self.reaper_view and self.tool == "gpusched":
+            row["reaper_session_at_end"] = self.reaper_view
         return row
 
 
@@ -425,7 +431,7 @@ class Observer(threading.Thread):
             if self.set_up.is_set():
                 end = max((s.began for s in watched), default=now) + args.observe
                 if now > end or all(s.stopped is not None for s in watched):
-                    return
+                    break
             warnings = hub.service("GET", "api/events?kind=reaper-warning", admin).json()
             for s in watched:
                 if s.warned is None:
@@ -447,6 +453,16 @@ class Observer(threading.Thread):
                     _, memory = gpu_memory(self.runner.state_dir, cluster_file, s.gpus)
                     s.memory_after_kernel = round(memory, 1)
             time.sleep(max(0.0, args.poll - (time.monotonic() - began)))
+        # why the reaper left a server running: its view of each session (without samples)
+        sessions = hub.service("GET", "api/reaper", admin).json()["sessions"]
+        for s in self.scenarios:
+            for session in sessions:
+                if s.stopped is None and s.job_id and session.get("job_id") == s.job_id:
+                    s.reaper_view = {
+                        k: s.since(v) if k in REAPER_TIMES and v else v
+                        for k, v in session.items()
+                        if k in REAPER_FIELDS
+                    }
 
 
 def _alive(process: psutil.Process) -> bool:

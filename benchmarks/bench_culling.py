@@ -556,6 +556,10 @@ def main() -> int:
         stopping.set()
         raise KeyboardInterrupt(f"signal {signum}")
 
+    # also where SIGINT came ignored (a shell's background job): Ctrl-C stops the run, and the
+    # hub and its services inherit the default action, not the ignoring (jupyterhub stops its
+    # services with SIGINT; one ignoring it outlives the hub)
+    signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
     refusal = cpu_profile_refusal()
     began = time.monotonic()

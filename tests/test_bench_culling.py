@@ -1,6 +1,6 @@
-"""benchmarks/bench_culling.py's pure parts: each tool's hub gets the settings the benchmark
-promises (read back through the project's own policy loader and a traitlets config), and only
-stopping GPU work counts as wrong."""
+"""The pure parts of benchmarks/bench_culling.py (benchmarks/culling_scenarios.py): each tool's
+hub gets the settings the benchmark promises (read back through the project's own policy loader
+and a traitlets config), and only stopping GPU work counts as wrong."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from traitlets.config import Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import bench_culling as bc
+import culling_scenarios as bc
 
 from jupyter_gpusched.files import load_policy, read_yaml
 from jupyter_gpusched.service.reaper_policy import validate

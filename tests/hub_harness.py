@@ -249,6 +249,7 @@ def _stop(hub: Hub) -> list[str]:
     for process in list(watched.values()):  # jobs of the service: own sessions, same tree
         for child in _descendants(process.pid):
             watched.setdefault(child.pid, child)
+    left = []
     if hub.process.poll() is None:
         hub.process.send_signal(signal.SIGTERM)
         try:
@@ -256,9 +257,9 @@ def _stop(hub: Hub) -> list[str]:
         except subprocess.TimeoutExpired:
             hub.process.kill()
             hub.process.wait()
-            return [f"jupyterhub (pid {hub.process.pid}) ignored SIGTERM"]
+            left.append(f"jupyterhub (pid {hub.process.pid}) ignored SIGTERM")
+    # also after a hub that had to be killed: what it could not stop is killed here
     _, alive = psutil.wait_procs(list(watched.values()), timeout=STOP_TIMEOUT)
-    left = []
     for process in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             left.append(f"pid {process.pid}: {' '.join(process.cmdline())[:200]}")

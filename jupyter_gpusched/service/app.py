@@ -46,6 +46,7 @@ from . import admin_handlers as admin
 from . import handlers as user
 from .auth import HubAuthenticated, TokenFileAuth
 from .exit_stop import stop_everything
+from .hub_activity import HubActivity
 from .hubclient import HubClient
 from .launcher import Launcher, LocalLauncher
 from .live import LiveScheduler
@@ -224,6 +225,11 @@ class GPUSchedService(Application):
         help="""Names of GPU processes that are the machine's, not a user's, and never reported
         or killed as rogue (a display server, DCGM, the MPS daemon ...).""",
     ).tag(config=True)
+    hub_activity_interval = Float(
+        60.0,
+        help="""Seconds between reads of the hub's last_activity of the users' servers, by which
+        the reaper judges servers without GPUs (service/hub_activity.py).""",
+    ).tag(config=True)
     rogue_kill_grace = Float(
         10.0,
         help="With rogue_processes=kill: seconds between SIGTERM and SIGKILL of a rogue process.",
@@ -323,6 +329,8 @@ class GPUSchedService(Application):
         )
         self.metrics.live = live
         live.hub = HubClient.from_environment(self.proxy_url)
+        if live.hub is not None:
+            live.hub_activity = HubActivity(live, self.hub_activity_interval)
         if hasattr(live.launcher, "node_states"):  # a Slurm launcher: follow Slurm's nodes
             from ..slurm_inventory import SlurmNodeSync
 

@@ -54,7 +54,7 @@ _JOB_ALWAYS = {
     "kind": {"type": "string", "enum": ["batch", "notebook"]},
     "queue": STRING,
     "tier": {"type": "integer", "enum": [1, 2, 3]},
-    "gpus": {"type": "integer", "minimum": 1},
+    "gpus": {"type": "integer", "minimum": 0},
     "gpu_fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "gpus_per_node": nullable("integer"),
     "gpu_models": nullable(NAMES),

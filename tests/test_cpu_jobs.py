@@ -171,3 +171,24 @@ def test_a_cpu_only_job_leaves_a_reserved_gang_the_cpus_it_needs():
     for running in ("x", "y"):
         scheduler.job_ended(running, 3600)
     assert names(scheduler, started(scheduler.schedule(3600))["gang"]) == [c.nodes[reserved].name]
+
+
+def test_a_trace_row_with_0_gpus_replays_as_a_cpu_only_job(tmp_path):
+    from helpers import run_replay
+
+    from jupyter_gpusched.sim.trace import read_trace
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "job_id,submit_time,duration,gpus,cpus,memory_gb\n"
+        "gpu,0,100,8,4,\n"
+        "cpu,0,50,0,12,8\n"
+        "late,10,50,0,,64\n"
+    )
+    jobs = read_trace(trace)
+    assert [(j.id, j.gpus) for j in jobs] == [("gpu", 8), ("cpu", 0), ("late", 0)]
+    c = cluster(("n1", 8, "leaf", {"cpus": 16, "memory_gb": 64}))
+    _, rows = run_replay(jobs, c)
+    assert {r["state"] for r in rows.values()} == {"completed"}
+    # the GPU job and the first CPU job fit together; the second waits for the memory
+    assert float(rows["cpu"]["start_time"]) == 0 and float(rows["late"]["start_time"]) == 50

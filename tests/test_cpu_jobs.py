@@ -1,6 +1,8 @@
 """Jobs without GPUs (``gpus: 0``): placed by CPUs and memory, bounded by the queues' CPU and
 memory limits, never pre-empting or pre-empted, and never in a GPU job's way (core/resources.py)."""
 
+import math
+
 import pytest
 from helpers import cluster, job, names, preempted, queues, started
 
@@ -192,3 +194,22 @@ def test_a_trace_row_with_0_gpus_replays_as_a_cpu_only_job(tmp_path):
     assert {r["state"] for r in rows.values()} == {"completed"}
     # the GPU job and the first CPU job fit together; the second waits for the memory
     assert float(rows["cpu"]["start_time"]) == 0 and float(rows["late"]["start_time"]) == 50
+
+
+def test_an_edited_queue_file_changes_the_cpu_limit_at_run_time():
+    c = cluster(("n1", 8, "leaf", {"cpus": 64}))
+    scheduler = Scheduler(c, cpu_limited(c))
+    scheduler.submit(job("a1", 0, cpus=8, queue="lab/a"), 0)
+    scheduler.submit(job("a2", 0, cpus=2, queue="lab/a", t=1), 1)
+    assert set(started(scheduler.schedule(1))) == {"a1"}
+    edited = queues(
+        {
+            "lab": {"cpus": {"limit": 12}, "children": {"a": {"cpus": {"limit": 10}}, "b": {}}},
+            "other": {},
+        },
+        c,
+    )
+    scheduler.update_quotas(edited, 2)
+    assert scheduler.tree.get("lab/a").cpu_limit == 10
+    assert scheduler.tree.get("other").memory_limit == math.inf
+    assert set(started(scheduler.schedule(2))) == {"a2"}

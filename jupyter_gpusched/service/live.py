@@ -599,5 +599,6 @@ def describe(placement, cluster) -> str:
     for part in placement.parts:
         gpus = ",".join(str(i) for i in range(part.mask.bit_length()) if part.mask >> i & 1)
         share = f" ({part.fraction:g} of it)" if part.fraction < 1 else ""
-        parts.append(f"{cluster.nodes[part.node].name} GPU {gpus}{share}")
+        what = f"GPU {gpus}{share}" if gpus else "no GPU"  # (a CPU-only job)
+        parts.append(f"{cluster.nodes[part.node].name} {what}")
     return "; ".join(parts)

@@ -260,7 +260,8 @@ def render_options_form(
     default = selected or next((p["slug"] for p in profiles if p["default"]), profiles[0]["slug"])
     if default not in {p["slug"] for p in profiles}:
         default = profiles[0]["slug"]
-    rows = ['<div class="gpusched-profiles">', "<p>GPUs for your server:</p>"]
+    what = "GPUs" if all(p["gpus"] for p in profiles) else "GPUs or CPUs"  # a CPU-only profile
+    rows = ['<div class="gpusched-profiles">', f"<p>{what} for your server:</p>"]
     for profile in profiles:
         slug = html.escape(profile["slug"])
         checked = " checked" if profile["slug"] == default else ""

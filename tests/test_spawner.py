@@ -158,6 +158,7 @@ def test_a_cpu_only_profile_says_so_in_the_form_and_asks_for_its_cpus_and_memory
     profiles = [{"display_name": "CPU only", "slug": "cpu", "gpus": 0, "cpus": 2, "memory_gb": 4}]
     form = render_options_form(normalize_profiles(profiles))
     assert "CPU only (no GPU), 2 CPUs, 4 GB memory, tier 2" in form and "0 GPUs" not in form
+    assert "GPUs or CPUs for your server" in form
     spawner = GPUSchedSpawner(user=FakeUser(), profiles=profiles)
     spawner.choose_profile({"profile": "cpu"})
     body = spawner.job_request()

@@ -133,9 +133,28 @@ def cpu_only_reason(job: Job, blocked_by_reservation: str | None) -> Reason:
     return Reason("capacity", "cpus-busy", f"needs {wants} on one node; no node has them free")
 
 
-def place_cpu_only_or_reason(state, job: Job, exclude, reservation, jobs: dict):
+def place_cpu_only_or_reason(state, job: Job, exclude, reservation, jobs: dict, failed: dict):
     """A placement for a 0-GPU job, or the Reason it waits. ``reservation``: the reservation
-    it must not delay (None when it is ahead of it, or ends before its start)."""
+    it must not delay (None when it is ahead of it, or ends before its start). ``failed``: the
+    pass's reasons by request shape (what did not fit once does not fit later in the pass:
+    starts only take CPUs and memory), so a queue of equal CPU-only servers costs one scan."""
+    shape = (
+        "cpu-only",
+        job.cpus,
+        job.memory_gb,
+        tuple(sorted(job.labels.items())),
+        exclude,
+        None if reservation is None else (reservation.job_id, reservation.nodes),
+    )
+    if shape in failed:
+        return failed[shape]
+    reason = _place_or_reason(state, job, exclude, reservation, jobs)
+    if isinstance(reason, Reason):
+        failed[shape] = reason
+    return reason
+
+
+def _place_or_reason(state, job: Job, exclude, reservation, jobs: dict):
     reserved = None
     if reservation is not None:
         holder = jobs[reservation.job_id]

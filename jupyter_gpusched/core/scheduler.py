@@ -361,7 +361,9 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             if reservation is not None and may_backfill(reservation, self._walltime(job), now):
                 reservation = None
             exclude = self._maintenance_excluded(job, now)
-            return place_cpu_only_or_reason(self.state, job, exclude, reservation, self.jobs)
+            return place_cpu_only_or_reason(
+                self.state, job, exclude, reservation, self.jobs, pass_.reasons
+            )
         free = self._free_for(job)
         if free < job.amount - 1e-9:
             return Reason("capacity", "gpus-busy", f"needs {gpus_text(job.amount)}; {free:g} free")

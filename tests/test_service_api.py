@@ -492,6 +492,30 @@ async def test_raising_a_queue_limit_lets_a_blocked_job_start(service_factory):
     assert (await alice.get("api/quotas"))[1] == (await admin.get("api/quotas"))[1]
 
 
+async def test_a_queue_cpu_limit_set_at_run_time_holds_cpu_only_jobs(service_factory):
+    service = await service_factory()
+    alice, admin = service.client("alice"), service.client("admin")
+    limited = copy.deepcopy(QUEUES)
+    limited["queues"]["small"]["cpus"] = {"limit": 3}
+    status, quotas = await admin.put("api/quotas", limited)
+    assert status == 200, quotas
+    small = {q["path"]: q for q in quotas["queues"]}["small"]
+    assert (small["cpu_limit"], small["cpus_running"], small["memory_limit"]) == (3, 0, None)
+    body = {"gpus": 0, "cpus": 2, "queue": "small", "command": SLEEP}
+    first, second = await submit(alice, body), await submit(alice, body)
+    assert first["state"] == "running" and second["state"] == "pending"
+    assert second["reason"]["detail"] == "queue-cpu-limit", second["reason"]
+    assert "queue small is at its limit of 3 CPUs (2 in use" in second["reason"]["message"]
+    status, error = await alice.post("api/jobs", {**body, "cpus": 4})
+    assert (status, error["field"]) == (400, "cpus"), error
+    _, quotas = await admin.get("api/quotas")
+    assert {q["path"]: q for q in quotas["queues"]}["small"]["cpus_running"] == 2
+    status, error = await admin.put(
+        "api/quotas", {**limited, "queues": {**limited["queues"], "small": {"cpus": 3}}}
+    )
+    assert (status, error["field"]) == (400, "cpus"), error
+
+
 @pytest.mark.parametrize(
     ("edit", "field"),
     [

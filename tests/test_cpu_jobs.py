@@ -213,3 +213,44 @@ def test_an_edited_queue_file_changes_the_cpu_limit_at_run_time():
     assert scheduler.tree.get("lab/a").cpu_limit == 10
     assert scheduler.tree.get("other").memory_limit == math.inf
     assert set(started(scheduler.schedule(2))) == {"a2"}
+
+
+def test_cpus_claimed_by_a_pre_empting_job_count_against_the_queue_cpu_limit():
+    c = cluster(("n1", 8, "leaf", {"cpus": 64}))
+    tree = queues({"lab": {"guaranteed": 8, "cpus": {"limit": 8}}}, c)
+    grace = PolicySettings(
+        tiers={1: TierSettings(0, 0), 2: TierSettings(0, 0), 3: TierSettings(30, 0)}
+    )
+    scheduler = Scheduler(c, tree, grace)
+    scheduler.submit(job("victim", 8, tier=3, queue="lab"), 0)
+    scheduler.schedule(0)
+    scheduler.submit(job("gpus", 8, cpus=6, queue="lab", t=10), 10)
+    assert [d.job_id for d in preempted(scheduler.schedule(10))] == ["victim"]
+    # while the victim finishes, the pre-empting job's 6 CPUs are promised: 4 more would pass 8
+    scheduler.submit(job("cpu", 0, cpus=4, queue="lab", t=11), 11)
+    assert started(scheduler.schedule(11)) == {}
+    assert scheduler.jobs["cpu"].reason.detail == "queue-cpu-limit"
+    scheduler.job_ended("victim", 40, "preempted")
+    assert set(started(scheduler.schedule(40))) == {"gpus"}
+    assert scheduler.tree.get("lab").cpus_running == 6
+
+
+def test_a_job_over_its_cpu_limit_does_not_reclaim_gpus_for_its_gpu_limit():
+    c = cluster(("n1", 8, "leaf", {"cpus": 64}))
+    tree = queues(
+        {
+            "dept": {
+                "guaranteed": 8,
+                "limit": 8,
+                "children": {"a": {"guaranteed": 6, "cpus": {"limit": 4}}, "b": {"guaranteed": 2}},
+            }
+        },
+        c,
+    )
+    scheduler = Scheduler(c, tree, quick_preemption())
+    scheduler.submit(job("borrowed", 8, queue="dept/b"), 0)  # b borrows all of dept's 8
+    scheduler.submit(job("cpus", 0, cpus=4, queue="dept/a"), 0)  # a's 4 CPUs in use
+    scheduler.schedule(0)
+    scheduler.submit(job("needs", 2, cpus=2, queue="dept/a", t=700), 700)
+    assert preempted(scheduler.schedule(700)) == []
+    assert scheduler.jobs["needs"].reason.detail == "queue-cpu-limit"

@@ -595,18 +595,24 @@ class Harness:
             assert used <= queue.limit + EPS, (
                 f"queue {queue.label()} runs {used:g} GPUs over its limit {queue.limit:g}"
             )
-            for name, limit, counted in (
-                ("cpus", "cpu_limit", "cpus_running"),
-                ("memory_gb", "memory_limit", "memory_running"),
+            for name, limit, counted, promised in (
+                ("cpus", "cpu_limit", "cpus_running", "cpus_claimed"),
+                ("memory_gb", "memory_limit", "memory_running", "memory_claimed"),
             ):
                 asked = sum(getattr(j, name) or 0.0 for j in members if j.state == JobState.RUNNING)
                 assert math.isclose(getattr(queue, counted, 0.0), asked, abs_tol=EPS), (
                     f"queue {queue.label()}: {counted} says {getattr(queue, counted, 0.0):g}, "
                     f"jobs ask for {asked:g}"
                 )
-                if policy.quotas:
-                    assert asked <= getattr(queue, limit, math.inf) + EPS, (
-                        f"queue {queue.label()} runs {asked:g} {name} over its limit"
+                held = sum(getattr(j, name) or 0.0 for j in members if j.id in claims)
+                assert math.isclose(getattr(queue, promised, 0.0), held, abs_tol=EPS), (
+                    f"queue {queue.label()}: {promised} says {getattr(queue, promised, 0.0):g}, "
+                    f"claims ask for {held:g}"
+                )
+                if policy.quotas:  # running and promised to claims, within the limit
+                    assert asked + held <= getattr(queue, limit, math.inf) + EPS, (
+                        f"queue {queue.label()} runs {asked:g} {name} (+{held:g} claimed) over "
+                        "its limit"
                     )
             claimed = sum(_amount(j) for j in members if j.id in claims)
             assert math.isclose(queue.claimed, claimed, abs_tol=EPS), (

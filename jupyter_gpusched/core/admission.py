@@ -178,6 +178,11 @@ def policy_block(
             ),
             None,
         )
+    # CPU and memory limits first: no pre-emption relieves them (reclaiming is for GPUs), so a
+    # job over one must not pre-empt for a GPU limit and then start over its CPU limit
+    block = resource_block(job, queue)
+    if block is not None:
+        return block, None
     for node in queue.chain():
         if node.running + node.claimed + job.amount > node.limit + 1e-9:
             return (
@@ -189,8 +194,7 @@ def policy_block(
                 ),
                 node,
             )
-    block = resource_block(job, queue)  # no pre-emption relieves it: that is for GPUs
-    return None if block is None else (block, None)
+    return None
 
 
 def under_guarantee(job: Job, queue: Queue) -> bool:

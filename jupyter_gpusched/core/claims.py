@@ -178,6 +178,7 @@ class PreemptionSteps:
 
     def _account_claim(self, job: Job, sign: int) -> None:
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
-        self.tree.claim(queue, sign * job.amount)
+        cpus, memory = sign * (job.cpus or 0.0), sign * (job.memory_gb or 0.0)
+        self.tree.claim(queue, sign * job.amount, cpus, memory)
         if job.tier == 1:
             queue.tier1_running += sign * job.amount

@@ -57,6 +57,8 @@ class Queue:
     memory_limit: float = math.inf  # GB of memory of running jobs in the subtree, at most
     cpus_running: float = 0.0
     memory_running: float = 0.0
+    cpus_claimed: float = 0.0  # ... of jobs waiting for their pre-emption victims to leave
+    memory_claimed: float = 0.0
     # decayed usage in GPU-seconds at ``usage_time``, and the GPUs running since then
     usage: float = 0.0
     usage_time: float = 0.0
@@ -216,9 +218,11 @@ class QueueTree:
             for node in queue.chain():
                 node.usage += max(0.0, used)
 
-    def claim(self, queue: Queue, gpus: float) -> None:
+    def claim(self, queue: Queue, gpus: float, cpus: float = 0.0, memory_gb: float = 0.0) -> None:
         for node in queue.chain():
             node.claimed += gpus
+            node.cpus_claimed += cpus
+            node.memory_claimed += memory_gb
 
     @classmethod
     def from_dict(cls, data, cluster_gpus: int, source: str = "queue file") -> QueueTree:

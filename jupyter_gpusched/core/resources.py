@@ -78,7 +78,11 @@ def resource_block(job: Job, queue) -> Reason | None:
     for node in queue.chain():
         for key, (limit_name, unit) in QUEUE_RESOURCES.items():
             limit = getattr(node, limit_name)
-            used = node.cpus_running if key == "cpus" else node.memory_running
+            # what runs, and what jobs waiting for their pre-emption victims will take
+            if key == "cpus":
+                used = node.cpus_running + node.cpus_claimed
+            else:
+                used = node.memory_running + node.memory_claimed
             if asks[key] and used + asks[key] > limit + 1e-9:
                 detail = "queue-cpu-limit" if key == "cpus" else "queue-memory-limit"
                 return Reason(

@@ -238,7 +238,24 @@ c.GPUSchedSpawner.profiles = [
         "idle_timeout": "30m",
         "max_lifetime": "12h",
     },
+    {
+        # No GPU: the scheduler places it by its CPUs and memory (queues may limit those), and
+        # the reaper stops it after idle_timeout without activity the hub recorded (requests
+        # through the proxy, kernel activity), as jupyterhub-idle-culler would.
+        "display_name": "CPU only (no GPU)",
+        "slug": "cpu-only",
+        "description": "Two CPUs and 4 GB for notebooks that need no GPU",
+        "tier": 2,
+        "gpus": 0,
+        "cpus": 2,
+        "memory_gb": 4,
+        "idle_timeout": "30m",
+        "max_lifetime": "8h",
+    },
 ]
+# The hub reads each server's last activity from the proxy every minute (JupyterHub's default
+# is 5 min): the reaper judges CPU-only servers by it (service/hub_activity.py).
+c.JupyterHub.last_activity_interval = 60
 # Queued starts wait at most this long; then the request leaves the queue with a message.
 # JupyterHub's own start timeout is raised to this plus Spawner.start_timeout for each start.
 c.GPUSchedSpawner.max_queue_wait = 30 * 60
@@ -290,10 +307,12 @@ c.JupyterHub.load_roles = [
     {
         # The service stops pre-empted notebook servers through the hub API (servers), posts the
         # pre-emption notice to the server first (access:servers: single-user servers accept its
-        # token) and finds the server's URL (read:users).
+        # token), finds the server's URL (read:users), and reads the servers' last_activity for
+        # reaping CPU-only servers (list:users; read:users:activity and read:servers are in
+        # read:users and servers), as jupyterhub-idle-culler does.
         "name": "gpusched-service",
         "description": "The GPU scheduler service: pre-empts notebook servers",
-        "scopes": ["servers", "access:servers", "read:users"],
+        "scopes": ["servers", "access:servers", "read:users", "list:users"],
         "services": [SERVICE],
     },
 ]

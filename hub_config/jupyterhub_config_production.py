@@ -151,7 +151,7 @@ c.JupyterHub.load_roles = [
     {
         "name": "gpusched-service",
         "description": "The GPU scheduler service: pre-empts notebook servers",
-        "scopes": ["servers", "access:servers", "read:users"],
+        "scopes": ["servers", "access:servers", "read:users", "list:users"],
         "services": [SERVICE],
     },
 ]

@@ -395,9 +395,7 @@ class Job:
             out["reason"] = reason.get("message") or reason.get("detail") or ""
             out["eta"] = _clock(reason.get("eta"))
         if d.get("allocation"):
-            out["where"] = ", ".join(
-                f"{part['node']}:{','.join(map(str, part['gpus']))}" for part in d["allocation"]
-            )
+            out["where"] = ", ".join(_where(part) for part in d["allocation"])
         if d.get("state") == "running":
             out["utilization"] = utilization_text(d.get("utilization"))
         if d.get("state") in FINISHED and d.get("exit_code") is not None:
@@ -455,10 +453,18 @@ def _new_text(previous: str, text: str) -> str:
     return text[index + len(anchor) :] if index >= 0 else text
 
 
+def _where(part: dict) -> str:
+    """``gpu1:0,1``; a part without GPUs (a CPU-only job) is its node alone."""
+    gpus = ",".join(map(str, part["gpus"]))
+    return f"{part['node']}:{gpus}" if gpus else part["node"]
+
+
 def _gpus_text(d: dict) -> str:
     gpus, fraction = d.get("gpus"), d.get("gpu_fraction") or 1.0
     if gpus is None:
         return ""
+    if gpus == 0:  # a CPU-only job: the displays say "no GPU", not "0 GPU"
+        return "no"
     text = f"{fraction:g}" if fraction < 1 else f"{gpus:g}"
     if d.get("gpu_models"):
         text += "x " + "|".join(d["gpu_models"])

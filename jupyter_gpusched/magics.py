@@ -1,6 +1,7 @@
 """IPython magics: ``%load_ext jupyter_gpusched``, then
 
 ``%%gpujob --gpus 2 --tier 2 [--queue Q] [--gpu-model M] [--walltime 2h] [--name N] [--wait]``
+    (``--gpus 0 --cpus 4 [--memory-gb 16]``: a CPU-only job)
     Runs the cell's code as a batch job. The cell text is written to
     ``.gpusched/cell-<time>-<id>.py`` under the kernel's working directory (your home, with a
     warning, when the job could not enter that) and run there by ``$GPUSCHED_PYTHON`` (the
@@ -9,7 +10,8 @@
     Captured: the cell's text and the working directory (and so the files in it). Not captured:
     the kernel's variables, imports and earlier cells, IPython syntax (``%magics``, ``!shell``),
     and the kernel's environment variables (the job gets the scheduler's minimal environment).
-    A bad option (``--gpus 0``, an unknown one, a tier the service refuses) is a one-line
+    A bad option (``--gpus -1``, ``--gpus 0`` without CPUs or memory, an unknown one, a tier the
+    service refuses) is a one-line
     ``UsageError`` naming it; any other service error raises
     :class:`~jupyter_gpusched.client.GPUSchedError`.
     Prints the job id and returns the :class:`~jupyter_gpusched.client.Job`; ``--wait`` prints
@@ -40,6 +42,8 @@ OPTIONS = {
     "gpu_model": "--gpu-model",
     "walltime": "--walltime",
     "name": "--name",
+    "cpus": "--cpus",
+    "memory_gb": "--memory-gb",
 }
 
 
@@ -64,6 +68,8 @@ class GPUSchedMagics(Magics):
     @argument("--queue", default=None, help="queue path, e.g. research/vision")
     @argument("--gpu-model", dest="gpu_model", default=None, help="e.g. H100 or 'A100|H100'")
     @argument("--walltime", default=None, help="the longest it runs: 30m, 2h, 1d or seconds")
+    @argument("--cpus", type=float, default=None, help="CPUs for the job (needed with --gpus 0)")
+    @argument("--memory-gb", dest="memory_gb", type=float, default=None, help="memory in GB")
     @argument("--name", default=None, help="a label (default: gpujob)")
     @argument("--wait", action="store_true", help="print the output as it comes, until the end")
     @cell_magic
@@ -71,7 +77,7 @@ class GPUSchedMagics(Magics):
         """Run this cell as a batch job on the GPU scheduler (see the module's docstring)."""
         args = parse_argstring(self.gpujob, line)
         fields = {"gpus": args.gpus, "name": args.name or "gpujob"}
-        for key in ("tier", "queue", "gpu_model", "walltime"):
+        for key in ("tier", "queue", "gpu_model", "walltime", "cpus", "memory_gb"):
             if getattr(args, key) is not None:
                 fields[key] = getattr(args, key)
         written = []

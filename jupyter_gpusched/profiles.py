@@ -22,7 +22,10 @@ PROFILE_KEYS = {
     "slug": "the profile's id in user_options ({'profile': slug}); default: from display_name",
     "description": "a sentence under the name",
     "tier": "1 (never pre-empted), 2 (default) or 3 (opportunistic: pre-emptible)",
-    "gpus": "how many GPUs (whole number >= 1)",
+    "gpus": "how many GPUs (whole number >= 0; 0: a CPU-only server, with cpus or memory_gb)",
+    "cpus": "CPUs the server's job asks the scheduler for (number > 0; needed with gpus 0 unless "
+    "memory_gb is given)",
+    "memory_gb": "memory in GB the server's job asks the scheduler for (number > 0)",
     "gpu_models": "GPU models to choose from (empty: any); users pick one or any of them",
     "groups": "hub groups whose members may use it (empty: everyone)",
     "queue": "the scheduler queue it always uses, e.g. research/vision (default: the user's "
@@ -71,6 +74,15 @@ def _strings(profile: dict, key: str, where: str) -> list[str]:
     return [v.strip() for v in value]
 
 
+def _amount(profile: dict, key: str, where: str) -> float | None:
+    value = profile.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise TraitError(f"{where}: {key} must be a number > 0, got {value!r}")
+    return float(value)
+
+
 def normalize_profiles(profiles) -> list[dict]:
     """Check ``c.GPUSchedSpawner.profiles`` and fill in defaults; TraitError names the profile
     and the key that is wrong."""
@@ -97,8 +109,16 @@ def normalize_profiles(profiles) -> list[dict]:
             raise TraitError(f"{where}: slug {slug!r} is used twice")
         slugs.add(slug)
         gpus, tier = raw.get("gpus", 1), raw.get("tier", 2)
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-            raise TraitError(f"{where}: gpus must be a whole number >= 1, got {gpus!r}")
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+            raise TraitError(f"{where}: gpus must be a whole number >= 0, got {gpus!r}")
+        cpus, memory = _amount(raw, "cpus", where), _amount(raw, "memory_gb", where)
+        if gpus == 0 and cpus is None and memory is None:
+            raise TraitError(
+                f"{where}: a profile with gpus 0 needs cpus or memory_gb (the scheduler places "
+                "a CPU-only server by them)"
+            )
+        if gpus == 0 and raw.get("gpu_models"):
+            raise TraitError(f"{where}: gpu_models needs gpus >= 1")
         if tier not in TIERS or isinstance(tier, bool):
             raise TraitError(f"{where}: tier must be 1, 2 or 3, got {tier!r}")
         queue = raw.get("queue")
@@ -117,6 +137,8 @@ def normalize_profiles(profiles) -> list[dict]:
                 "description": description,
                 "tier": tier,
                 "gpus": gpus,
+                "cpus": cpus,
+                "memory_gb": memory,
                 "gpu_models": _strings(raw, "gpu_models", where),
                 "groups": _strings(raw, "groups", where),
                 "queue": queue,
@@ -239,12 +261,15 @@ def render_options_form(
     default = selected or next((p["slug"] for p in profiles if p["default"]), profiles[0]["slug"])
     if default not in {p["slug"] for p in profiles}:
         default = profiles[0]["slug"]
-    rows = ['<div class="gpusched-profiles">', "<p>GPUs for your server:</p>"]
+    what = "GPUs" if all(p["gpus"] for p in profiles) else "GPUs or CPUs"  # a CPU-only profile
+    rows = ['<div class="gpusched-profiles">', f"<p>{what} for your server:</p>"]
     for profile in profiles:
         slug = html.escape(profile["slug"])
         checked = " checked" if profile["slug"] == default else ""
         facts = [
-            gpus_text(profile["gpus"]),
+            gpus_text(profile["gpus"]) if profile["gpus"] else "CPU only (no GPU)",
+            *([f"{profile['cpus']:g} CPUs"] if profile.get("cpus") else []),
+            *([f"{profile['memory_gb']:g} GB memory"] if profile.get("memory_gb") else []),
             f"tier {profile['tier']}" + (" (pre-emptible)" if profile["tier"] == 3 else ""),
         ]
         if profile["idle_timeout"]:

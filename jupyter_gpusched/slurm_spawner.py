@@ -37,7 +37,7 @@ from jupyterhub.utils import random_port
 from traitlets import Dict, Float, Unicode
 
 from .profiles import GPUSchedSpawnError, describe_duration
-from .service.slurm import HOPELESS_REASONS
+from .service.slurm import HOPELESS_REASONS, gres
 from .slurm_commands import (
     SlurmCommandError,
     SlurmOptions,
@@ -201,7 +201,7 @@ class GPUSchedSlurmSpawner(GPUSchedSpawner, SlurmOptions):
             f"--nodelist={node}",
             "--nodes=1",
             "--ntasks=1",
-            f"--gres=gpu:{gpus}",
+            *gres(gpus),  # none for a CPU-only profile
         ]
         if self.partition:
             args.append(f"--partition={self.partition}")

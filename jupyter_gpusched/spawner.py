@@ -286,10 +286,13 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
             self.allocation = job.get("allocation") or []
             self.placed_at = time.time()
             where = "; ".join(
-                f"{part['node']} GPU {','.join(map(str, part['gpus']))}" for part in self.allocation
+                f"{part['node']} GPU {','.join(map(str, part['gpus']))}"
+                if part["gpus"]
+                else f"{part['node']}, no GPU"
+                for part in self.allocation
             )
             self._report(
-                f"GPUs allocated ({where}); starting your server",
+                f"{'GPUs' if self.job_gpus else 'CPUs'} allocated ({where}); starting your server",
                 60,
                 job_id=job_id,
                 state="running",
@@ -340,6 +343,8 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         if self.allocation:
             first = self.allocation[0]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in first["gpus"])
+            if not first["gpus"]:  # a CPU-only server: no GPU in NVIDIA's container runtime either
+                env["NVIDIA_VISIBLE_DEVICES"] = "void"
             env["GPUSCHED_NODE"] = first["node"]
         env["GPUSCHED_JOB_ID"] = self.job_id
         env["GPUSCHED_TIER"] = f"{self.job_tier:g}"

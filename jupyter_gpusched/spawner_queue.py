@@ -162,6 +162,9 @@ class SchedulerClient:
         }
         if self._gpu_models:
             body["gpu_model"] = self._gpu_models
+        for key in ("cpus", "memory_gb"):  # what the scheduler places a CPU-only server by
+            if profile.get(key) is not None:
+                body[key] = profile[key]
         if self._queue:  # the profile's queue or the user's choice (profiles.select_queue)
             body["queue"] = self._queue
         if profile["max_lifetime"]:

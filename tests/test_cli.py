@@ -66,7 +66,8 @@ def test_replay_is_deterministic(tmp_path):
     ("row", "field"),
     [
         ("j2,10,100,two,2", "gpus"),
-        ("j2,10,100,0,2", "gpus"),
+        ("j2,10,100,-1,2", "gpus"),
+        ("j2,10,100,0,2", "cpus"),  # a CPU-only row needs cpus or memory_gb
         ("j2,ten,100,1,2", "submit_time"),
         ("j2,10,100,1,5", "tier"),
         ("j1,10,100,1,2", "job_id"),

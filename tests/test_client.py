@@ -130,7 +130,8 @@ def test_cancel_a_pending_job_and_queue_views(service, workdir):
 def test_service_errors_keep_message_and_field(service, workdir):
     alice = service.client()
     cases = [
-        ({"command": "true", "gpus": 0}, "gpus", "'gpus' must be a whole number"),
+        ({"command": "true", "gpus": -1}, "gpus", "'gpus' must be a whole number"),
+        ({"command": "true", "gpus": 0}, "cpus", "must ask for 'cpus' or 'memory_gb'"),
         ({"command": "true", "tier": 7}, "tier", "1 (never pre-empted"),
         ({"command": "true", "walltime": "soon"}, "walltime", ""),
         ({"command": "true", "queue": "private"}, "queue", "private"),
@@ -256,6 +257,15 @@ def test_gpujob_runs_the_cell_in_the_working_directory(shell, workdir, capsys):
     assert "no pending or running jobs" in capsys.readouterr().out
 
 
+def test_gpujob_runs_a_cpu_only_cell_without_gpus(shell, workdir, capsys):
+    cell = 'import os\nprint("cvd:", repr(os.environ["CUDA_VISIBLE_DEVICES"]))\n'
+    job = run(shell, "%%gpujob --gpus 0 --cpus 2 --memory-gb 1 --wait\n" + cell)
+    assert "cvd: ''" in capsys.readouterr().out
+    assert job.state == "completed" and (job.data["gpus"], job.data["cpus"]) == (0, 2)
+    run(shell, "%gpusched jobs")
+    assert re.search(rf"{job.id}  completed +no GPU  tier 2", capsys.readouterr().out)
+
+
 def test_gpujob_without_wait_and_status(shell, service, capsys):
     alice = service.client()
     fill_h100(alice)
@@ -277,7 +287,8 @@ def test_gpujob_bad_options_are_one_line_usage_errors(shell, workdir, capsys):
     from IPython.core.error import UsageError
 
     cases = [
-        ("--gpus 0", "%%gpujob --gpus: 'gpus' must be a whole number from 1"),  # the service's
+        ("--gpus -1", "%%gpujob --gpus: 'gpus' must be a whole number from 0"),  # the service's
+        ("--gpus 0", "%%gpujob --cpus: a job with 'gpus' 0 must ask for 'cpus' or 'memory_gb'"),
         ("--tier 9", "%%gpujob --tier: 1 (never pre-empted"),
         ("--walltime soon", "%%gpujob --walltime: "),
         ("--gpus two", "argument --gpus: invalid int value: 'two'"),  # IPython's parser

@@ -102,6 +102,10 @@ def queue_trees(draw, total: int, contended: bool = False) -> dict | None:
         spec: dict = {"guaranteed": guaranteed}
         if draw(st.integers(0, 4 if contended else 1)) == 1:
             spec["limit"] = guaranteed + draw(st.sampled_from([total, 0, 1, total // 2, total]))
+        if draw(st.integers(0, 3)) == 0:  # CPU and memory limits bound GPU and CPU-only jobs
+            spec["cpus"] = {"limit": draw(st.sampled_from([8, 24, 64]))}
+        if draw(st.integers(0, 5)) == 0:
+            spec["memory_gb"] = {"limit": draw(st.sampled_from([64, 400]))}
         return spec
 
     def share(available: int, even: int) -> int:
@@ -169,7 +173,7 @@ def submit_ops(draw, sizes: list[int], n_leaves: int, models: list, cpus: bool, 
                contended: bool = False):  # fmt: skip
     """A job; ``sizes`` are the GPU counts of the nodes (shapes mostly fit the cluster)."""
     total = sum(sizes)
-    gpus = min(total, draw(st.sampled_from([1, 1, 2, 3, 4, 8, max(1, total // 2), total])))
+    gpus = min(total, draw(st.sampled_from([1, 1, 2, 3, 4, 8, max(1, total // 2), total, 0])))
     shapes = [
         d
         for d in range(1, gpus + 1)
@@ -178,6 +182,8 @@ def submit_ops(draw, sizes: list[int], n_leaves: int, models: list, cpus: bool, 
     gpn = draw(st.sampled_from([None, None, *shapes]))
     # a share of one GPU (fractions on a GPU sum to at most 1)
     fraction = draw(st.sampled_from([1.0, 1.0, 1.0, 0.5, 0.25, 0.3, 0.75])) if gpus == 1 else 1.0
+    if gpus == 0:  # CPU-only: CPUs or memory, no GPU shape or model (core/resources.py)
+        gpn = None
     op = {
         "op": "submit",
         "gpus": gpus,
@@ -192,6 +198,10 @@ def submit_ops(draw, sizes: list[int], n_leaves: int, models: list, cpus: bool, 
         "models": draw(st.sampled_from([None, None, None, *([m] for m in models)])),
         "gpu_fraction": fraction,
     }
+    if gpus == 0:
+        op["models"] = None
+        if not (op["cpus"] or op["memory_gb"]):
+            op["cpus"] = draw(st.integers(1, 16))
     return op
 
 
@@ -423,6 +433,7 @@ class Harness:
             assert not _fractional(victim) and not _fractional(by), (
                 f"{d}: fractional jobs neither pre-empt nor are pre-empted"
             )
+            assert victim.gpus and by.gpus, f"{d}: a CPU-only job pre-empted or was pre-empted"
             ran = self.now - self.started.get(victim.id, (victim.start_time,))[0]
             minimum = tiers[victim.tier].minimum_run_time
             assert ran >= minimum - EPS, f"{d}: victim ran {ran}s < minimum run time {minimum}s"
@@ -495,7 +506,8 @@ class Harness:
                 i, node = part.node, cluster.nodes[part.node]
                 # (a claim may hold CPUs/memory alone: an empty mask)
                 assert not part.mask & ~node.all_mask, (holder, part)
-                assert part.mask or holder not in sched.running, (holder, part)
+                # (a CPU-only job holds no GPU either)
+                assert part.mask or holder not in sched.running or not jobs[owner].gpus, part
                 fraction = getattr(part, "fraction", 1.0)
                 if fraction < 1.0:
                     assert part.mask.bit_count() == 1, f"{holder!r}: a share of {part.mask:b}"
@@ -583,6 +595,25 @@ class Harness:
             assert used <= queue.limit + EPS, (
                 f"queue {queue.label()} runs {used:g} GPUs over its limit {queue.limit:g}"
             )
+            for name, limit, counted, promised in (
+                ("cpus", "cpu_limit", "cpus_running", "cpus_claimed"),
+                ("memory_gb", "memory_limit", "memory_running", "memory_claimed"),
+            ):
+                asked = sum(getattr(j, name) or 0.0 for j in members if j.state == JobState.RUNNING)
+                assert math.isclose(getattr(queue, counted, 0.0), asked, abs_tol=EPS), (
+                    f"queue {queue.label()}: {counted} says {getattr(queue, counted, 0.0):g}, "
+                    f"jobs ask for {asked:g}"
+                )
+                held = sum(getattr(j, name) or 0.0 for j in members if j.id in claims)
+                assert math.isclose(getattr(queue, promised, 0.0), held, abs_tol=EPS), (
+                    f"queue {queue.label()}: {promised} says {getattr(queue, promised, 0.0):g}, "
+                    f"claims ask for {held:g}"
+                )
+                if policy.quotas:  # running and promised to claims, within the limit
+                    assert asked + held <= getattr(queue, limit, math.inf) + EPS, (
+                        f"queue {queue.label()} runs {asked:g} {name} (+{held:g} claimed) over "
+                        "its limit"
+                    )
             claimed = sum(_amount(j) for j in members if j.id in claims)
             assert math.isclose(queue.claimed, claimed, abs_tol=EPS), (
                 f"queue {queue.label()}: claimed says {queue.claimed:g}, claims hold {claimed:g}"

@@ -9,8 +9,9 @@ she sees no reaper settings (not an admin); a reaper warning and a pre-emption n
 her server appear as notifications, and after her server restarts (its notices numbered from 1
 again) the next warning appears too. Then admin (role gpusched-admin: the scheduler's admin) opens
 the panel of his server, sees the reaper's timeouts, changes one (the service then reports it)
-and gets the service's error for a bad one. Screenshots go to ``test-output/lab-browser/`` for a
-person to look at.
+and gets the service's error for a bad one. A CPU-only server (the demo's gpus: 0 profile) says
+"CPU only" in the status bar and "no GPU" in the panel. Screenshots go to
+``test-output/lab-browser/`` for a person to look at.
 
 Skips when /usr/bin/chromium or Playwright is missing, or the extension was not built
 (``make labextension``; ``make test`` does all three).
@@ -277,6 +278,40 @@ def test_every_warning_shows_once_per_server_start(lab_hub, browser):
     )
     assert third["start"] != first["start"]
     _shot(page, "7-warning-after-a-server-restart")
+    page.close()
+    stop_every_server(hub)
+    wait_free(hub, 4, timeout=15)
+
+
+def test_a_cpu_only_server_says_cpu_only_not_0_gpus(lab_hub, browser):
+    """A server of the demo's gpus: 0 profile: the status bar says "CPU only" and its row in
+    the panel "no GPU", never "0x GPU" or "0 GPUs", and no GPU utilization."""
+    hub = lab_hub.hub
+    _no_news(lab_hub.state_dir, USER)
+    start_server(hub, USER, "cpu-only")
+    status = requests.get(
+        f"{hub.url}/user/{USER}/gpusched/api/status",
+        headers={"Authorization": f"token {hub.token(USER)}"},
+        timeout=20,
+    ).json()
+    assert status["gpus"] == 0 and status["job"]["state"] == "running", status
+    page = _log_in(browser, hub, USER)
+    page.goto(f"{hub.url}/user/{USER}/lab")
+    item = page.locator(".jp-gpusched-status")
+    sync_api.expect(item).to_have_text(re.compile(r"^CPU only( · |$)"), timeout=TIMEOUT_MS)
+    sync_api.expect(item).not_to_contain_text("GPU")
+    item.click()
+    panel = page.locator("#jp-gpusched-panel")
+    row = panel.locator(f'.jp-gpusched-job[data-job-id="{status["job_id"]}"]')
+    node = status["job"]["allocation"][0]["node"]
+    sync_api.expect(row).to_contain_text(f"no GPU · {node}")
+    sync_api.expect(row).not_to_contain_text("0 GPU")
+    sync_api.expect(row).not_to_contain_text(f"{node}:")
+    assert row.locator(".jp-gpusched-util").count() == 0
+    mine = panel.locator(".jp-gpusched-mine")
+    sync_api.expect(mine).to_contain_text("CPU only")
+    sync_api.expect(mine).not_to_contain_text("idle GPUs")
+    _shot(page, "8-cpu-only-server")
     page.close()
     stop_every_server(hub)
     wait_free(hub, 4, timeout=15)

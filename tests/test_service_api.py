@@ -90,6 +90,21 @@ async def test_a_job_runs_on_its_gpus_and_completes(service_factory):
     assert f"CVD={visible} JOB={job['id']}" in log
 
 
+async def test_a_cpu_only_job_runs_without_gpus_on_a_node_with_the_cpus(service_factory):
+    service = await service_factory()
+    alice = service.client("alice")
+    command = 'echo "CVD=[$CUDA_VISIBLE_DEVICES]"'
+    job = await submit(alice, {"gpus": 0, "cpus": 2, "memory_gb": 4, "command": command})
+    assert (job["state"], job["gpus"]) == ("running", 0), job
+    [part] = job["allocation"]
+    assert part["gpus"] == []
+    done = await wait_job(alice, job["id"], "completed")
+    assert done["exit_code"] == 0
+    assert "CVD=[]" in (await alice.get(f"api/jobs/{job['id']}/log"))[1]
+    _, cluster = await alice.get("api/cluster")
+    assert cluster["allocated_gpus"] == 0
+
+
 async def test_a_job_that_exits_3_fails_with_exit_code_3(service_factory):
     service = await service_factory()
     alice = service.client("alice")
@@ -128,7 +143,8 @@ BAD_REQUESTS = [
     ("an unknown field", {**JOB, "colour": "red"}, "colour"),
     ("user in the body", {**JOB, "user": "bob"}, "user"),
     ("no gpus", {"command": "true"}, "gpus"),
-    ("gpus 0", {**JOB, "gpus": 0}, "gpus"),
+    ("gpus 0 without cpus or memory", {**JOB, "gpus": 0}, "cpus"),
+    ("gpus 0 with a GPU model", {**JOB, "gpus": 0, "cpus": 1, "gpu_model": "H100"}, "gpu_model"),
     ("gpus -1", {**JOB, "gpus": -1}, "gpus"),
     ("gpus 1.5", {**JOB, "gpus": 1.5}, "gpus"),
     ("gpus '2'", {**JOB, "gpus": "2"}, "gpus"),
@@ -474,6 +490,30 @@ async def test_raising_a_queue_limit_lets_a_blocked_job_start(service_factory):
     assert {q["path"]: q["limit"] for q in quotas["queues"]}["small"] == 4
     await wait_job(alice, blocked["id"], "running")
     assert (await alice.get("api/quotas"))[1] == (await admin.get("api/quotas"))[1]
+
+
+async def test_a_queue_cpu_limit_set_at_run_time_holds_cpu_only_jobs(service_factory):
+    service = await service_factory()
+    alice, admin = service.client("alice"), service.client("admin")
+    limited = copy.deepcopy(QUEUES)
+    limited["queues"]["small"]["cpus"] = {"limit": 3}
+    status, quotas = await admin.put("api/quotas", limited)
+    assert status == 200, quotas
+    small = {q["path"]: q for q in quotas["queues"]}["small"]
+    assert (small["cpu_limit"], small["cpus_running"], small["memory_limit"]) == (3, 0, None)
+    body = {"gpus": 0, "cpus": 2, "queue": "small", "command": SLEEP}
+    first, second = await submit(alice, body), await submit(alice, body)
+    assert first["state"] == "running" and second["state"] == "pending"
+    assert second["reason"]["detail"] == "queue-cpu-limit", second["reason"]
+    assert "queue small is at its limit of 3 CPUs (2 in use" in second["reason"]["message"]
+    status, error = await alice.post("api/jobs", {**body, "cpus": 4})
+    assert (status, error["field"]) == (400, "cpus"), error
+    _, quotas = await admin.get("api/quotas")
+    assert {q["path"]: q for q in quotas["queues"]}["small"]["cpus_running"] == 2
+    status, error = await admin.put(
+        "api/quotas", {**limited, "queues": {**limited["queues"], "small": {"cpus": 3}}}
+    )
+    assert (status, error["field"]) == (400, "cpus"), error
 
 
 @pytest.mark.parametrize(

@@ -404,3 +404,28 @@ async def test_a_cancel_or_preemption_cut_short_by_a_crash_is_finished_after_res
         for handle in server.handles().values():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(handle["pgid"], signal.SIGKILL)
+
+
+async def test_a_cpu_only_job_keeps_no_gpu_after_a_restart(server):
+    """A running CPU-only job is restored on its node without any GPU: none of the node's GPUs
+    counts as taken or shared by it, so a share of a GPU still lands on a real GPU."""
+    await server.start()
+    alice = server.client("alice")
+    status, job = await alice.post("api/jobs", {"gpus": 0, "cpus": 2, "command": "sleep 60"})
+    assert status == 201 and job["state"] == "running", job
+    (part,) = job["allocation"]
+    assert part["gpus"] == []
+    server.kill()
+    await server.start()
+    restored = await wait_job(alice, job["id"], "running")
+    assert restored["allocation"] == job["allocation"]
+    assert restored["start_time"] == job["start_time"]
+    _, cluster = await alice.get("api/cluster")
+    assert cluster["allocated_gpus"] == 0
+    node = next(n for n in cluster["nodes"] if n["name"] == part["node"])
+    assert all(gpu["jobs"] == [] for gpu in node["gpu_list"]), node
+    status, share = await alice.post(
+        "api/jobs", {"gpus": 1, "gpu_fraction": 0.5, "command": "sleep 60"}
+    )
+    assert status == 201 and share["state"] == "running", share
+    assert len(share["allocation"][0]["gpus"]) == 1, share

@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import pwd
+import re
 import signal
 import sqlite3
 import subprocess
@@ -200,6 +201,26 @@ async def test_a_gang_runs_on_the_nodes_the_engine_chose(slurm_service, slurm):
         assert f"task on {node} sees 0,1 ({job['id']})" in log, log
         assert f"===== {node}: CUDA_VISIBLE_DEVICES=0,1" in log, log
         assert f"python on {node}" in log, log  # $GPUSCHED_PYTHON: SlurmLauncher.python
+
+
+async def test_a_cpu_only_job_runs_on_slurm_without_a_gpu(slurm_service, slurm):
+    service = await slurm_service()
+    before = set(slurm.jobs())
+    alice = service.client("alice")
+    command = 'echo "cpu task on $SLURMD_NODENAME sees [$CUDA_VISIBLE_DEVICES]"'
+    status, job = await alice.post("api/jobs", {"gpus": 0, "cpus": 1, "command": command})
+    assert status == 201, job
+    done = await wait_job(alice, job["id"], ("completed", "failed"), timeout=60)
+    assert done["state"] == "completed", done
+    _, events = await alice.get("api/events", params={"job_id": job["id"], "kind": "started"})
+    started = re.fullmatch(r"started on (n[12]) no GPU", events["events"][0]["message"])
+    assert started, events
+    node = started.group(1)
+    (ours,) = [j for j, (name, _, _) in slurm.jobs(since=before).items() if job["id"] in name]
+    record = slurm.job(ours)
+    assert record["JobState"] == "COMPLETED" and "gpu" not in record.get("TresPerNode", "")
+    log = (await alice.get(f"api/jobs/{job['id']}/log"))[1]
+    assert f"cpu task on {node} sees []" in log, log
 
 
 async def test_preemption_signals_checkpoints_requeues_and_resumes(slurm_service, tmp_path):

@@ -322,6 +322,8 @@ def test_the_job_script_and_sbatch_options():
         "--time=8:00:00",
     ):
         assert option in args, args
+    cpu_only = spawner.sbatch_args("n2", 0, "/home/carol/j.log", "/home/c")  # a gpus: 0 profile
+    assert "--nodelist=n2" in cpu_only and not any("gres" in a for a in cpu_only), cpu_only
     script = spawner.job_script({"JUPYTERHUB_API_TOKEN": "s3cr3t x", "PATH": "/usr/bin"}, ["a b"])
     assert "export JUPYTERHUB_API_TOKEN='s3cr3t x'" in script
     assert "CUDA_VISIBLE_DEVICES=" not in script.replace("=$CUDA_VISIBLE_DEVICES", "")

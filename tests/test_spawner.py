@@ -10,6 +10,7 @@ test profiles, a short queue poll and the test files below (``GPUSCHED_CLUSTER_F
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import html
 import json
@@ -80,7 +81,11 @@ def test_profiles_are_filled_in_and_filtered_by_group():
     [
         ([], "non-empty list"),
         ([{"gpus": 1}], "display_name is required"),
-        ([{"display_name": "a", "gpus": 0}], "gpus must be a whole number"),
+        ([{"display_name": "a", "gpus": -1}], "gpus must be a whole number >= 0"),
+        ([{"display_name": "a", "gpus": 0}], "a profile with gpus 0 needs cpus or memory_gb"),
+        ([{"display_name": "a", "gpus": 0, "cpus": 2, "gpu_models": ["H100"]}], "gpu_models"),
+        ([{"display_name": "a", "gpus": 0, "cpus": -2}], "cpus must be a number > 0"),
+        ([{"display_name": "a", "memory_gb": "4G"}], "memory_gb must be a number > 0"),
         ([{"display_name": "a", "tier": 4}], "tier must be 1, 2 or 3"),
         ([{"display_name": "a"}, {"display_name": "A"}], "used twice"),
         ([{"display_name": "a", "gpu": 2}], "unknown key(s) gpu"),
@@ -145,6 +150,20 @@ def test_the_options_form_lists_only_the_users_profiles():
     again = render_options_form(allowed_profiles(PROFILES, ["research"]), "opportunistic")
     assert 'value="opportunistic" checked' in again and 'value="gpu-4" checked' not in again
     assert "No GPU profile is available" in render_options_form([])
+
+
+def test_a_cpu_only_profile_says_so_in_the_form_and_asks_for_its_cpus_and_memory():
+    from jupyter_gpusched.spawner import GPUSchedSpawner
+
+    profiles = [{"display_name": "CPU only", "slug": "cpu", "gpus": 0, "cpus": 2, "memory_gb": 4}]
+    form = render_options_form(normalize_profiles(profiles))
+    assert "CPU only (no GPU), 2 CPUs, 4 GB memory, tier 2" in form and "0 GPUs" not in form
+    assert "GPUs or CPUs for your server" in form
+    spawner = GPUSchedSpawner(user=FakeUser(), profiles=profiles)
+    spawner.choose_profile({"profile": "cpu"})
+    body = spawner.job_request()
+    assert (body["gpus"], body["cpus"], body["memory_gb"]) == (0, 2, 4)
+    assert "gpu_model" not in body
 
 
 def test_options_from_form():
@@ -370,6 +389,7 @@ c.GPUSchedSpawner.profiles = [
 ]
 c.GPUSchedSpawner.queue_poll_interval = 0.3
 c.Spawner.http_timeout = 60
+c.JupyterHub.last_activity_interval = 1  # the servers' activity, read from the proxy
 """
 SERVER_TIMEOUT = 60.0
 RELEASE_TIMEOUT = 5.0  # a stopped server's GPUs are released at once
@@ -729,6 +749,67 @@ def test_more_gpus_asked_than_exist_the_last_waits_then_starts(hub):
     assert len(visible(env_c)) == 1 and visible(env_c) <= visible(env_a)
     assert not visible(env_c) & visible(env_b)
     assert env_c["GPUSCHED_JOB_ID"] != env_a["GPUSCHED_JOB_ID"]
+
+
+def test_a_cpu_only_profile_starts_through_the_scheduler_without_a_gpu(hub):
+    start_server(hub, "alice", "cpu-only")
+    env = server_env(hub, "alice")
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert env["GPUSCHED_GPUS"] == "0"
+    job = service_job(hub, "alice", env["GPUSCHED_JOB_ID"])
+    assert (job["state"], job["kind"], job["gpus"]) == ("running", "notebook", 0), job
+    assert (job["cpus"], job["memory_gb"]) == (2, 4)
+    assert [part["gpus"] for part in job["allocation"]] == [[]]
+    assert free_gpus(hub) == 4  # the GPU profiles still have every GPU
+    start_server(hub, "bob", "gpu-2")
+    assert len(visible(server_env(hub, "bob"))) == 2
+
+
+async def test_the_hubs_activity_of_a_cpu_only_server_moves_when_it_is_used(hub):
+    """HubActivity reads the hub's last_activity of each server, all pages, and maps it to the
+    server's job: a request through the proxy to the server moves it (the hub reads the proxy's
+    activity every second here). ``live`` holds the server's job as the service lists it."""
+    from types import SimpleNamespace
+
+    from jupyter_gpusched.core import Job
+    from jupyter_gpusched.service.hub_activity import HubActivity
+    from jupyter_gpusched.service.hubclient import HubClient
+    from jupyter_gpusched.service.records import Extra
+
+    start_server(hub, "alice", "cpu-only")
+    start_server(hub, "bob", "cpu-only", name="second")
+    jobs, extras = {}, {}
+    for user, name in (("alice", ""), ("bob", "second")):
+        job_id = server_env(hub, user, name)["GPUSCHED_JOB_ID"]
+        view = service_job(hub, user, job_id)
+        jobs[job_id] = Job(job_id, view["gpus"], 0.0, kind=view["kind"], user=view["user"])
+        extras[job_id] = Extra(0, server_name=view["server_name"])
+    scopes = ["list:users", "read:users:activity", "read:servers"]  # the service role's
+    client = HubClient(hub.api_url, hub.token("admin", scopes), hub.url)
+    live = SimpleNamespace(
+        clock=time.time, hub=client, engine=SimpleNamespace(jobs=jobs), extras=extras
+    )
+    activity = HubActivity(live, interval=0.0)
+    assert await client.server_activity(page_size=1) == await client.server_activity()
+    await activity.read()
+    bob_job = next(j for j in jobs if jobs[j].user == "bob")
+    before = activity.latest(bob_job)
+    assert before is not None and abs(before - time.time()) < 120
+
+    used = time.time()
+    response = requests.get(
+        hub.url + "/user/bob/second/api/status",
+        headers={"Authorization": f"token {hub.token('bob')}"},
+        timeout=10,
+    )
+    assert response.status_code == 200, response.text
+    deadline = time.monotonic() + 20
+    while (latest := activity.latest(bob_job)) <= before:
+        assert time.monotonic() < deadline, f"bob's last activity still {latest} (used {used})"
+        await asyncio.sleep(0.3)
+        await activity.read()
+    assert latest >= used - 1
+    assert "reading the servers' activity from the hub failed" not in hub.log_tail(2000)
 
 
 def test_a_tier1_start_preempts_a_tier3_notebook(hub):

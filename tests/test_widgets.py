@@ -188,3 +188,19 @@ def test_a_notebook_server_has_no_cancel_button_but_a_link_to_stop_it(service, m
     ended._render(ended.job)
     assert ended.cancel_button.layout.display == "none"
     ended.close()
+
+
+def test_a_cpu_only_job_shows_as_no_gpu(service):
+    from jupyter_gpusched.widgets import QueueWidget
+
+    alice = service.client("alice")
+    job = alice.submit(command="sleep 30", gpus=0, cpus=1, name="cpu work")
+    summary = job.summary()
+    assert job.state == "running" and summary["gpus"] == "no"
+    assert summary["where"] == job.data["allocation"][0]["node"]  # no "node:" without GPUs
+    widget = QueueWidget(alice, interval=60, autostart=False)
+    widget.refresh()
+    line = widget.rows[job.id]["html"].value
+    assert "no GPU · tier 2" in line and "0 GPU" not in line
+    widget.close()
+    alice.cancel(job.id)

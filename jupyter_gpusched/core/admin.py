@@ -116,7 +116,7 @@ class AdminSteps:
         if conflict is not None:
             raise ValueError(f"job {job.id}: {conflict}")
         self.jobs[job.id] = job
-        if self.state.fgd is not None:
+        if self.state.fgd is not None and job.gpus:
             self.state.fgd.workload.observe(job)
         self._start(job, placement, now, restored=True)
         return job

@@ -11,6 +11,7 @@ from .cluster import Cluster
 from .errors import ConfigError
 from .jobs import KINDS, TIERS, Job, Reason
 from .quotas import Queue, QueueTree
+from .resources import cpu_only_problem, resource_block, resource_rejection
 from .wording import gpus_text
 
 #: The smallest share of a GPU the engine places: shares are tracked to six decimals, so a much
@@ -25,8 +26,11 @@ def validate(job: Job) -> None:
     def fail(message, field):
         raise ConfigError(message, entry=f"job {job.id}", field=field)
 
-    if isinstance(job.gpus, bool) or not isinstance(job.gpus, int) or job.gpus < 1:
-        fail(f"'gpus' must be a whole number >= 1, got {job.gpus!r}", "gpus")
+    if isinstance(job.gpus, bool) or not isinstance(job.gpus, int) or job.gpus < 0:
+        fail(f"'gpus' must be a whole number >= 0, got {job.gpus!r}", "gpus")
+    problem = cpu_only_problem(job)  # gpus 0: CPUs or memory, and no GPU shape
+    if problem is not None:
+        fail(*problem)
     if not MIN_SHARE <= job.gpu_fraction <= 1 or (job.gpu_fraction < 1 and job.gpus != 1):
         fail(
             f"'gpu_fraction' must be from {MIN_SHARE} to 1, and below 1 only with gpus = 1; got "
@@ -121,6 +125,11 @@ def rejection(
                 f"each; the cluster has {fitting} that match",
                 "gpus_per_node",
             )
+    if job.gpus == 0 and not capacity.nodes_holding(job, 0, job.cpus or 0, job.memory_gb or 0):
+        return (
+            f"no node has {job.cpus or 0:g} CPUs and {job.memory_gb or 0:g} GB of memory for it",
+            "cpus" if job.cpus else "memory_gb",
+        )
     if job.cpus and job.cpus > cpus:
         return f"asks for {job.cpus:g} CPUs, more than the matching nodes have", "cpus"
     if job.memory_gb and job.memory_gb > memory:
@@ -148,7 +157,7 @@ def rejection(
             f"{gpus_text(queue.guaranteed)} and the job asks for {job.gpus}",
             "tier",
         )
-    return None
+    return resource_rejection(job, queue)
 
 
 def policy_block(
@@ -169,6 +178,11 @@ def policy_block(
             ),
             None,
         )
+    # CPU and memory limits first: no pre-emption relieves them (reclaiming is for GPUs), so a
+    # job over one must not pre-empt for a GPU limit and then start over its CPU limit
+    block = resource_block(job, queue)
+    if block is not None:
+        return block, None
     for node in queue.chain():
         if node.running + node.claimed + job.amount > node.limit + 1e-9:
             return (

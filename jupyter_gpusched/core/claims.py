@@ -53,8 +53,8 @@ class PreemptionSteps:
 
     def _preempt(self, job: Job, now: float, limit_node=None) -> bool | None:
         """Try to pre-empt for ``job``: None if there was nothing to try, else success."""
-        if job.tier == 3 or job.fractional:
-            return None  # fractional jobs neither pre-empt nor are pre-empted
+        if job.tier == 3 or job.fractional or not job.gpus:
+            return None  # fractional and CPU-only jobs neither pre-empt nor are pre-empted
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
         reclaim = self.policy.quotas and self._reclaims(job)
         pool_gpus = self._tier_gpus[3] + (self._tier_gpus[2] if reclaim else 0)
@@ -178,6 +178,7 @@ class PreemptionSteps:
 
     def _account_claim(self, job: Job, sign: int) -> None:
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
-        self.tree.claim(queue, sign * job.amount)
+        cpus, memory = sign * (job.cpus or 0.0), sign * (job.memory_gb or 0.0)
+        self.tree.claim(queue, sign * job.amount, cpus, memory)
         if job.tier == 1:
             queue.tier1_running += sign * job.amount

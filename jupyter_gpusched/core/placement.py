@@ -21,6 +21,7 @@ from bisect import bisect_left
 
 from .fragmentation import place_fractional
 from .jobs import Job
+from .resources import place_cpu_only
 from .state import ClusterState, Part, Placement
 
 #: FGD places whole-GPU jobs only while at least this share of the workload shares GPUs: without
@@ -64,6 +65,8 @@ def find_placement(
     ``one_leaf`` a multi-node job is placed under one leaf switch or not at all."""
     if job.fractional:
         return _fractional(state, job, exclude, topology)
+    if job.gpus == 0:  # CPU-only: one node with the CPUs and memory (see .resources)
+        return place_cpu_only(state, job, exclude)
     per_node = job.gpus_per_node or job.gpus
     if per_node <= state.cluster.max_node_gpus and (job.gpus_per_node or 0) in (0, job.gpus):
         return _single_node(state, job, exclude, topology)

@@ -70,6 +70,8 @@ def find_victims(
     def eligible(victim: Job) -> bool:
         if victim.tier == 1 or victim.preempted_by is not None or victim.fractional:
             return False
+        if not victim.gpus:
+            return False  # a CPU-only job frees no GPU
         if now - victim.start_time < minimum_run[victim.tier]:
             return False
         if victim.tier == 2 and not (reclaim and _other_queue(ctx.tree, victim, chain)):

@@ -2,7 +2,9 @@
 
 A queue's ``running`` counts the GPUs of running jobs in its whole subtree; ``claimed`` counts GPUs
 held for jobs that are waiting for their pre-emption victims to leave. Admission compares
-``running + claimed + request`` with ``limit`` at the queue and at every ancestor.
+``running + claimed + request`` with ``limit`` at the queue and at every ancestor. A queue may
+also limit the CPUs and memory its subtree's running jobs ask for (``cpus: {limit: N}``,
+``memory_gb: {limit: N}``; see :mod:`.resources`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,18 @@ from dataclasses import dataclass, field
 
 from .durations import parse_duration
 from .errors import ConfigError, line_of
+from .resources import QUEUE_RESOURCES
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-@]+$")
-_QUEUE_FIELDS = {"guaranteed", "limit", "weight", "children", "users", "groups"}
+_QUEUE_FIELDS = {
+    "guaranteed",
+    "limit",
+    "weight",
+    "children",
+    "users",
+    "groups",
+    *QUEUE_RESOURCES,
+}
 ROOT = "root"
 
 
@@ -42,6 +53,12 @@ class Queue:
     claimed: float = 0.0
     leaving: float = 0.0  # GPUs of signalled pre-emption victims, still running until killed
     tier1_running: float = 0.0  # tier-1 GPUs running or claimed in this queue itself
+    cpu_limit: float = math.inf  # CPUs of running jobs in the subtree, at most
+    memory_limit: float = math.inf  # GB of memory of running jobs in the subtree, at most
+    cpus_running: float = 0.0
+    memory_running: float = 0.0
+    cpus_claimed: float = 0.0  # ... of jobs waiting for their pre-emption victims to leave
+    memory_claimed: float = 0.0
     # decayed usage in GPU-seconds at ``usage_time``, and the GPUs running since then
     usage: float = 0.0
     usage_time: float = 0.0
@@ -153,6 +170,7 @@ class QueueTree:
             new = other.by_path[path]
             queue.guaranteed, queue.limit, queue.weight = new.guaranteed, new.limit, new.weight
             queue.users, queue.groups = new.users, new.groups
+            queue.cpu_limit, queue.memory_limit = new.cpu_limit, new.memory_limit
         self.half_life = other.half_life
         self.default_queue = other.default_queue
         self.user_limits = other.user_limits
@@ -163,12 +181,22 @@ class QueueTree:
             path = ""
         return self.by_path.get(path)
 
-    def account(self, queue: Queue, gpus: float, now: float, half_life: float) -> None:
-        """Add (or with negative ``gpus`` remove) running GPUs along the chain, settling the
-        decayed usage of each queue up to ``now`` first."""
+    def account(
+        self,
+        queue: Queue,
+        gpus: float,
+        now: float,
+        half_life: float,
+        cpus: float = 0.0,
+        memory_gb: float = 0.0,
+    ) -> None:
+        """Add (or with negative figures remove) running GPUs, CPUs and memory along the chain,
+        settling the decayed usage of each queue up to ``now`` first."""
         for node in queue.chain():
             settle_usage(node, now, half_life)
             node.running += gpus
+            node.cpus_running += cpus
+            node.memory_running += memory_gb
 
     def seed_usage(self, runs, now: float, half_life: float) -> None:
         """Set every queue's decayed usage at ``now`` from past runs ``(queue path, GPUs,
@@ -190,9 +218,11 @@ class QueueTree:
             for node in queue.chain():
                 node.usage += max(0.0, used)
 
-    def claim(self, queue: Queue, gpus: float) -> None:
+    def claim(self, queue: Queue, gpus: float, cpus: float = 0.0, memory_gb: float = 0.0) -> None:
         for node in queue.chain():
             node.claimed += gpus
+            node.cpus_claimed += cpus
+            node.memory_claimed += memory_gb
 
     @classmethod
     def from_dict(cls, data, cluster_gpus: int, source: str = "queue file") -> QueueTree:
@@ -284,6 +314,9 @@ def _parse_children(parent: Queue, entries, source: str, container) -> None:
             fail(f"'limit' ({limit:g}) is below 'guaranteed' ({guaranteed:g})", "limit")
         users, groups = (_names(spec, key, fail) for key in ("users", "groups"))
         queue = Queue(str(name), path, parent, guaranteed, limit, weight, users, groups)
+        for key, (attribute, unit) in QUEUE_RESOURCES.items():
+            if key in spec:
+                setattr(queue, attribute, _resource_limit(spec[key], key, unit, fail))
         parent.children.append(queue)
         if "children" in spec:
             _parse_children(queue, spec["children"], source, spec)
@@ -360,6 +393,16 @@ def _number(spec, key, default, fail) -> float:
         return float(value)
     except OverflowError:
         fail(f"'{key}' is too large: {str(value)[:20]}...", key)
+
+
+def _resource_limit(value, key, unit, fail) -> float:
+    """A queue's ``cpus:`` / ``memory_gb:`` entry: ``{limit: N}`` (N {unit} at most)."""
+    if not isinstance(value, dict) or set(value) - {"limit"} or "limit" not in value:
+        fail(f"'{key}' must be a mapping with 'limit' ({unit} at most), e.g. {{limit: 16}}", key)
+    number = value["limit"]
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not number >= 0:
+        fail(f"'{key}.limit' must be a number of {unit} >= 0, got {number!r}", key)
+    return float(number)
 
 
 def _names(spec, key, fail) -> tuple[str, ...]:

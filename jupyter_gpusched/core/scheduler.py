@@ -38,6 +38,7 @@ from .policies import SLURM_WEIGHTS, Policy, get_policy
 from .preemption import VictimSearch
 from .quotas import QueueTree
 from .reservation import Reservation, may_backfill, reserve
+from .resources import place_cpu_only_or_reason
 from .retries import RetrySteps
 from .settings import PolicySettings
 from .state import ClusterState, Placement
@@ -132,7 +133,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             return job
         if self.policy.quotas:
             job.queue = self.tree.get(job.queue).path
-        if self.state.fgd is not None:
+        if self.state.fgd is not None and job.gpus:
             self.state.fgd.workload.observe(job)
         job.state, job.pending_since = JobState.PENDING, now
         if job.held:  # submitted on hold
@@ -295,6 +296,9 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
                 continue
             if outcome is None:  # it pre-empted: the claim holds its GPUs
                 continue
+            if job.gpus == 0:  # CPU-only: no pre-emption, no reservation, no stop (.resources)
+                self._set_reason(job, outcome)
+                continue
             if full and outcome.family == "policy":
                 list_key = self.pending.list_of(job)
                 if self._headroom(job) < self.pending.smallest_in(list_key) - 1e-9:
@@ -353,6 +357,13 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             block = self._user_block(job)
             if block is not None:
                 return block
+        if job.gpus == 0:  # CPU-only: one node with the CPUs and memory (see .resources)
+            if reservation is not None and may_backfill(reservation, self._walltime(job), now):
+                reservation = None
+            exclude = self._maintenance_excluded(job, now)
+            return place_cpu_only_or_reason(
+                self.state, job, exclude, reservation, self.jobs, pass_.reasons
+            )
         free = self._free_for(job)
         if free < job.amount - 1e-9:
             return Reason("capacity", "gpus-busy", f"needs {gpus_text(job.amount)}; {free:g} free")
@@ -504,7 +515,8 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
 
     def _account(self, job: Job, sign: int, now: float) -> None:
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
-        self.tree.account(queue, sign * job.amount, now, self.half_life)
+        cpus, memory = sign * (job.cpus or 0.0), sign * (job.memory_gb or 0.0)
+        self.tree.account(queue, sign * job.amount, now, self.half_life, cpus, memory)
         if job.tier == 1 and job.id not in self._claims:
             queue.tier1_running += sign * job.amount
 

@@ -27,6 +27,13 @@ class QuotasHandler(APIHandler):
                     "limit": None if queue.limit == float("inf") else queue.limit,
                     "weight": queue.weight,
                     "running": queue.running,
+                    # CPUs and memory its running jobs ask for, and the limits (None: none)
+                    "cpus_running": queue.cpus_running,
+                    "cpu_limit": None if queue.cpu_limit == float("inf") else queue.cpu_limit,
+                    "memory_running": queue.memory_running,
+                    "memory_limit": None
+                    if queue.memory_limit == float("inf")
+                    else queue.memory_limit,
                     "leaf": queue.is_leaf,
                     "users": list(queue.users),
                     "groups": list(queue.groups),

@@ -43,6 +43,7 @@ from .auth import HubAuthenticated, TokenFileAuth
 from .exit_stop import stop_everything
 from .gpu_sampling import GPUSampler, LocalSource, local_telemetries
 from .gpu_sources import GPUSourceSettings
+from .hub_activity import HubActivity
 from .hubclient import HubClient
 from .launcher import Launcher, LocalLauncher
 from .live import LiveScheduler
@@ -237,6 +238,11 @@ class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sourc
         help="""Names of GPU processes that are the machine's, not a user's, and never reported
         or killed as rogue (a display server, DCGM, the MPS daemon ...).""",
     ).tag(config=True)
+    hub_activity_interval = Float(
+        60.0,
+        help="""Seconds between reads of the hub's last_activity of the users' servers, by which
+        the reaper judges servers without GPUs (service/hub_activity.py).""",
+    ).tag(config=True)
     rogue_kill_grace = Float(
         10.0,
         help="With rogue_processes=kill: seconds between SIGTERM and SIGKILL of a rogue process.",
@@ -335,6 +341,8 @@ class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sourc
         )
         self.metrics.live = live
         live.hub = HubClient.from_environment(self.proxy_url)
+        if live.hub is not None:
+            live.hub_activity = HubActivity(live, self.hub_activity_interval)
         if hasattr(live.launcher, "node_states"):  # a Slurm launcher: follow Slurm's nodes
             from ..slurm_inventory import SlurmNodeSync
 

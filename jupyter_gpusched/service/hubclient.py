@@ -1,5 +1,5 @@
-"""What the service asks of JupyterHub: stop a user's notebook server, post a notice to it, and
-read a user's groups (``read:users``).
+"""What the service asks of JupyterHub: stop a user's notebook server, post a notice to it, read
+a user's groups (``read:users``), and list the active servers' last activity (``list:users``).
 
 A hub-managed service gets its API token and the hub's API URL in its environment
 (``JUPYTERHUB_API_TOKEN``, ``JUPYTERHUB_API_URL``). Its role needs ``admin:servers`` (or
@@ -90,6 +90,39 @@ class HubClient:
         if not isinstance(groups, list):
             return None
         return frozenset(g for g in groups if isinstance(g, str))
+
+    async def server_activity(
+        self, page_size: int = 200
+    ) -> dict[tuple[str, str], str | None] | None:
+        """``last_activity`` (the hub's ISO text) of every active server, by (user, server
+        name), from ``GET users?state=active``, all pages of ``page_size`` users (JupyterHub 2+
+        paginates when asked with its pagination media type, and caps a page at its
+        ``api_page_max_limit``); None when the hub cannot say (logged)."""
+        out: dict[tuple[str, str], str | None] = {}
+        offset = 0
+        while True:
+            request = HTTPRequest(
+                f"{self.api_url}/users?state=active&offset={offset}&limit={page_size}",
+                headers={
+                    "Authorization": f"token {self.token}",
+                    "Accept": "application/jupyterhub-pagination+json",
+                },
+                request_timeout=10,
+            )
+            try:
+                response = await AsyncHTTPClient().fetch(request)
+                page = json.loads(response.body)
+                users = page["items"] if isinstance(page, dict) else page
+                for user in users:
+                    for name, server in (user.get("servers") or {}).items():
+                        out[(user["name"], name)] = server.get("last_activity")
+            except (HTTPClientError, OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("reading the servers' activity from the hub failed: %s", exc)
+                return None
+            following = page.get("_pagination", {}).get("next") if isinstance(page, dict) else None
+            if not following or not users:
+                return out
+            offset = following["offset"]
 
     async def _call(self, method: str, url: str, body: dict | None) -> bool:
         request = HTTPRequest(

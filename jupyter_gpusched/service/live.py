@@ -85,6 +85,7 @@ class LiveScheduler:
         self.server_stops = ServerStops(self)  # notebook servers: ended once they are gone
         self.reaper = None  # the idle reaper (service/reaper.py), ticked by poll()
         self.rogue_watch = None  # checks for rogue GPU processes (service/rogue.py), by poll()
+        self.hub_activity = None  # the hub's last_activity of servers (hub_activity.py), by poll()
         self.node_sync = None  # Slurm's node states into the engine (slurm_inventory.py)
 
     # -- what users and admins do ------------------------------------------------------------
@@ -436,6 +437,8 @@ class LiveScheduler:
                 self.reaper.tick()
             except Exception:
                 log.exception("the reaper failed")
+        if self.hub_activity is not None:
+            self.hub_activity.tick()  # (reads in a task of its own, which logs its failures)
         if self.rogue_watch is not None:
             try:
                 self.rogue_watch.tick()
@@ -597,5 +600,6 @@ def describe(placement, cluster) -> str:
     for part in placement.parts:
         gpus = ",".join(str(i) for i in range(part.mask.bit_length()) if part.mask >> i & 1)
         share = f" ({part.fraction:g} of it)" if part.fraction < 1 else ""
-        parts.append(f"{cluster.nodes[part.node].name} GPU {gpus}{share}")
+        what = f"GPU {gpus}{share}" if gpus else "no GPU"  # (a CPU-only job)
+        parts.append(f"{cluster.nodes[part.node].name} {what}")
     return "; ".join(parts)

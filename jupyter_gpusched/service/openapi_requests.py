@@ -114,7 +114,7 @@ JOB_REQUEST = {
         "notebook": text(MAX_PATH, minLength=1),
         "kind": {"type": "string", "enum": ["batch", "notebook"]},
         "name": text(MAX_NAME, minLength=1),
-        "gpus": whole(1),
+        "gpus": whole(0),
         "gpu_fraction": {"type": "number", "minimum": MIN_GPU_FRACTION, "maximum": 1},
         "gpus_per_node": whole(1, null=True),
         "tier": {"type": ["integer", "null"], "enum": [1, 2, 3, None]},
@@ -192,6 +192,22 @@ JOB_REQUEST = {
                 "properties": {"gpu_fraction": {"exclusiveMaximum": 1}},
             },
             "then": {"properties": {"gpus": {"const": 1}}},
+        },
+        {  # a CPU-only job: placed by its CPUs or memory, no GPU shape (core/resources.py)
+            "if": {"properties": {"gpus": {"const": 0}}},
+            "then": {
+                "properties": {"gpus_per_node": {"type": "null"}, "gpu_model": False},
+                "anyOf": [
+                    {
+                        "required": ["cpus"],
+                        "properties": {"cpus": {"type": "number", "exclusiveMinimum": 0}},
+                    },
+                    {
+                        "required": ["memory_gb"],
+                        "properties": {"memory_gb": {"type": "number", "exclusiveMinimum": 0}},
+                    },
+                ],
+            },
         },
     ],
 }
@@ -274,12 +290,20 @@ REAPER_REQUEST = {
 }
 
 _GPUS = {"type": ["number", "null"], "minimum": 0}
+_RESOURCE_LIMIT = {  # a queue's cpus / memory_gb (core/resources.py)
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["limit"],
+    "properties": {"limit": {"type": "number", "minimum": 0}},
+}
 QUEUE_SETTINGS = {
     "type": ["object", "null"],
     "additionalProperties": False,
     "properties": {
         "guaranteed": _GPUS,
         "limit": _GPUS,
+        "cpus": _RESOURCE_LIMIT,
+        "memory_gb": _RESOURCE_LIMIT,
         "weight": {"type": ["number", "null"], "exclusiveMinimum": 0},
         "users": {"type": "array", "items": {"type": "string"}},
         "groups": {"type": "array", "items": {"type": "string"}},

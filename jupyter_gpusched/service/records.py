@@ -176,8 +176,8 @@ def placement_from_rows(rows: list[dict], cluster: Cluster) -> Placement:
         mask = 0
         for index in row["gpu_indices"]:
             mask |= 1 << index
-        gpus = len(row["gpu_indices"]) or 1
-        fraction = min(1.0, row["gpus"] / gpus)
+        gpus = len(row["gpu_indices"])
+        fraction = min(1.0, row["gpus"] / gpus) if gpus else 1.0  # no GPU: a CPU-only job
         parts.append(
             Part(node.index, mask, row.get("cpus") or 0.0, row.get("memory_gb") or 0.0, fraction)
         )

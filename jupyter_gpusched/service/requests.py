@@ -57,7 +57,8 @@ JOB_FIELDS = {
     "notebook": f"the path of a notebook to execute with nbclient (at most {MAX_PATH} characters)",
     "kind": "batch (default) or notebook (a notebook server: allocation only, no command)",
     "name": f"a label for you (string, at most {MAX_NAME} characters)",
-    "gpus": "how many GPUs (whole number >= 1)",
+    "gpus": "how many GPUs (whole number >= 0; 0: a CPU-only job, which must ask for cpus or "
+    "memory_gb)",
     "gpu_fraction": f"a share of one GPU, from {MIN_GPU_FRACTION} to 1; below 1 only with gpus = 1",
     "gpus_per_node": "the gang shape: GPUs on each node; must divide gpus",
     "tier": "1 (never pre-empted, within the queue's guarantee), 2 (default) or 3 (pre-emptible)",
@@ -155,7 +156,7 @@ def parse_job_request(data: dict) -> JobRequest:
             )
     if "gpus" not in data:
         raise RequestError("'gpus' is required: " + JOB_FIELDS["gpus"], "gpus")
-    request = JobRequest(gpus=_whole(data, "gpus", minimum=1))
+    request = JobRequest(gpus=_whole(data, "gpus", minimum=0))
     request.kind = _choice(data, "kind", ("batch", "notebook"), "batch")
     request.command = _text(data, "command", MAX_COMMAND)
     request.notebook = _text(data, "notebook", MAX_PATH)

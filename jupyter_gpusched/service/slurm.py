@@ -278,7 +278,7 @@ class SlurmLauncher(Launcher, SlurmOptions):
                     f"--nodes={len(nodes)}",
                     f"--nodelist={names}",
                     "--ntasks-per-node=1",
-                    f"--gres=gpu:{counts.pop()}",
+                    *gres(counts.pop()),
                 ]
             )
         args = list(common)
@@ -286,7 +286,7 @@ class SlurmLauncher(Launcher, SlurmOptions):
             if i:
                 args.append(":")
             args += [*where, "--nodes=1", f"--nodelist={name}", "--ntasks-per-node=1"]
-            args.append(f"--gres=gpu:{len(gpus)}")
+            args += gres(len(gpus))
         return args
 
     def start(self, spec: LaunchSpec) -> dict:
@@ -297,7 +297,7 @@ class SlurmLauncher(Launcher, SlurmOptions):
         nodes = spec.nodes
         if not nodes:
             raise LaunchError(f"job {spec.job_id}: the Slurm launcher needs the placement's nodes")
-        if any(not gpus for _, gpus in nodes):
+        if len(nodes) > 1 and any(not gpus for _, gpus in nodes):  # (a CPU-only job: one node)
             raise LaunchError(f"job {spec.job_id}: a node of its placement has no GPU")
         account = self._account(spec.user)
         try:
@@ -545,6 +545,11 @@ class SlurmLauncher(Launcher, SlurmOptions):
 
 
 _active = is_active
+
+
+def gres(gpus: int) -> list[str]:
+    """sbatch's GPU request for ``gpus`` GPUs on a node: none for a CPU-only job."""
+    return [f"--gres=gpu:{gpus}"] if gpus else []
 
 
 def _describe(nodes) -> str:

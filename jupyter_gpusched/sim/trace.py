@@ -2,7 +2,8 @@
 
 Columns: ``job_id, submit_time, duration, gpus`` (required), then optional ``tier, queue, user,
 kind, gpus_per_node, gpu_model, walltime, gpu_fraction, cpus, memory_gb``. An empty cell means
-"not given"; ``gpu_model`` may list alternatives separated by ``|``.
+"not given"; ``gpu_model`` may list alternatives separated by ``|``. ``gpus`` 0 is a CPU-only
+job, which needs ``cpus`` or ``memory_gb`` and no GPU shape (core/resources.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from ..core import ConfigError, Job
 from ..core.durations import parse_duration
+from ..core.resources import cpu_only_problem
 
 REQUIRED = ("job_id", "submit_time", "duration", "gpus")
 OPTIONAL = (
@@ -135,7 +137,7 @@ def parse_row(row: dict, source: str, line: int) -> TraceJob:
         return value
 
     job_id = cell("job_id") or fail("job_id", "is required")
-    gpus = number("gpus", int, 1)
+    gpus = number("gpus", int, 0)
     tier = number("tier", int, 1, default=2)
     if tier not in (1, 2, 3):
         fail("tier", f"{tier} must be 1, 2 or 3")
@@ -155,7 +157,7 @@ def parse_row(row: dict, source: str, line: int) -> TraceJob:
     if per_node and gpus % per_node:
         fail("gpus_per_node", f"{per_node} does not divide gpus ({gpus})")
     models = cell("gpu_model")
-    return TraceJob(
+    trace_job = TraceJob(
         id=job_id,
         submit_time=number("submit_time"),
         duration=number("duration"),
@@ -171,6 +173,10 @@ def parse_row(row: dict, source: str, line: int) -> TraceJob:
         cpus=number("cpus", default=None),
         memory_gb=number("memory_gb", default=None),
     )
+    problem = cpu_only_problem(trace_job.to_job())
+    if problem is not None:
+        fail(problem[1], problem[0])
+    return trace_job
 
 
 def with_walltimes(trace: list[TraceJob], factor: float | None) -> list[TraceJob]:

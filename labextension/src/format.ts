@@ -95,7 +95,8 @@ export function serverText(status: IStatus, now = Date.now() / 1000): string | n
   }
   if (job.state === 'running') {
     const gpus = status.gpus ?? job.gpus;
-    let text = `${num(gpus)}x ${status.gpu_model ?? 'GPU'}`;
+    // a server without GPUs (a gpus: 0 profile) says so, not "0x GPU"
+    let text = gpus === 0 ? 'CPU only' : `${num(gpus)}x ${status.gpu_model ?? 'GPU'}`;
     if (status.utilization !== null && status.utilization !== undefined) {
       text += ` · ${Math.round(status.utilization)}%`;
     }
@@ -128,6 +129,11 @@ export function statusText(status: IStatus, now = Date.now() / 1000): string {
     return status.configured ? 'No GPUs' : 'GPU scheduler: not connected';
   }
   return parts.join('  |  ');
+}
+
+/** Where a job runs: "gpu1:0,1 gpu2:0,1"; a part without GPUs (a CPU-only job) is its node. */
+export function allocationText(allocation: { node: string; gpus: number[] }[] | null | undefined): string {
+  return (allocation || []).map(p => (p.gpus.length ? `${p.node}:${p.gpus.join(',')}` : p.node)).join(' ');
 }
 
 export function el<K extends keyof HTMLElementTagNameMap>(

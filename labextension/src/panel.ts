@@ -15,6 +15,7 @@ import { Widget } from '@lumino/widgets';
 import { Poller, request } from './api';
 import {
   IStatus,
+  allocationText,
   clock,
   el,
   num,
@@ -220,12 +221,14 @@ export class GPUPanel extends Widget {
       el('p', { class: 'jp-gpusched-server-line' }, line ?? 'This server has no GPUs of the scheduler.')
     );
     if (line && job) {
-      const where = (job.allocation || []).map((p: any) => `${p.node}:${p.gpus.join(',')}`).join(' ');
+      const where = allocationText(job.allocation);
       const reaper = status.reaper;
+      // a CPU-only server is judged by its activity, not by GPUs it does not have
+      const idle = job.gpus === 0 ? 'without activity' : 'with idle GPUs';
       const timeout = reaper?.exempt
         ? 'exempt from the idle reaper'
         : reaper?.timeout
-          ? `stopped after ${num(reaper.timeout / 60)} min with idle GPUs`
+          ? `stopped after ${num(reaper.timeout / 60)} min ${idle}`
           : 'no idle timeout';
       section.append(
         el(
@@ -262,7 +265,7 @@ export class GPUPanel extends Widget {
     );
     const where =
       job.state === 'running'
-        ? (job.allocation || []).map((p: any) => `${p.node}:${p.gpus.join(',')}`).join(' ')
+        ? allocationText(job.allocation)
         : queued(job.position, null);
     return el(
       'div',
@@ -278,13 +281,15 @@ export class GPUPanel extends Widget {
         'div',
         { class: 'jp-gpusched-details' },
         tierTag(job.tier),
-        ` ${num(job.gpus)} GPU${job.gpus === 1 ? '' : 's'} · ${where} · `,
+        job.gpus === 0 ? ` no GPU · ${where}` : ` ${num(job.gpus)} GPU${job.gpus === 1 ? '' : 's'} · ${where} · `,
         // the GPU utilization its server last reported ("—": unknown, or not running)
-        el(
-          'span',
-          { class: 'jp-gpusched-util', title: 'GPU utilization (mean over its GPUs), as its notebook server last reported it' },
-          `GPU ${job.state === 'running' ? utilizationText(job) : '\u2014'}`
-        )
+        job.gpus === 0
+          ? null
+          : el(
+              'span',
+              { class: 'jp-gpusched-util', title: 'GPU utilization (mean over its GPUs), as its notebook server last reported it' },
+              `GPU ${job.state === 'running' ? utilizationText(job) : '\u2014'}`
+            )
       ),
       job.state === 'pending' ? reasonNode(job.reason) : null,
       actions.childElementCount ? actions : null

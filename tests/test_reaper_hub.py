@@ -31,6 +31,7 @@ import json
 import os
 import pwd
 import re
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -48,6 +49,8 @@ from jupyter_gpusched.core.durations import describe_duration
 MONITOR_INTERVAL = 1.0  # the servers' GPUMonitor.interval
 SAMPLE_INTERVAL = 1.0  # the service's own GPU samples (GPUSchedService.gpu_sample_interval)
 SERVICE_POLL = 1.0  # the service's poll_interval (its default): the reaper ticks at each poll
+ACTIVITY_INTERVAL = 1  # the hub's reads of the proxy's activity, the servers' activity reports
+# and the service's reads of the hub's last_activity (GPUSchedService.hub_activity_interval)
 POLICY = """\
 backfill: {interval: 1s}
 reaper:
@@ -62,6 +65,7 @@ c.GPUSchedSpawner.profiles = [
     {"display_name": "1 GPU (tier 2)", "slug": "t2-1", "gpus": 1},
     {"display_name": "2 GPUs (tier 2)", "slug": "t2-2", "gpus": 2},
     {"display_name": "1 GPU, 2 h idle", "slug": "t2-idle", "gpus": 1, "idle_timeout": "2h"},
+    {"display_name": "CPU only (tier 2)", "slug": "t2-cpu", "gpus": 0, "cpus": 1, "tier": 2},
 ]
 from jupyter_gpusched.profiles import pass_idle_timeouts_to_service
 
@@ -69,10 +73,22 @@ pass_idle_timeouts_to_service(c)  # the service learns the profiles' idle timeou
 c.GPUSchedSpawner.queue_poll_interval = 0.3
 c.Spawner.http_timeout = 60
 c.Spawner.args = ["--GPUMonitor.interval=MONITOR_INTERVAL"]
-""".replace("MONITOR_INTERVAL", f"{MONITOR_INTERVAL:g}")
+# CPU-only servers are judged by the hub's last_activity: the hub reads the proxy's every
+# ACTIVITY_INTERVAL, and the servers report theirs (kernels, API requests) as often
+c.JupyterHub.last_activity_interval = ACTIVITY_INTERVAL
+c.Spawner.environment = {
+    **c.Spawner.environment,
+    "JUPYTERHUB_ACTIVITY_INTERVAL": "ACTIVITY_INTERVAL",
+}
+""".replace("MONITOR_INTERVAL", f"{MONITOR_INTERVAL:g}").replace(
+        "ACTIVITY_INTERVAL", f"{ACTIVITY_INTERVAL}"
+    )
     + hub_harness.SERVICE_ARGS_CONFIG.format(
         service=hub_harness.SERVICE,
-        service_args=[f"--GPUSchedService.gpu_sample_interval={SAMPLE_INTERVAL:g}"],
+        service_args=[
+            f"--GPUSchedService.gpu_sample_interval={SAMPLE_INTERVAL:g}",
+            f"--GPUSchedService.hub_activity_interval={ACTIVITY_INTERVAL}",
+        ],
     )
 )
 
@@ -355,14 +371,19 @@ def monitor_switched_off(user):
                 folder.rmdir()
 
 
-def wait_all_culled(hub, users: dict[str, str], timeout: float, claim=None) -> dict[str, list]:
+def wait_all_culled(
+    hub, users: dict[str, str], timeout: float, claim=None, read_notices=True
+) -> dict[str, list]:
     """Until each of ``users`` (user -> job id) has no server; the notices each server showed
-    meanwhile. ``claim(user)``: called at each round while the server runs."""
+    meanwhile (``read_notices``: reading them is a request through the proxy to the server,
+    activity by which a CPU-only server is judged). ``claim(user)``: called at each round
+    while the server runs."""
     seen: dict[str, list] = {user: [] for user in users}
     deadline = time.monotonic() + timeout
     while running := [u for u in users if "" in ts.servers_of(hub, u)]:
         for user in running:
-            seen[user] = notices(hub, user) or seen[user]
+            if read_notices:
+                seen[user] = notices(hub, user) or seen[user]
             if claim is not None:
                 claim(user)
         assert time.monotonic() < deadline, f"{running} still running: {sessions(hub)}"
@@ -690,6 +711,89 @@ def test_after_a_cull_the_hub_pages_say_why(hub):
     assert home.status_code == 200 and "Named Servers" in home.text, home.text[-3000:]
     assert 'data-server-name="work"' in home.text  # its row in the server table
     assert 'class="alert alert-warning" data-server-name="work"' not in home.text
+
+
+# -- CPU-only servers: judged by the hub's last_activity, as jupyterhub-idle-culler does ---------
+def test_an_idle_cpu_only_server_is_warned_then_culled_for_no_activity(hub):
+    """Issue 16, point 6: a ``gpus: 0`` profile's server is a 0-GPU notebook job of the
+    scheduler, and with nothing talking to it, it is warned and then culled on the hub's
+    last_activity of it (``api/reaper`` says so). Nothing here goes through the proxy to the
+    server (not even a read of its notices): that would be activity."""
+    lead = 2.0
+    configure(hub, timeout_tier_2=None, warning_lead=lead, exempt_users=[])
+    ts.start_server(hub, "bob", "t2-cpu")
+    env = ts.server_env(hub, "bob")
+    job_id = env["GPUSCHED_JOB_ID"]
+    assert env["GPUSCHED_GPUS"] == "0" and env["CUDA_VISIBLE_DEVICES"] == ""
+    job = ts.service_job(hub, "bob", job_id)
+    assert (job["state"], job["kind"], job["gpus"], job["cpus"]) == ("running", "notebook", 0, 1)
+    found = wait_measured(hub, "bob")["bob"]
+    assert found["gpus"] == 0 and found["measured_by"] == "hub (last_activity)", found
+    sample = found["last_sample"]  # the hub's figure (from before the start, or since)
+    assert sample["measured_by"] == "hub (last_activity)" and sample["activity"] > 0, found
+    assert found["unmonitored_since"] is None and found["warned"] is None, found
+
+    idle = time.time() - found["idle_since"]
+    timeout = round(idle + 4, 1)  # warned 2 s from now, culled 4 s from now
+    configure(hub, timeout_tier_2=timeout)
+    wait_all_culled(hub, {"bob": job_id}, timeout=4 + lead + 15, read_notices=False)
+    (warning,) = reaper_events(hub, job_id, "reaper-warning")
+    assert warning["message"].startswith("This server has had no activity since "), warning
+    assert "unless it is used" in warning["message"], warning
+    (cull,) = cull_events(hub, job_id)
+    assert cull["time"] - warning["time"] >= lead, (warning, cull)
+    assert cull["data"]["reason"] == "idle" and cull["data"]["idle_seconds"] >= timeout
+    job = ts.service_job(hub, "bob", job_id)
+    assert job["state"] in ts.RELEASED and job["gpus"] == 0, job
+    assert job["message"].startswith("culled by the reaper: no activity for "), job
+
+
+def test_a_cpu_only_server_in_use_is_never_culled_while_an_idle_one_is(hub):
+    """Issue 16, point 6: alice's CPU-only server gets a request through the proxy every second
+    (as a client or an open tab makes), which the hub records as its activity: it is neither
+    warned nor culled for twice the timeout, while bob's idle CPU-only server on the same
+    settings (the control) is culled."""
+    configure(hub, timeout_tier_2=None, warning_lead=2, exempt_users=[])
+    ts.start_server(hub, "alice", "t2-cpu")
+    ts.start_server(hub, "bob", "t2-cpu")
+    jobs = {user: job_id_of(hub, user) for user in ("alice", "bob")}
+    stop = threading.Event()
+
+    def use():
+        url = hub.url + "/user/alice/api/status"
+        headers = {"Authorization": f"token {hub.token('alice')}"}
+        while not stop.wait(1.0):  # the pace of the use, not a wait for a condition
+            with contextlib.suppress(requests.RequestException):
+                requests.get(url, headers=headers, timeout=5)
+
+    user = threading.Thread(target=use, daemon=True)
+    began = time.time()
+    user.start()
+    try:
+        wait_measured(hub, "bob")
+        deadline = time.monotonic() + 15
+        while (alice := sessions(hub)["alice"])["idle_since"] <= began:
+            assert time.monotonic() < deadline, f"alice's use is not seen: {alice}"
+            time.sleep(0.2)
+        assert alice["measured_by"] == "hub (last_activity)", alice
+        timeout = 8.0  # longer than the way of activity to the reaper (about 4 s here)
+        configure(hub, timeout_tier_2=timeout)
+        changed = time.monotonic()
+        wait_all_culled(hub, {"bob": jobs["bob"]}, timeout=timeout + 15, read_notices=False)
+        (cull,) = cull_events(hub, jobs["bob"])
+        assert cull["data"]["reason"] == "idle" and cull["data"]["idle_seconds"] >= timeout
+        while time.monotonic() < changed + 2 * timeout:
+            server = ts.servers_of(hub, "alice").get("")
+            assert server and server["ready"] and not server.get("stopped"), f"culled: {server}"
+            alice = sessions(hub)["alice"]
+            assert time.time() - alice["idle_since"] < timeout and alice["warned"] is None, alice
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        user.join(10)
+    assert not reaper_events(hub, jobs["alice"], "reaper-warning")
+    assert not cull_events(hub, jobs["alice"])
+    assert ts.service_job(hub, "alice", jobs["alice"])["state"] == "running"
 
 
 def logged_in(hub, user) -> requests.Session:

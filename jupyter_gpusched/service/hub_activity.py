@@ -9,6 +9,13 @@ own, and maps each running notebook job (its user and hub server name) to its se
 ``last_activity``. The service's hub role needs ``list:users``, ``read:users:activity`` (in
 ``read:users``) and ``read:servers`` (in ``servers``): see hub_config/README.md.
 
+The service's own notices to a server (the reaper's warning first of all) pass through the
+proxy, which records them as the server's activity: a figure that falls within one of them
+(:attr:`.hubclient.HubClient.notice_posts`, give or take :data:`NOTICE_SLACK`) is not taken,
+the server's previous one stays. Else a warning would count as the use that cancels it, and an
+idle CPU-only server would never be culled. (Use of the server in those moments is masked too,
+until its next request.)
+
 A failed read keeps the last figures (logged by :class:`~.hubclient.HubClient`); how long
 "unknown" may last before a server counts as unmonitored is the reaper's setting.
 """
@@ -21,6 +28,8 @@ import math
 from datetime import datetime, timezone
 
 log = logging.getLogger("jupyter_gpusched.service")
+
+NOTICE_SLACK = 1.0  # seconds around a notice post still taken as its trace (clock rounding)
 
 
 def parse_hub_time(text) -> float | None:
@@ -65,11 +74,15 @@ class HubActivity:
         servers = await self.live.hub.server_activity()
         if servers is None:
             return  # the hub could not be read (logged): keep what we had
-        self._activity = {
-            key: moment
-            for key, text in servers.items()
-            if (moment := parse_hub_time(text)) is not None
-        }
+        posts = getattr(self.live.hub, "notice_posts", {})
+        previous, self._activity = self._activity, {}
+        for key, text in servers.items():
+            moment = parse_hub_time(text)
+            if moment is None:
+                continue
+            if key in previous and _during(moment, posts.get(key, ())):
+                moment = previous[key]  # the service's own notice, not the user's use
+            self._activity[key] = moment
         self.read_at = self.live.clock()
 
     def latest(self, job_id: str) -> float | None:
@@ -80,3 +93,7 @@ class HubActivity:
         if job is None or extra is None or job.kind != "notebook":
             return None
         return self._activity.get((job.user, extra.server_name or ""))
+
+
+def _during(moment: float, posts) -> bool:
+    return any(start - NOTICE_SLACK <= moment <= end + NOTICE_SLACK for start, end in posts)

@@ -5,6 +5,9 @@ A hub-managed service gets its API token and the hub's API URL in its environmen
 (``JUPYTERHUB_API_TOKEN``, ``JUPYTERHUB_API_URL``). Its role needs ``admin:servers`` (or
 ``servers``) to stop servers and ``access:servers`` to reach them; see ``hub_config/README.md``.
 Notices go through the proxy (``proxy_url``) to the server extension's ``gpusched/api/notices``.
+The proxy records each as activity of the server (the server itself does not: the request says
+``no_track_activity``), so the client keeps when it posted them (``notice_posts``): the reaper's
+reading of the hub's activity (hub_activity.py) must not take a warning for the user's use.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+from collections import deque
 from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
@@ -24,6 +29,8 @@ class HubClient:
         self.api_url = api_url.rstrip("/")
         self.token = token
         self.proxy_url = proxy_url.rstrip("/")
+        # (user, server name) -> (start, end) epoch seconds of the latest notice posts to it
+        self.notice_posts: dict[tuple[str, str], deque[tuple[float, float]]] = {}
 
     @classmethod
     def from_environment(cls, proxy_url: str) -> HubClient | None:
@@ -71,8 +78,14 @@ class HubClient:
         return "stopping" if response.code == 202 else "not running"
 
     async def post_notice(self, user: str, server_name: str, notice: dict) -> bool:
-        url = self.proxy_url + self.server_path(user, server_name) + "gpusched/api/notices"
-        return await self._call("POST", url, notice)
+        url = self.proxy_url + self.server_path(user, server_name)
+        url += "gpusched/api/notices?no_track_activity=1"  # jupyter-server's own switch
+        start = time.time()
+        try:
+            return await self._call("POST", url, notice)
+        finally:
+            posts = self.notice_posts.setdefault((user, server_name), deque(maxlen=8))
+            posts.append((start, time.time()))
 
     async def user_groups(self, user: str) -> frozenset[str] | None:
         """The hub groups of ``user``, or None when the hub cannot say."""

@@ -22,7 +22,7 @@ ACTIVITY_S = 10  # the hub's last_activity_interval and the servers' JUPYTERHUB_
 NODE = "gpu1"
 CLUSTER = f"nodes:\n  - {{name: {NODE}, gpus: 4, gpu_model: H100}}\n"
 QUEUES = "queues:\n  bench: {guaranteed: 4, limit: 4}\n"  # names nobody: open to all
-CPU_PROFILE = {"display_name": "CPU only", "slug": "cpu", "gpus": 0}
+CPU_PROFILE = {"display_name": "CPU only", "slug": "cpu", "gpus": 0, "cpus": 1}
 HELD_MEMORY_GB = 20
 # api/reaper's session fields kept in the result; the times as seconds after the scenario began
 REAPER_TIMES = ("idle_since", "last_report", "warned", "stop_at")
@@ -92,6 +92,18 @@ def hub_config(tool: str, timeout: float, cull_every: float, with_cpu: bool, mon
         "c.Spawner.environment = {**c.Spawner.environment, "
         f"'JUPYTERHUB_ACTIVITY_INTERVAL': '{ACTIVITY_S}'}}",
     ]
+    if tool == "gpusched":
+        # the service's GPU samples and reads of the hub's activity as often as idle-culler's
+        # --cull-every: the same chance to see a server idle
+        args = [
+            f"--GPUSchedService.gpu_sample_interval={cull_every:g}",
+            f"--GPUSchedService.hub_activity_interval={cull_every:g}",
+        ]
+        lines += [
+            "for _service in c.JupyterHub.services:",
+            "    if _service['name'] == 'gpusched':",
+            f"        _service['command'] = [*_service['command'], *{args!r}]",
+        ]
     if tool != "gpusched" and not monitor:
         # the tool alone: no GPU monitor marking GPU-busy servers and kernels active
         lines.append("c.GPUSchedSpawner.enable_server_extension = False")

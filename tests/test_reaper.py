@@ -95,8 +95,9 @@ def test_never_reported_busy_counts_from_the_start():
     ]
 
 
-def test_start_up_is_not_idle_time():
-    # allocated 46 min ago, first measurement (the server up) 35 min ago, never busy: 35 min idle
+def test_idle_time_counts_from_the_first_measurement():
+    # allocated 46 min ago, first measured 35 min ago (no source read it before), never busy:
+    # 35 min idle
     s = session(started=NOW - 46 * 60, first_measured=NOW - 35 * 60, last_busy=None)
     assert decide([s], settings(), NOW) == [
         Warn("j-000001", NOW - 35 * 60 + 2700, 2700.0, NOW - 35 * 60)

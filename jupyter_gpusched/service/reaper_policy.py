@@ -165,7 +165,8 @@ class Session:
     @property
     def idle_since(self) -> float:
         """The start of the current idle stretch: the last measurement that showed use, else the
-        first measurement (the server's start-up is not idle time), else the allocation."""
+        first measurement (the service's own, from the allocation on: the server's start-up
+        counts), else the allocation."""
         if self.last_busy is not None:
             return self.last_busy
         return self.first_measured if self.first_measured is not None else self.started

@@ -33,6 +33,7 @@ from test_spawner import (
     HubRunner,
     Progress,
     free_gpus,
+    module_hub,
     servers_of,
     service_job,
     spawner_state,
@@ -105,20 +106,9 @@ class SlurmHubRunner(HubRunner):
 
 @pytest.fixture(scope="module")
 def slurm_hub(slurm_cluster):
-    if not hub_harness.CHP.exists():
-        pytest.skip("node_modules/.bin/configurable-http-proxy is missing: run `make node_modules`")
-    hub_harness._create_demo_users()
     slurm_cluster.reset()
-    runner = SlurmHubRunner(slurm_cluster)
-    failed = True
-    try:
-        runner.start()
-        yield runner
-        failed = False
-    finally:
-        servers, left = runner.shut_down(failed, scan=False)
-    assert not servers, f"servers still running after the tests: {servers}"
-    assert not left, "processes left after the hub stopped:\n" + "\n".join(left)
+    with module_hub(lambda: SlurmHubRunner(slurm_cluster), scan=False, servers_left=False) as hub:
+        yield hub
 
 
 @pytest.fixture

@@ -502,9 +502,10 @@ class HubRunner:
 
 
 @contextlib.contextmanager
-def module_hub(make_runner, scan: bool = True):
+def module_hub(make_runner, scan: bool = True, servers_left: bool = True):
     """A test module's hub: ``make_runner()`` (a :class:`HubRunner`) started as root's demo users
-    exist, yielded, then shut down; fails when anything of it is left. Skips without the proxy."""
+    exist, yielded, then shut down; fails when any process of it is left (and, with
+    ``servers_left=False``, when a server still ran). Skips without the proxy."""
     if not hub_harness.CHP.exists():
         pytest.skip("node_modules/.bin/configurable-http-proxy is missing: run `make node_modules`")
     hub_harness._create_demo_users()
@@ -515,7 +516,8 @@ def module_hub(make_runner, scan: bool = True):
         yield runner
         failed = False
     finally:
-        _, left = runner.shut_down(failed, scan=scan)
+        servers, left = runner.shut_down(failed, scan=scan)
+    assert servers_left or not servers, f"servers still running after the tests: {servers}"
     assert not left, "processes left after the hub stopped:\n" + "\n".join(left)
 
 
@@ -527,19 +529,8 @@ def _is_notebook_server(process: psutil.Process) -> bool:
 
 @pytest.fixture(scope="module")
 def test_hub():
-    if not hub_harness.CHP.exists():
-        pytest.skip("node_modules/.bin/configurable-http-proxy is missing: run `make node_modules`")
-    hub_harness._create_demo_users()
-    th = HubRunner()
-    failed = True
-    try:
-        th.start()
+    with module_hub(HubRunner, servers_left=False) as th:
         yield th
-        failed = False
-    finally:
-        servers, left = th.shut_down(failed)
-    assert not servers, f"servers still running after the tests: {servers}"
-    assert not left, "processes left after the hub stopped:\n" + "\n".join(left)
 
 
 @pytest.fixture

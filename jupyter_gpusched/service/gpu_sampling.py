@@ -117,18 +117,25 @@ def local_telemetries(names, gpu_backend: str, cluster) -> dict:
     return telemetries
 
 
+def placement_gpus(live, placement) -> list[tuple[str, int]]:
+    """The (node name, GPU index) pairs of ``placement``: a part's node index names a cluster
+    node, its mask's bits are GPU indices."""
+    nodes = live.cluster.nodes
+    return [
+        (nodes[part.node].name, i)
+        for part in placement.parts
+        for i in range(part.mask.bit_length())
+        if part.mask >> i & 1
+    ]
+
+
 def allocated_gpus(live) -> dict[str, list[tuple[str, int]]]:
     """Job id -> the (node name, GPU index) pairs the engine allocated to it (running jobs and
-    pre-emption claims): a placement part's node index names a cluster node, its mask's bits are
-    GPU indices."""
-    nodes = live.cluster.nodes
-    held: dict[str, list[tuple[str, int]]] = {}
-    for job_id, placement in live.engine.state.allocations.items():
-        for part in placement.parts:
-            name = nodes[part.node].name
-            gpus = [(name, i) for i in range(part.mask.bit_length()) if part.mask >> i & 1]
-            held.setdefault(job_id, []).extend(gpus)
-    return held
+    pre-emption claims)."""
+    return {
+        job_id: placement_gpus(live, placement)
+        for job_id, placement in live.engine.state.allocations.items()
+    }
 
 
 class GPUSampler:
@@ -214,7 +221,9 @@ class GPUSampler:
                 self.latest[(reading.node, reading.index)] = reading
 
     def _gpus_of(self, job_id: str) -> list[tuple[str, int]]:
-        return allocated_gpus(self.live).get(job_id, [])
+        # one job's placement, not every allocation's: called for each server at each tick
+        placement = self.live.engine.state.allocations.get(job_id)
+        return placement_gpus(self.live, placement) if placement is not None else []
 
     def readings_for(self, job_id: str) -> list[GPUReading]:
         """The trusted readings of the GPUs allocated to ``job_id`` (those it has)."""

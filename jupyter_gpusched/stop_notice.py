@@ -57,6 +57,7 @@ async def stop_record(spawner, job_id: str, allocation) -> dict:
         "idle_seconds": evidence.get("idle_seconds"),
         "timeout": evidence.get("timeout"),
         "gpus": gpus_text(allocation),
+        "cpu_only": evidence.get("gpus") == 0,  # judged by its activity, not by GPUs
     }
 
 
@@ -74,7 +75,7 @@ def sentence(record: dict, server_name: str = "") -> str:
         why = f"it ran past the maximum lifetime of {describe_duration(timeout)}"
     else:
         idle = record.get("idle_seconds")
-        why = f"its GPUs{gpus} were idle"
+        why = "it had no activity" if record.get("cpu_only") else f"its GPUs{gpus} were idle"
         if isinstance(idle, (int, float)):
             why += f" for {describe_duration(idle)}"
         if isinstance(timeout, (int, float)):

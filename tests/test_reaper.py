@@ -450,3 +450,13 @@ def test_the_stop_phrase_says_seconds_and_the_clock():
     deadline = 1_700_000_045.0  # 22:14:05 UTC
     assert stop_phrase(deadline, deadline - 45) == "in 45 s (at 22:14:05 UTC)"
     assert stop_phrase(deadline, deadline - 600) == "in 10 min (at 22:14:05 UTC)"
+
+
+def test_the_hub_home_page_says_a_cpu_only_server_had_no_activity():
+    from jupyter_gpusched.stop_notice import sentence
+
+    cpu = sentence({"cpu_only": True, "gpus": "gpu1", "idle_seconds": 6, "timeout": 6})
+    assert "it had no activity for 6 s, and the idle timeout is 6 s" in cpu, cpu
+    assert "GPU" not in cpu, cpu
+    gpu = sentence({"cpu_only": False, "gpus": "gpu1: 0", "idle_seconds": 6, "timeout": 6})
+    assert "its GPUs (gpu1: 0) were idle for 6 s" in gpu, gpu

@@ -67,9 +67,16 @@ CI_CONFIG = """
 c.GPUSchedSpawner.queue_poll_interval = 0.5
 c.Spawner.args = ["--GPUMonitor.interval=1"]
 c.Spawner.http_timeout = 90
+# a CPU-only server's activity reaches the hub (and so the reaper) within a second, not a minute
+c.JupyterHub.last_activity_interval = 1
+c.Spawner.environment = {**c.Spawner.environment, "JUPYTERHUB_ACTIVITY_INTERVAL": "1"}
 """
-# the service's own GPU samples, which the reaper decides on, every second (default 10 s)
-CI_SERVICE_ARGS = ("--GPUSchedService.gpu_sample_interval=1",)
+# the service's own GPU samples, which the reaper decides on, and its reads of the hub's
+# activity (CPU-only servers), every second (defaults 10 s and 60 s)
+CI_SERVICE_ARGS = (
+    "--GPUSchedService.gpu_sample_interval=1",
+    "--GPUSchedService.hub_activity_interval=1",
+)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import re
 import time
 
 import test_spawner as ts
-from journey import TIMEOUT_MS, service, shot, skip_if_missing, stop_everything, sync_api
+from journey import TIMEOUT_MS, jobs_of, service, shot, skip_if_missing, stop_everything, sync_api
 
 skip_if_missing()
 expect = sync_api.expect
@@ -97,6 +97,58 @@ def test_warned_first_then_culled_and_told_why(demo, people):
     expect(alice.locator("body")).to_contain_text(re.compile("idle", re.I))
     expect(alice.locator("body")).to_contain_text(re.compile("reaper|stopped", re.I))
     shot(alice, TEST, "3-home-says-why")
+
+    response = service(
+        hub, "PUT", "api/reaper", "admin", json={"profile_timeouts": {}, "warning_lead": 300}
+    )
+    assert response.status_code == 200, response.text
+    stop_everything(hub)
+
+
+def test_a_cpu_only_server_is_reaped_on_activity(demo, people):
+    """bob picks the demo's CPU-only profile in the spawn form: his Lab says so, the reaper
+    judges the server by the hub's activity (no GPUs to sample); once bob has left it, admin
+    lowers that profile's timeout and the server is warned, then stopped for no activity, and
+    the hub's home page says so."""
+    hub = demo
+    bob = people("bob")
+    bob.goto(f"{hub.url}/hub/spawn")
+    expect(bob.locator("label[for=gpusched-profile-cpu-only]")).to_contain_text("CPU only")
+    bob.check("#gpusched-profile-cpu-only")
+    shot(bob, TEST, "4-cpu-only-profile")
+    bob.get_by_role("button", name=re.compile("Start")).click()
+    bob.wait_for_url(re.compile(".*/user/bob/lab.*"), timeout=TIMEOUT_MS * 3)
+    expect(bob.locator(".jp-gpusched-status")).to_contain_text("CPU only", timeout=TIMEOUT_MS)
+    shot(bob, TEST, "5-cpu-only-lab")
+    [job] = jobs_of(hub, "bob", "running")
+    assert job["gpus"] == 0 and job["kind"] == "notebook", job
+
+    deadline = time.monotonic() + 30
+    while (session := _session(hub, "bob")).get("measured_by") != "hub (last_activity)":
+        assert time.monotonic() < deadline, session
+        time.sleep(0.5)
+    assert session["profile"] == "cpu-only" and session["timeout"] == 1800, session
+
+    # bob leaves his Lab (its polls are activity); admin lowers the CPU-only profile's timeout
+    bob.goto(f"{hub.url}/hub/home")
+    response = service(
+        hub,
+        "PUT",
+        "api/reaper",
+        "admin",
+        json={"profile_timeouts": {"cpu-only": 6}, "warning_lead": 4},
+    )
+    assert response.status_code == 200, response.text
+    ts.wait_gone(hub, "bob")
+    [warned] = _events(hub, "bob", "reaper-warning")[:1]
+    [cull] = _events(hub, "bob", "reaper-cull")[:1]
+    assert warned["message"].startswith("This server has had no activity since"), warned
+    assert cull["time"] - warned["time"] >= 4 - 1, (warned, cull)
+    assert "no activity" in cull["message"], cull
+
+    bob.goto(f"{hub.url}/hub/home")
+    expect(bob.locator("body")).to_contain_text(re.compile("no activity", re.I))
+    shot(bob, TEST, "6-cpu-only-home-says-why")
 
     response = service(
         hub, "PUT", "api/reaper", "admin", json={"profile_timeouts": {}, "warning_lead": 300}

@@ -35,6 +35,11 @@ def _events(hub, user: str, kind: str) -> list[dict]:
     return response.json()["events"]
 
 
+def _set_reaper(hub, **settings) -> None:
+    response = service(hub, "PUT", "api/reaper", "admin", json=settings)
+    assert response.status_code == 200, response.text
+
+
 def test_warned_first_then_culled_and_told_why(demo, people):
     hub = demo
     alice = people("alice")
@@ -54,14 +59,7 @@ def test_warned_first_then_culled_and_told_why(demo, people):
     # alice has been idle since her server started (no kernel, GPU at 0%): admin lowers the
     # profile's timeout below that
     lowered = time.time()
-    response = service(
-        hub,
-        "PUT",
-        "api/reaper",
-        "admin",
-        json={"profile_timeouts": {"gpu-1": 2}, "warning_lead": WARNING_LEAD},
-    )
-    assert response.status_code == 200, response.text
+    _set_reaper(hub, profile_timeouts={"gpu-1": 2}, warning_lead=WARNING_LEAD)
 
     # the warning comes first: a toast that is not cut off, the whole text one click away
     toast = alice.locator(".Toastify__toast").filter(has_text="Idle server:")
@@ -98,10 +96,7 @@ def test_warned_first_then_culled_and_told_why(demo, people):
     expect(alice.locator("body")).to_contain_text(re.compile("reaper|stopped", re.I))
     shot(alice, TEST, "3-home-says-why")
 
-    response = service(
-        hub, "PUT", "api/reaper", "admin", json={"profile_timeouts": {}, "warning_lead": 300}
-    )
-    assert response.status_code == 200, response.text
+    _set_reaper(hub, profile_timeouts={}, warning_lead=300)  # the demo's again
     stop_everything(hub)
 
 
@@ -131,14 +126,7 @@ def test_a_cpu_only_server_is_reaped_on_activity(demo, people):
 
     # bob leaves his Lab (its polls are activity); admin lowers the CPU-only profile's timeout
     bob.goto(f"{hub.url}/hub/home")
-    response = service(
-        hub,
-        "PUT",
-        "api/reaper",
-        "admin",
-        json={"profile_timeouts": {"cpu-only": 6}, "warning_lead": 4},
-    )
-    assert response.status_code == 200, response.text
+    _set_reaper(hub, profile_timeouts={"cpu-only": 6}, warning_lead=4)
     ts.wait_gone(hub, "bob")
     [warned] = _events(hub, "bob", "reaper-warning")[:1]
     [cull] = _events(hub, "bob", "reaper-cull")[:1]
@@ -150,8 +138,5 @@ def test_a_cpu_only_server_is_reaped_on_activity(demo, people):
     expect(bob.locator("body")).to_contain_text(re.compile("no activity", re.I))
     shot(bob, TEST, "6-cpu-only-home-says-why")
 
-    response = service(
-        hub, "PUT", "api/reaper", "admin", json={"profile_timeouts": {}, "warning_lead": 300}
-    )
-    assert response.status_code == 200, response.text
+    _set_reaper(hub, profile_timeouts={}, warning_lead=300)  # the demo's again
     stop_everything(hub)

@@ -350,7 +350,7 @@ class Reaper:
             message = f"GPU use not measured since {since}: {action.reason} (unmonitored: {mode})"
             data = {"since": action.since, "reason": action.reason, "unmonitored": mode}
             data["measured_by"] = session.measured_by
-            self._tell(session, "reaper-unmonitored", message, data, None)
+            self._tell(session, "reaper-unmonitored", message, data, None, now)
         if action.notify and self.live.hub is not None:
             session.unmonitored_told = now
             message = (
@@ -384,7 +384,7 @@ class Reaper:
         )
         data = self._evidence(session, action, settings, now)
         notice = {"kind": "idle", "deadline": action.deadline}
-        self._tell(session, "reaper-warning", message, data, notice)
+        self._tell(session, "reaper-warning", message, data, notice, now)
 
     def _shutdown_kernels(
         self, session: Session, action: ShutdownKernels, settings: dict, now: float
@@ -400,15 +400,16 @@ class Reaper:
         kernels = list(action.kernel_ids)
         data = {**self._evidence(session, action, settings, now), "kernel_ids": kernels}
         notice = {"kind": "shutdown-kernels", "kernel_ids": kernels, "deadline": action.deadline}
-        self._tell(session, "reaper-kernels", message, data, notice)
+        self._tell(session, "reaper-kernels", message, data, notice, now)
 
-    def _tell(self, session: Session, event_kind: str, message: str, data: dict, notice):
+    def _tell(self, session: Session, event_kind: str, message: str, data: dict, notice, now):
         """Audit ``event_kind`` with its evidence, log it, and post the ``notice`` (None: none)
-        to the server: one message for all three."""
+        to the server: one message for all three. The event's time is ``now``, the decision's
+        (the one its lead and deadline count from), not the moment it was written."""
         job = self.live.engine.jobs[session.job_id]
         log.info("reaper: %s of %s (%s): %s", event_kind, job.id, job.user, message)
         event = self.live._event(event_kind, job, "reaper", message)
-        event["data"] = data
+        event["time"], event["data"] = now, data
         self.live.store.add_event(event)
         hub = self.live.hub
         if hub is not None and notice is not None:
@@ -428,7 +429,7 @@ class Reaper:
         message = f"culled by the reaper: {why}"
         log.info("reaper: reaper-cull of %s (%s): %s", job.id, job.user, message)
         event = self.live._event("reaper-cull", job, "reaper", message)
-        event["data"] = self._evidence(session, action, settings, now)
+        event["time"], event["data"] = now, self._evidence(session, action, settings, now)
         self.live.store.add_event(event)
         if self.metrics is not None:
             self.metrics.culls.inc()

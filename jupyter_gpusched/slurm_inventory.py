@@ -348,7 +348,7 @@ class SlurmNodeSync:
 
     def __init__(self, live, interval: float = 10.0, clock=time.monotonic, launcher=None):
         self.live = live
-        self.launcher = launcher or live.launcher  # anything with node_states()
+        self.launcher = launcher or live.launcher  # one that reports_node_states
         self.interval = interval
         self.clock = clock
         self._last = -float("inf")
@@ -356,9 +356,7 @@ class SlurmNodeSync:
         self.imposed: dict[str, str] = dict(live.store.get_setting(self.SETTING, {}) or {})
 
     def due(self) -> bool:
-        return self.clock() - self._last >= self.interval or getattr(
-            self.launcher, "node_refresh_wanted", False
-        )
+        return self.clock() - self._last >= self.interval or self.launcher.node_refresh_wanted
 
     def sync(self, force: bool = False) -> list[tuple[str, str]]:
         """Apply Slurm's node states; return the changes made, ``[(node, state), ...]``."""

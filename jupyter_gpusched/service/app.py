@@ -319,7 +319,7 @@ class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sourc
             raise ConfigError(exc.message, source="GPUSchedService", field=exc.field) from None
         engine = Scheduler(cluster, tree, settings, self.policy)
         launcher = self.launcher_class(parent=self)
-        if os.geteuid() == 0 and not getattr(launcher, "run_as_submitting_user", True):
+        if os.geteuid() == 0 and not launcher.run_as_submitting_user:
             self.log.warning(
                 "jobs run as root: the service is root and run_as_submitting_user is False "
                 "(docs/security.md)"
@@ -343,7 +343,7 @@ class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sourc
         live.hub = HubClient.from_environment(self.proxy_url)
         if live.hub is not None:
             live.hub_activity = HubActivity(live, self.hub_activity_interval)
-        if hasattr(live.launcher, "node_states"):  # a Slurm launcher: follow Slurm's nodes
+        if launcher.reports_node_states:  # a Slurm launcher: follow Slurm's nodes
             from ..slurm_inventory import SlurmNodeSync
 
             live.node_sync = SlurmNodeSync(live, interval=self.slurm_node_interval)

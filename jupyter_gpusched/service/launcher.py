@@ -131,6 +131,21 @@ class Launcher(LoggingConfigurable):
     #: The log directory's mode (GPUSchedService sets it at start): the service's alone.
     log_dir_mode = 0o700
 
+    # What a backend can do is declared here, and a backend that can more says so (the
+    # service reads these; it never probes a launcher with hasattr):
+    #: Jobs run as their hub user's account (a Bool trait where a backend can do it).
+    run_as_submitting_user = False
+    #: The backend knows the nodes' states (Slurm's), and the service follows them:
+    #: :meth:`node_states` is implemented (service/slurm.py), ``node_refresh_wanted`` is set
+    #: when a launch found them changed.
+    reports_node_states = False
+    node_refresh_wanted = False
+
+    def node_states(self) -> dict[str, tuple[str | None, str]]:
+        """``{node: (state or None, reason)}`` as the backend sees them (see
+        :attr:`reports_node_states`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not report node states")
+
     account_policy = Instance(
         AccountPolicy,
         help="Which accounts jobs may run as (configured as c.AccountPolicy.*).",
@@ -144,8 +159,7 @@ class Launcher(LoggingConfigurable):
         """The account jobs of hub user ``user`` run as (None: the service's own), or
         :class:`~jupyter_gpusched.accounts.AccountRefused` saying why none may. Asked at submit
         and at every launch."""
-        as_user = getattr(self, "run_as_submitting_user", False)
-        return submitting_account(user, as_user, self.account_policy)
+        return submitting_account(user, self.run_as_submitting_user, self.account_policy)
 
     def cwd_problem(self, account: pwd.struct_passwd | None, cwd: str) -> str | None:
         """Why a job of ``account`` (None: the service's) could not enter ``cwd``, checked at

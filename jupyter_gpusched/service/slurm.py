@@ -124,6 +124,8 @@ class SlurmRefused(LaunchError):
 class SlurmLauncher(Launcher, SlurmOptions):
     """Runs batch jobs as Slurm jobs on the nodes the engine chose (see the module docstring)."""
 
+    reports_node_states = True  # sinfo: the service follows Slurm's node states
+
     run_as_submitting_user = Bool(
         True,
         help="When the service runs as root, submit each job as the hub user who submitted it "

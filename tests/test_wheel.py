@@ -94,7 +94,8 @@ def test_the_sdist_rebuilds_the_lab_extension_from_its_sources(dist, tmp_path):
         assert not any(n.startswith(f"{NAME}/labextension/node_modules") for n in names)
         if shutil.which("npm") is None:
             pytest.skip("no npm: the extension cannot be rebuilt from the sdist's sources")
-        sdist.extractall(tmp_path, filter="data")
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python >= 3.11.4
+        sdist.extractall(tmp_path, **safe)
     unpacked = tmp_path / NAME
     shutil.rmtree(unpacked / "jupyter_gpusched" / "labextension")
     _build(unpacked, tmp_path / "dist", "--wheel")

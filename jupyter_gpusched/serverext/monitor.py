@@ -129,7 +129,7 @@ class GPUMonitor(LoggingConfigurable):
                     )
                 else:  # a server of its own (`jupyter lab`, not a scheduler job's): no GPUs are
                     # expected of it and it reports to nobody, so this is not an error
-                    self.log.info("gpusched monitor: no GPU telemetry (%s)", exc)
+                    self.log.info("gpusched monitor: %s", exc)
         return self._telemetry
 
     @property

@@ -58,10 +58,12 @@ export DEMO_HELP
 
 install: $(STAMP)
 
+# SKIP_JUPYTER_BUILDER: the build hook (pyproject.toml) would build the Lab extension here too;
+# the labextension target below builds it instead (after `system` gives npm), once, and links it.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	SKIP_JUPYTER_BUILDER=1 $(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 ## make system: the Debian packages the tests start for real (PostgreSQL, npm), if missing.
@@ -79,6 +81,7 @@ $(NODE_STAMP): package.json package-lock.json | system
 ## make labextension: the JupyterLab extension (labextension/, TypeScript) built with
 ## @jupyter/builder into jupyter_gpusched/labextension, which the wheel ships as
 ## share/jupyter/labextensions/jupyter-gpusched; linked there in .venv for this checkout.
+## `python -m build` and `pip install .` run the same npm build through the build hook.
 labextension: $(LAB_STAMP)
 
 $(LAB_STAMP): $(LAB_SOURCES) | $(STAMP) system

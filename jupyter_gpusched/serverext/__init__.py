@@ -12,10 +12,12 @@ Routes (under the server's base URL, authenticated like every jupyter-server API
 * ``GET /gpusched/api/kernels``: the GPU monitor's per-kernel and per-server utilization, memory
   and last GPU use (:mod:`.monitor`, configured as ``GPUMonitor.interval`` etc.).
 
-The spawner enables the extension on the command line of the servers it starts
-(``--ServerApp.jpserver_extensions=jupyter_gpusched.serverext=True``); enable it elsewhere with
-``jupyter server extension enable jupyter_gpusched.serverext``. Later issues add GPU monitoring
-routes under the same ``/gpusched/api/`` prefix.
+The wheel enables it in every jupyter server of the environment it is installed in
+(``etc/jupyter/jupyter_server_config.d/jupyter_gpusched.json``, from ``jupyter-config/``), and the
+spawner on the command line of the servers it starts
+(``--ServerApp.jpserver_extensions=jupyter_gpusched.serverext=True``, the same name, so it loads
+once); ``jupyter server extension enable jupyter_gpusched.serverext`` where neither applies.
+Later issues add GPU monitoring routes under the same ``/gpusched/api/`` prefix.
 """
 
 from __future__ import annotations

@@ -112,7 +112,8 @@ class GPUMonitor(LoggingConfigurable):
 
     @property
     def telemetry(self):
-        """The GPU telemetry, or None (``telemetry_error`` says why; logged once, as an error)."""
+        """The GPU telemetry, or None (``telemetry_error`` says why; logged once: as an error in a
+        scheduler job's server)."""
         if self._telemetry is None and self.telemetry_error is None:
             from ..gpu import get_telemetry
 
@@ -120,11 +121,15 @@ class GPUMonitor(LoggingConfigurable):
                 self._telemetry = get_telemetry(self.gpu_backend)
             except (TelemetryUnavailable, ValueError) as exc:
                 self.telemetry_error = str(exc)
-                self.log.error(
-                    "gpusched monitor: %s. This server's reports to the scheduler say it has no "
-                    "GPU samples.",
-                    exc,
-                )
+                if self.job_id:
+                    self.log.error(
+                        "gpusched monitor: %s. This server's reports to the scheduler say it has "
+                        "no GPU samples.",
+                        exc,
+                    )
+                else:  # a server of its own (`jupyter lab`, not a scheduler job's): no GPUs are
+                    # expected of it and it reports to nobody, so this is not an error
+                    self.log.info("gpusched monitor: %s", exc)
         return self._telemetry
 
     @property

@@ -22,13 +22,13 @@ import os
 import time
 from dataclasses import dataclass
 
-from ..accounts import AccountRefused
+from ..backends.accounts import AccountRefused
+from ..backends.local.launcher import Exit, LaunchError, LaunchSpec
 from ..core.decisions import Preempt, Start, Stop
 from ..core.errors import ConfigError
 from ..core.jobs import Job, JobState
 from ..core.scheduler import Scheduler
 from ..core.wording import gpus_text
-from .launcher import Exit, LaunchError, LaunchSpec
 from .records import Extra, allocation_rows, job_id_for, row_for, state_fields
 from .requests import JobRequest, RequestError
 from .server_stops import ServerStops

@@ -167,7 +167,7 @@ class Scenario:
 
 def gpu_memory(state_dir: Path, cluster_file: str, gpus: list[int]) -> tuple[float, float]:
     """(utilization, memory GB) of ``gpus`` of the simulated node, summed."""
-    from jupyter_gpusched.gpu.simulated import SimulatedTelemetry
+    from jupyter_gpusched.backends.gpu.simulated import SimulatedTelemetry
 
     telemetry = SimulatedTelemetry(
         node=NODE, cluster=cluster_file, state_dir=f"{state_dir}-sim-gpus"

@@ -18,8 +18,8 @@ import sys
 import tempfile
 import time
 
-from jupyter_gpusched.gpu import SimulatedTelemetry, simulate_load
-from jupyter_gpusched.serverext.monitor import GPUMonitor
+from jupyter_gpusched.backends.gpu import SimulatedTelemetry, simulate_load
+from jupyter_gpusched.notebook.serverext.monitor import GPUMonitor
 
 SLEEPER = "import time; time.sleep(3600)"
 

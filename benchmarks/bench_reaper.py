@@ -98,7 +98,7 @@ def one_round(hub, rh, ts, poller: Poller, args) -> dict:
     rh.wait_reported(hub, USER)
     kernel = rh.start_kernel(hub, USER)
     burst_began = time.time()
-    code = "from jupyter_gpusched.gpu import simulate_load\n"
+    code = "from jupyter_gpusched.backends.gpu import simulate_load\n"
     code += f"simulate_load(util=90, seconds={args.burst:g})"
     reply = rh.execute(hub, USER, kernel, code)
     if reply.get("status") != "ok":

@@ -59,7 +59,7 @@ EXTRA_CONFIG = """
 # -- added by benchmarks/bench_spawn.py: carol's servers by a plain LocalProcessSpawner
 import os
 from jupyterhub.spawner import LocalProcessSpawner
-from jupyter_gpusched.spawner import GPUSchedSpawner
+from jupyter_gpusched.hub.spawner import GPUSchedSpawner
 
 PLAIN_USERS = {plain!r}
 

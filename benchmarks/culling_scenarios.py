@@ -30,18 +30,18 @@ REAPER_FIELDS = (*REAPER_TIMES, "timeout", "gpus", "exempt", "last_sample", "ign
 
 BUSY_CELL = """\
 import time
-from jupyter_gpusched.gpu import simulate_load
+from jupyter_gpusched.backends.gpu import simulate_load
 while True:  # the whole run: a training loop that never prints
     simulate_load(util=95, memory_gb=30, seconds=30)
     time.sleep(5)
 """
 MEMORY_CELL = (
-    "from jupyter_gpusched.gpu import simulate_load\n"
+    "from jupyter_gpusched.backends.gpu import simulate_load\n"
     f"simulate_load(util=0, memory_gb={HELD_MEMORY_GB}, seconds=None)"
 )
 THREAD_CELL = """\
 import threading, time
-from jupyter_gpusched.gpu import simulate_load
+from jupyter_gpusched.backends.gpu import simulate_load
 def _train():
     while True:
         simulate_load(util=95, memory_gb=30, seconds=30)
@@ -55,7 +55,7 @@ def cpu_profile_refusal() -> str | None:
     """Why this checkout's spawner refuses a ``gpus: 0`` profile, or None if it takes one."""
     from traitlets import TraitError
 
-    from jupyter_gpusched.profiles import normalize_profiles
+    from jupyter_gpusched.hub.profiles import normalize_profiles
 
     try:
         normalize_profiles([CPU_PROFILE])
@@ -81,7 +81,7 @@ def hub_config(tool: str, timeout: float, cull_every: float, with_cpu: bool, mon
     lines = [
         "# -- added by benchmarks/bench_culling.py",
         f"c.GPUSchedSpawner.profiles = {profiles!r}",
-        "from jupyter_gpusched.profiles import pass_idle_timeouts_to_service",
+        "from jupyter_gpusched.hub.profiles import pass_idle_timeouts_to_service",
         "pass_idle_timeouts_to_service(c)",
         "c.GPUSchedSpawner.queue_poll_interval = 0.3",
         "c.Spawner.http_timeout = 60",

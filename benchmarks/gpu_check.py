@@ -75,12 +75,12 @@ torch.cuda.synchronize()
 print("idle-ready", flush=True)
 """
 BUSY_SIMULATED = """
-from jupyter_gpusched.gpu import simulate_load
+from jupyter_gpusched.backends.gpu import simulate_load
 simulate_load(util=95, memory_gb=2, seconds={seconds})
 print("busy-ready", flush=True)
 """
 IDLE_SIMULATED = """
-from jupyter_gpusched.gpu import simulate_load
+from jupyter_gpusched.backends.gpu import simulate_load
 simulate_load(util=0, memory_gb=1, seconds=None)
 print("idle-ready", flush=True)
 """
@@ -135,7 +135,7 @@ def start_kernel(env: dict):
 
 
 def run(args) -> dict:
-    from jupyter_gpusched.gpu import get_telemetry
+    from jupyter_gpusched.backends.gpu import get_telemetry
 
     started = time.monotonic()
     result: dict = {
@@ -275,7 +275,7 @@ class ReaperCheck:
     """Each kernel as its own reaper session, decided on at each sample."""
 
     def __init__(self, args, kernels: dict, backend: str):
-        from jupyter_gpusched.serverext.monitor import GPUMonitor
+        from jupyter_gpusched.notebook.serverext.monitor import GPUMonitor
         from jupyter_gpusched.service.reaper import Session, trusted_backends, validate
 
         self.args = args

@@ -90,7 +90,7 @@ PY
 [ -z "$missing" ] || fail "missing Python packages for $py: $missing (pip install $missing)"
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-error=$("$py" -c 'import jupyter_gpusched.serverext.monitor, jupyter_gpusched.service.reaper' 2>&1) ||
+error=$("$py" -c 'import jupyter_gpusched.notebook.serverext.monitor, jupyter_gpusched.service.reaper' 2>&1) ||
     fail "the project's monitor or reaper does not import with $py (pip install -e .): ${error##*$'\n'}"
 timeout --kill-after=5 290 "$py" benchmarks/gpu_check.py --backend "$backend" "$@"
 rc=$?

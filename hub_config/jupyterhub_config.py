@@ -48,11 +48,11 @@ as the Unix user who submitted it, so alice, bob, carol and admin must exist on 
 import os
 import sys
 
-from jupyter_gpusched.gpu.simulated import make_load_dir
-from jupyter_gpusched.profiles import pass_idle_timeouts_to_service
-from jupyter_gpusched.singleuser_command import singleuser_command
-from jupyter_gpusched.stop_notice import TEMPLATE_DIR as HUB_TEMPLATES
-from jupyter_gpusched.stop_notice import stopped_servers
+from jupyter_gpusched.backends.gpu.simulated import make_load_dir
+from jupyter_gpusched.hub.profiles import pass_idle_timeouts_to_service
+from jupyter_gpusched.hub.singleuser_command import singleuser_command
+from jupyter_gpusched.hub.stop_notice import TEMPLATE_DIR as HUB_TEMPLATES
+from jupyter_gpusched.hub.stop_notice import stopped_servers
 
 c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
 
@@ -118,8 +118,8 @@ c.JupyterHub.default_url = "/hub/home"
 # The hub's pages, changed in two ways: "Stop Server" on a start waiting in the GPU queue leads
 # back to the home page (spawn_pending.html); the home page (and its "Server
 # not running" page) says when and why the idle reaper stopped a server of the user's
-# (jupyter_gpusched/stop_notice.py; templates that extend JupyterHub's own).
-c.JupyterHub.template_paths = [HUB_TEMPLATES]  # jupyter_gpusched/hub_templates/
+# (jupyter_gpusched/hub/stop_notice.py; templates that extend JupyterHub's own).
+c.JupyterHub.template_paths = [HUB_TEMPLATES]  # jupyter_gpusched/hub/templates/
 c.JupyterHub.template_vars = {"gpusched_stopped": stopped_servers}
 
 
@@ -203,7 +203,7 @@ c.JupyterHub.services = [
 # -- notebook servers: GPUSchedSpawner -----------------------------------------------------------
 # Every start asks the scheduler service for GPUs (as the user), waits in its queue while the spawn
 # page shows the position, the reason and the ETA, then starts jupyterhub-singleuser with
-# CUDA_VISIBLE_DEVICES set to the allocated GPUs. See jupyter_gpusched/spawner.py.
+# CUDA_VISIBLE_DEVICES set to the allocated GPUs. See jupyter_gpusched/hub/spawner.py.
 c.JupyterHub.spawner_class = "gpusched"
 c.GPUSchedSpawner.profiles = [
     {
@@ -266,7 +266,7 @@ c.GPUSchedSpawner.run_as_hub_user = os.geteuid() != 0
 c.GPUSchedSpawner.home_dir_template = os.path.join(STATE, "home", "{username}")
 # The single-user server of this virtual environment, whatever PATH the hub was started with,
 # in a way its users can run (a system python3 when this one lives under /root: see
-# jupyter_gpusched/singleuser_command.py).
+# jupyter_gpusched/hub/singleuser_command.py).
 SERVER_CMD, SERVER_ENV = singleuser_command()
 c.Spawner.cmd = SERVER_CMD
 c.Spawner.default_url = "/lab"  # JupyterLab, with the GPU panel (labextension/)

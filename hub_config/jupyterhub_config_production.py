@@ -18,9 +18,9 @@ from the demo (``jupyterhub_config.py``) in what a shared, long-running hub need
 
 import sys
 
-from jupyter_gpusched.profiles import pass_idle_timeouts_to_service
-from jupyter_gpusched.stop_notice import TEMPLATE_DIR as HUB_TEMPLATES
-from jupyter_gpusched.stop_notice import stopped_servers
+from jupyter_gpusched.hub.profiles import pass_idle_timeouts_to_service
+from jupyter_gpusched.hub.stop_notice import TEMPLATE_DIR as HUB_TEMPLATES
+from jupyter_gpusched.hub.stop_notice import stopped_servers
 
 c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
 
@@ -84,7 +84,7 @@ c.JupyterHub.services = [
 
 # -- notebook servers --------------------------------------------------------------------------
 c.JupyterHub.spawner_class = "gpusched"
-# The hub's pages with the scheduler's changes (jupyter_gpusched/hub_templates/): the home page
+# The hub's pages with the scheduler's changes (jupyter_gpusched/hub/templates/): the home page
 # says when and why the idle reaper stopped a server; Stop Server on a queued start leads home.
 c.JupyterHub.template_paths = [HUB_TEMPLATES]
 c.JupyterHub.template_vars = {"gpusched_stopped": stopped_servers}

@@ -10,6 +10,6 @@ __version__ = "0.1.0"
 
 def load_ipython_extension(ipython):
     """``%load_ext jupyter_gpusched``: the ``%%gpujob`` and ``%gpusched`` magics."""
-    from .magics import GPUSchedMagics
+    from .notebook.magics import GPUSchedMagics
 
     ipython.register_magics(GPUSchedMagics)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import yaml
 
+from .backends.gpu.discover import expand_discover
 from .core import Cluster, ConfigError, PolicySettings, QueueTree
 from .core.settings import policy_error
-from .gpu.discover import expand_discover
 
 
 class LineDict(dict):
@@ -58,7 +58,7 @@ def load_cluster(path) -> Cluster:
     (see docs/gpu.md)."""
     data = expand_discover(read_yaml(path), source=str(path))
     if isinstance(data, dict) and data.get("nodes") == "slurm":  # read from scontrol
-        from .slurm_inventory import cluster_document
+        from .backends.slurm.inventory import cluster_document
 
         data = cluster_document(data, source=str(path))
     return Cluster.from_dict(data, source=str(path))

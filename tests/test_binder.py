@@ -2,8 +2,8 @@
 with no hub, then the session's command; the service ends with the command.
 
 Run for real here: ``binder/start`` with a command that submits a batch job through
-``jupyter_gpusched.client`` (as a notebook cell would) and waits for it, in a throwaway HOME.
-The environment and ``postBuild`` are checked for what Binder needs of them.
+``jupyter_gpusched.notebook.client`` (as a notebook cell would) and waits for it, in a throwaway
+HOME. The environment and ``postBuild`` are checked for what Binder needs of them.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ SESSION = textwrap.dedent(
     """
     import os
     from jupyter_gpusched import client
-    from jupyter_gpusched.widgets import QueueWidget
+    from jupyter_gpusched.notebook.widgets import QueueWidget
 
     print("url", os.environ["GPUSCHED_SERVICE_URL"])
     print("session", os.environ["GPUSCHED_JOB_ID"], os.environ["CUDA_VISIBLE_DEVICES"])
@@ -134,7 +134,8 @@ def test_the_environment_and_postbuild_install_this_repository():
     assert any(str(d).startswith("nodejs") for d in deps)  # builds the lab extension if needed
     post = (BINDER / "postBuild").read_text()
     assert "pip install --no-cache-dir ." in post
-    assert "jupyter server extension enable --sys-prefix jupyter_gpusched.serverext" in post
+    enable = "jupyter server extension enable --sys-prefix jupyter_gpusched.notebook.serverext"
+    assert enable in post
     for script in ("postBuild", "start"):
         assert os.access(BINDER / script, os.X_OK), f"binder/{script} is not executable"
     assert (BINDER / "start").read_text().rstrip().endswith('exec "$@"')

@@ -1,5 +1,5 @@
-"""The notebook client (``jupyter_gpusched.client``), the IPython magics and the queue widget,
-against a real in-process service with token-file auth (``tests/service_helpers.py``).
+"""The notebook client (``jupyter_gpusched.notebook.client``), the IPython magics and the queue
+widget, against a real in-process service with token-file auth (``tests/service_helpers.py``).
 
 The service runs on an event loop in a background thread, so the synchronous client is used
 as in a notebook: plain calls from the test's thread.
@@ -20,8 +20,8 @@ import time
 import pytest
 from service_helpers import TOKENS, start_service
 
-from jupyter_gpusched import client as gc
-from jupyter_gpusched.client import Client, GPUSchedError, JobFailedError
+from jupyter_gpusched.notebook import client as gc
+from jupyter_gpusched.notebook.client import Client, GPUSchedError, JobFailedError
 
 FILL = {"gpus": 8, "gpu_model": "H100", "command": "sleep 60"}
 
@@ -217,7 +217,7 @@ def shell(service, monkeypatch, workdir):
     result = ip.run_cell("%load_ext jupyter_gpusched", store_history=False)
     assert result.success, result.error_in_exec
     yield ip
-    from jupyter_gpusched.magics import GPUSchedMagics
+    from jupyter_gpusched.notebook.magics import GPUSchedMagics
 
     ip.magics_manager.registry.pop(GPUSchedMagics.__name__, None)
     ip.extension_manager.loaded.discard("jupyter_gpusched")
@@ -311,7 +311,7 @@ def test_gpujob_bad_options_are_one_line_usage_errors(shell, workdir, capsys):
 
 # -- the widget --------------------------------------------------------------------------------
 def test_queue_widget_rows_and_cancel(service):
-    from jupyter_gpusched.widgets import QueueWidget
+    from jupyter_gpusched.notebook.widgets import QueueWidget
 
     alice = service.client()
     fill_h100(alice)
@@ -333,7 +333,7 @@ def test_queue_widget_rows_and_cancel(service):
 
 
 def test_queue_widget_refreshes_in_a_thread_and_stops_on_close(service):
-    from jupyter_gpusched.widgets import QueueWidget
+    from jupyter_gpusched.notebook.widgets import QueueWidget
 
     alice = service.client()
     widget = QueueWidget(alice, interval=0.05)  # no running loop here: a thread
@@ -356,7 +356,7 @@ def test_queue_widget_refreshes_in_a_thread_and_stops_on_close(service):
 
 
 def test_queue_widget_on_a_running_loop_does_not_block_it(service):
-    from jupyter_gpusched.widgets import QueueWidget
+    from jupyter_gpusched.notebook.widgets import QueueWidget
 
     alice = service.client()
 
@@ -378,7 +378,7 @@ def test_queue_widget_on_a_running_loop_does_not_block_it(service):
 
 
 def test_job_display(service):
-    from jupyter_gpusched.widgets import JobWidget, job_widget_bundle
+    from jupyter_gpusched.notebook.widgets import JobWidget, job_widget_bundle
 
     alice = service.client()
     fill_h100(alice)

@@ -1,6 +1,6 @@
-"""GPU telemetry (jupyter_gpusched.gpu): the simulated backend across real processes, the NVML
-adapter against a fake ``pynvml`` module (unit tests only: no GPU here), ``nodes: discover`` and
-rogue processes."""
+"""GPU telemetry (jupyter_gpusched.backends.gpu): the simulated backend across real processes, the
+NVML adapter against a fake ``pynvml`` module (unit tests only: no GPU here), ``nodes: discover``
+and rogue processes."""
 
 from __future__ import annotations
 
@@ -16,9 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jupyter_gpusched.core import Cluster, ConfigError
-from jupyter_gpusched.files import read_yaml
-from jupyter_gpusched.gpu import (
+from jupyter_gpusched.backends.gpu import (
     Device,
     DeviceSample,
     GPUProcess,
@@ -28,8 +26,8 @@ from jupyter_gpusched.gpu import (
     simulate_load,
     stop_load,
 )
-from jupyter_gpusched.gpu import nvml as nvml_backend
-from jupyter_gpusched.gpu.discover import (
+from jupyter_gpusched.backends.gpu import nvml as nvml_backend
+from jupyter_gpusched.backends.gpu.discover import (
     ROGUE_NO_JOB,
     ROGUE_OUTSIDE_ALLOCATION,
     expand_discover,
@@ -39,7 +37,9 @@ from jupyter_gpusched.gpu.discover import (
     nvlink_spec,
     rogue_processes,
 )
-from jupyter_gpusched.gpu.simulated import simulated_uuid
+from jupyter_gpusched.backends.gpu.simulated import simulated_uuid
+from jupyter_gpusched.core import Cluster, ConfigError
+from jupyter_gpusched.files import read_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_CLUSTER = ROOT / "examples" / "cluster.yaml"
@@ -85,7 +85,7 @@ def start_loader(sim_dir, cuda_visible, util, memory_gb, seconds, node="n1"):
     code = textwrap.dedent(
         f"""
         import sys
-        from jupyter_gpusched.gpu import simulate_load
+        from jupyter_gpusched.backends.gpu import simulate_load
         simulate_load(util={util}, memory_gb={memory_gb}, seconds={seconds})
         print("ready", flush=True)
         sys.stdin.readline()
@@ -214,8 +214,8 @@ def test_no_user_fakes_a_load_of_another_users_process():
 
     from hub_harness import _create_demo_users
 
-    from jupyter_gpusched.gpu.simulated import make_load_dir
-    from jupyter_gpusched.singleuser_command import singleuser_command
+    from jupyter_gpusched.backends.gpu.simulated import make_load_dir
+    from jupyter_gpusched.hub.singleuser_command import singleuser_command
 
     _create_demo_users()
     alice, bob = pwd.getpwnam("alice"), pwd.getpwnam("bob")
@@ -235,7 +235,7 @@ def test_no_user_fakes_a_load_of_another_users_process():
 
         def load(account, gpu, pid):
             code = (
-                "from jupyter_gpusched.gpu import simulate_load; "
+                "from jupyter_gpusched.backends.gpu import simulate_load; "
                 f"simulate_load(util=50, memory_gb=1, gpus=[{gpu}], pid={pid}, node='n1', "
                 f"state_dir={str(loads)!r})"
             )
@@ -258,7 +258,7 @@ def test_no_user_fakes_a_load_of_another_users_process():
         assert procs(samples[2]) == {bobs.pid: (50.0, 1.0)}
         assert procs(samples[3]) == {other.pid: (50.0, 1.0)}  # root may write anyone's
 
-        code = f"from jupyter_gpusched.gpu import stop_load; stop_load(pid={kernel.pid}, "
+        code = f"from jupyter_gpusched.backends.gpu import stop_load; stop_load(pid={kernel.pid}, "
         code += f"node='n1', state_dir={str(loads)!r})"
         assert as_user(bob, code).returncode == 0
         assert procs(by_index(SimulatedTelemetry(node="n1", gpus=4, state_dir=loads).sample())[1])

@@ -19,12 +19,12 @@ from service_helpers import TOKENS
 from test_client import ThreadedService
 from tornado.httpclient import HTTPClientError
 
-from jupyter_gpusched.serverext.proxy import SETTINGS_KEY, ServiceClient
+from jupyter_gpusched.notebook.serverext.proxy import SETTINGS_KEY, ServiceClient
 
 
 @pytest.fixture
 def jp_server_config():
-    return {"ServerApp": {"jpserver_extensions": {"jupyter_gpusched.serverext": True}}}
+    return {"ServerApp": {"jpserver_extensions": {"jupyter_gpusched.notebook.serverext": True}}}
 
 
 @pytest.fixture

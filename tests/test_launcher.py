@@ -11,7 +11,7 @@ import psutil
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from jupyter_gpusched.service.launcher import LaunchError, LaunchSpec, LocalLauncher
+from jupyter_gpusched.backends.local.launcher import LaunchError, LaunchSpec, LocalLauncher
 
 #: The hub user of most jobs here. They run as our own account, as the service's jobs do with
 #: run_as_submitting_user = False; a hub user named like us would be refused when we are root

@@ -14,8 +14,8 @@ import time
 import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F403 (the fixtures, for this module only)
 
-from jupyter_gpusched.gpu import SimulatedTelemetry, simulate_load, stop_load
-from jupyter_gpusched.serverext.monitor import ACTIVITY_KEY, SETTINGS_KEY, GPUMonitor
+from jupyter_gpusched.backends.gpu import SimulatedTelemetry, simulate_load, stop_load
+from jupyter_gpusched.notebook.serverext.monitor import ACTIVITY_KEY, SETTINGS_KEY, GPUMonitor
 
 NODE = "mon-node"
 
@@ -35,7 +35,7 @@ def sim_env(tmp_path, monkeypatch):
 @pytest.fixture
 def jp_server_config(sim_env):
     return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_gpusched.serverext": True}},
+        "ServerApp": {"jpserver_extensions": {"jupyter_gpusched.notebook.serverext": True}},
         "GPUMonitor": {"interval": 0.5},
     }
 
@@ -64,7 +64,7 @@ def test_load_in_one_kernel_is_attributed_to_it_only(jp_fetch, jp_serverapp, loo
     assert monitor.interval == 0.5
     jp_serverapp.web_app.settings.get("last_activity_times", {}).pop(ACTIVITY_KEY, None)
     code = (
-        "from jupyter_gpusched.gpu import simulate_load\n"
+        "from jupyter_gpusched.backends.gpu import simulate_load\n"
         "simulate_load(util=70, memory_gb=3, seconds=120)\n"
     )
     loop_run(_execute(manager.get_kernel(first), code))

@@ -22,10 +22,10 @@ from service_helpers import wait_until
 from tornado import web
 from traitlets.config import Config
 
+from jupyter_gpusched.backends.gpu.simulated import simulated_uuid
+from jupyter_gpusched.backends.gpu.telemetry import TelemetryUnavailable, get_telemetry
 from jupyter_gpusched.core.errors import ConfigError
 from jupyter_gpusched.files import load_cluster
-from jupyter_gpusched.gpu.simulated import simulated_uuid
-from jupyter_gpusched.gpu.telemetry import TelemetryUnavailable, get_telemetry
 from jupyter_gpusched.service.app import GPUSchedService
 from jupyter_gpusched.service.gpu_sampling import SourceError
 from jupyter_gpusched.service.gpu_sources import (
@@ -45,7 +45,7 @@ def world(tmp_path_factory):
             [
                 sys.executable,
                 "-c",
-                "import sys\nfrom jupyter_gpusched.gpu import simulate_load\n"
+                "import sys\nfrom jupyter_gpusched.backends.gpu import simulate_load\n"
                 "simulate_load(util=70, memory_gb=3, seconds=None, gpus=[1], node='gpu1')\n"
                 "print('loaded', flush=True)\nsys.stdin.read()",
             ],

@@ -453,7 +453,7 @@ def test_the_stop_phrase_says_seconds_and_the_clock():
 
 
 def test_the_hub_home_page_says_a_cpu_only_server_had_no_activity():
-    from jupyter_gpusched.stop_notice import sentence
+    from jupyter_gpusched.hub.stop_notice import sentence
 
     cpu = sentence({"cpu_only": True, "gpus": "gpu1", "idle_seconds": 6, "timeout": 6})
     assert "it had no activity for 6 s, and the idle timeout is 6 s" in cpu, cpu

@@ -21,8 +21,8 @@ import pytest
 from service_helpers import TOKENS, start_service, wait_until
 
 from jupyter_gpusched.core.errors import ConfigError
-from jupyter_gpusched.serverext.monitor import GPUMonitor
-from jupyter_gpusched.serverext.proxy import ServiceClient, build_status
+from jupyter_gpusched.notebook.serverext.monitor import GPUMonitor
+from jupyter_gpusched.notebook.serverext.proxy import ServiceClient, build_status
 from jupyter_gpusched.service.gpu_sampling import GPUReading, ReadingSource, allocated_gpus
 
 FAST = {"timeout_tier_2": 1.0, "warning_lead": 0.6, "shutdown_kernels_first": True}

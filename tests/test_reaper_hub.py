@@ -69,7 +69,7 @@ c.GPUSchedSpawner.profiles = [
     {"display_name": "1 GPU, 2 h idle", "slug": "t2-idle", "gpus": 1, "idle_timeout": "2h"},
     {"display_name": "CPU only (tier 2)", "slug": "t2-cpu", "gpus": 0, "cpus": 1, "tier": 2},
 ]
-from jupyter_gpusched.profiles import pass_idle_timeouts_to_service
+from jupyter_gpusched.hub.profiles import pass_idle_timeouts_to_service
 
 pass_idle_timeouts_to_service(c)  # the service learns the profiles' idle timeouts
 c.GPUSchedSpawner.queue_poll_interval = 0.3
@@ -309,7 +309,8 @@ def test_a_busy_kernel_is_never_culled_past_the_timeout(hub):
         hub,
         "alice",
         kernel,
-        "from jupyter_gpusched.gpu import simulate_load\nsimulate_load(util=90, seconds=600)",
+        "from jupyter_gpusched.backends.gpu import simulate_load\n"
+        "simulate_load(util=90, seconds=600)",
     )
     assert reply["status"] == "ok", reply
     # the websocket is closed: no browser, no client; only the GPU is busy
@@ -551,7 +552,7 @@ def test_kernels_holding_gpu_memory_go_first_then_the_idle_server(hub):
         ts.start_server(hub, "bob", "t2-1")
         bob_job = job_id_of(hub, "bob")
         holding, plain = start_kernel(hub, "bob"), start_kernel(hub, "bob")
-        code = "from jupyter_gpusched.gpu import simulate_load\n"
+        code = "from jupyter_gpusched.backends.gpu import simulate_load\n"
         code += "simulate_load(util=0, memory_gb=6, seconds=None)"  # idle, but holds memory
         assert execute(hub, "bob", holding, code)["status"] == "ok"
         deadline = time.monotonic() + 10

@@ -9,7 +9,7 @@ import pytest
 from service_helpers import start_service, wait_until
 
 from jupyter_gpusched.core.errors import ConfigError
-from jupyter_gpusched.profiles import pass_idle_timeouts_to_service
+from jupyter_gpusched.hub.profiles import pass_idle_timeouts_to_service
 
 SHAPES = {
     "t2-1": {"gpus": 1, "tier": 2},

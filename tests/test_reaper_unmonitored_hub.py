@@ -39,7 +39,7 @@ c.GPUSchedSpawner.profiles = [
     {"display_name": "1 H100", "slug": "h100", "gpus": 1, "gpu_models": ["H100"]},
     {"display_name": "1 L40S (unsampled node)", "slug": "dark", "gpus": 1, "gpu_models": ["L40S"]},
 ]
-from jupyter_gpusched.profiles import pass_idle_timeouts_to_service
+from jupyter_gpusched.hub.profiles import pass_idle_timeouts_to_service
 
 pass_idle_timeouts_to_service(c)  # the service learns these profiles
 c.GPUSchedSpawner.queue_poll_interval = 0.3

@@ -11,11 +11,11 @@ import sys
 import pytest
 from service_helpers import start_service, wait_job, wait_until
 
-from jupyter_gpusched.gpu.telemetry import short_hostname
+from jupyter_gpusched.backends.gpu.telemetry import short_hostname
 
 CLUSTER = {"nodes": [{"name": "gpu1", "gpus": 8, "gpu_model": "h100"}]}
 LOAD = (
-    "import time; from jupyter_gpusched.gpu import simulate_load; "
+    "import time; from jupyter_gpusched.backends.gpu import simulate_load; "
     "simulate_load(util=70, memory_gb=3, seconds=300{gpus}); time.sleep(300)"
 )
 

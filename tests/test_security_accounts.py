@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from service_helpers import services, start_service, wait_job
 
-from jupyter_gpusched.accounts import AccountPolicy, AccountRefused, cwd_problem_for
+from jupyter_gpusched.backends.accounts import AccountPolicy, AccountRefused, cwd_problem_for
+from jupyter_gpusched.backends.local.launcher import LocalLauncher
 from jupyter_gpusched.service.app import GPUSchedService
-from jupyter_gpusched.service.launcher import LocalLauncher
 from jupyter_gpusched.service.live import Identity
 from jupyter_gpusched.service.requests import RequestError, parse_job_request
 

@@ -1,5 +1,5 @@
-"""The jupyter-server extension (``jupyter_gpusched.serverext``) in a real jupyter-server, with
-pytest-jupyter's fixtures (``jp_fetch``: requests with the server's token).
+"""The jupyter-server extension (``jupyter_gpusched.notebook.serverext``) in a real jupyter-server,
+with pytest-jupyter's fixtures (``jp_fetch``: requests with the server's token).
 
 pytest-jupyter's plugin also takes over how every coroutine test runs, which would clash with
 pytest-asyncio in the rest of the suite; so it is not registered as a plugin: its fixtures are
@@ -15,12 +15,12 @@ import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F403 (the fixtures, for this module only)
 from tornado.httpclient import HTTPClientError
 
-from jupyter_gpusched.serverext.notices import MAX_NOTICES, NoticeBoard, parse_notice
+from jupyter_gpusched.notebook.serverext.notices import MAX_NOTICES, NoticeBoard, parse_notice
 
 
 @pytest.fixture
 def jp_server_config():  # pytest-jupyter's fixture, with the extension enabled
-    return {"ServerApp": {"jpserver_extensions": {"jupyter_gpusched.serverext": True}}}
+    return {"ServerApp": {"jpserver_extensions": {"jupyter_gpusched.notebook.serverext": True}}}
 
 
 @pytest.fixture
@@ -173,7 +173,7 @@ def test_a_cull_notice_is_answered_once_the_lab_has_fetched_it(fetch, jp_fetch, 
 def test_a_cull_notice_waits_only_for_a_lab_that_watches(fetch, monkeypatch):
     """No page has asked for notices: the cull is not delayed. A page that polls but has not
     fetched this notice yet: held for the hold time, then answered."""
-    from jupyter_gpusched.serverext import notices
+    from jupyter_gpusched.notebook.serverext import notices
 
     monkeypatch.setattr(notices, "HOLD_SECONDS", 0.5)
     cull = {"kind": "reaper-cull", "message": "culled by the reaper"}

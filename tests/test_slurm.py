@@ -49,12 +49,8 @@ from tornado.ioloop import PeriodicCallback
 from tornado.testing import bind_unused_port
 from traitlets.config import Config
 
-from jupyter_gpusched.core import Cluster
-from jupyter_gpusched.service import app as service_app
-from jupyter_gpusched.service.app import GPUSchedService
-from jupyter_gpusched.service.launcher import Exit, LaunchSpec
-from jupyter_gpusched.service.slurm import SlurmLauncher, SlurmRefused, _exit_for
-from jupyter_gpusched.slurm_inventory import (
+from jupyter_gpusched.backends.local.launcher import Exit, LaunchSpec
+from jupyter_gpusched.backends.slurm.inventory import (
     SlurmNodeSync,
     cluster_document,
     engine_state,
@@ -63,6 +59,10 @@ from jupyter_gpusched.slurm_inventory import (
     parse_gres,
     parse_oneliner,
 )
+from jupyter_gpusched.backends.slurm.launcher import SlurmLauncher, SlurmRefused, _exit_for
+from jupyter_gpusched.core import Cluster
+from jupyter_gpusched.service import app as service_app
+from jupyter_gpusched.service.app import GPUSchedService
 
 QUEUES = {
     "queues": {"team": {"guaranteed": 8, "users": ["alice", "bob"]}},
@@ -399,7 +399,7 @@ async def test_a_killed_service_reattaches_its_slurm_jobs(slurm, tmp_path):
         f"--log-dir={tmp_path / 'logs'}",
         f"--bind-url=http://127.0.0.1:{port}/",
         "--GPUSchedService.poll_interval=0.1",
-        "--GPUSchedService.launcher_class=jupyter_gpusched.service.slurm.SlurmLauncher",
+        "--GPUSchedService.launcher_class=jupyter_gpusched.backends.slurm.launcher.SlurmLauncher",
         f"--SlurmLauncher.slurm_conf={slurm.conf}",
         "--SlurmLauncher.run_as_submitting_user=False",
     ]

@@ -47,7 +47,7 @@ from test_spawner import (
     wait_ready,
 )
 
-from jupyter_gpusched.slurm_inventory import cluster_document
+from jupyter_gpusched.backends.slurm.inventory import cluster_document
 
 QUEUES = """\
 queues:
@@ -292,7 +292,7 @@ class FakeUser:
 
 
 def test_the_job_script_and_sbatch_options():
-    from jupyter_gpusched.slurm_spawner import GPUSchedSlurmSpawner
+    from jupyter_gpusched.hub.slurm_spawner import GPUSchedSlurmSpawner
 
     spawner = GPUSchedSlurmSpawner(
         user=FakeUser(), partition="gpu", extra_args=["--time=8:00:00"], bin_dir="/opt/slurm/bin"
@@ -325,7 +325,7 @@ def test_the_job_script_and_sbatch_options():
 
 
 def test_the_state_keeps_the_slurm_job():
-    from jupyter_gpusched.slurm_spawner import GPUSchedSlurmSpawner
+    from jupyter_gpusched.hub.slurm_spawner import GPUSchedSlurmSpawner
 
     spawner = GPUSchedSlurmSpawner(user=FakeUser())
     spawner.job_id, spawner.allocation = "j-000007", [{"node": "n1", "gpus": [0]}]

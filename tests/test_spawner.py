@@ -30,7 +30,7 @@ import pytest
 import requests
 from traitlets import TraitError
 
-from jupyter_gpusched.spawner import (
+from jupyter_gpusched.hub.spawner import (
     GPUSchedSpawnError,
     allowed_profiles,
     normalize_profiles,
@@ -104,7 +104,7 @@ def test_bad_profiles_are_refused_with_the_key(profiles, error):
 
 
 def test_the_spawner_checks_its_profiles_when_configured():
-    from jupyter_gpusched.spawner import GPUSchedSpawner
+    from jupyter_gpusched.hub.spawner import GPUSchedSpawner
 
     with pytest.raises(TraitError, match="tier must be"):
         GPUSchedSpawner(profiles=[{"display_name": "x", "tier": 0}])
@@ -153,7 +153,7 @@ def test_the_options_form_lists_only_the_users_profiles():
 
 
 def test_a_cpu_only_profile_says_so_in_the_form_and_asks_for_its_cpus_and_memory():
-    from jupyter_gpusched.spawner import GPUSchedSpawner
+    from jupyter_gpusched.hub.spawner import GPUSchedSpawner
 
     profiles = [{"display_name": "CPU only", "slug": "cpu", "gpus": 0, "cpus": 2, "memory_gb": 4}]
     form = render_options_form(normalize_profiles(profiles))
@@ -215,7 +215,7 @@ def test_a_profiles_queue_wins_over_a_choice_and_a_bad_choice_is_refused():
 
 
 def test_start_timeout_covers_the_queue_wait():
-    from jupyter_gpusched.spawner import GPUSchedSpawner
+    from jupyter_gpusched.hub.spawner import GPUSchedSpawner
 
     spawner = GPUSchedSpawner(
         user=FakeUser(),
@@ -237,7 +237,7 @@ class FakeUser:
 
 
 def test_server_args_enable_the_extension_and_leave_idleness_to_the_reaper():
-    from jupyter_gpusched.spawner import GPUSchedSpawner
+    from jupyter_gpusched.hub.spawner import GPUSchedSpawner
 
     spawner = GPUSchedSpawner(
         user=FakeUser(),
@@ -246,7 +246,7 @@ def test_server_args_enable_the_extension_and_leave_idleness_to_the_reaper():
     spawner.user_options = {"profile": "a"}
     spawner.run_pre_spawn_hook()
     args = spawner.get_args()
-    assert "--ServerApp.jpserver_extensions=jupyter_gpusched.serverext=True" in args
+    assert "--ServerApp.jpserver_extensions=jupyter_gpusched.notebook.serverext=True" in args
     # the idle timeout is the reaper's (it warns first): no jupyter-server culling of its own
     assert not [a for a in args if "timeout" in a or "cull" in a]
 
@@ -259,7 +259,7 @@ def test_the_account_policy_decides_as_whom_a_server_runs(monkeypatch):
 
     from traitlets.config import Config
 
-    from jupyter_gpusched.spawner import GPUSchedSpawner
+    from jupyter_gpusched.hub.spawner import GPUSchedSpawner
 
     class User(FakeUser):
         def __init__(self, name):
@@ -293,7 +293,7 @@ def test_the_account_policy_decides_as_whom_a_server_runs(monkeypatch):
 
 
 def test_the_state_keeps_the_job_beside_the_pid():
-    from jupyter_gpusched.spawner import GPUSchedSpawner
+    from jupyter_gpusched.hub.spawner import GPUSchedSpawner
 
     spawner = GPUSchedSpawner(user=FakeUser())
     spawner.pid, spawner.job_id = 4242, "j-000007"
@@ -314,8 +314,8 @@ async def test_a_reused_pid_is_never_taken_for_the_server():
     import subprocess
     import sys
 
-    from jupyter_gpusched.process_tree import process_created
-    from jupyter_gpusched.spawner import GPUSchedSpawner
+    from jupyter_gpusched.backends.process_tree import process_created
+    from jupyter_gpusched.hub.spawner import GPUSchedSpawner
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -339,7 +339,7 @@ async def test_a_reused_pid_is_never_taken_for_the_server():
 
 
 def test_the_pending_message_says_position_reason_and_eta():
-    from jupyter_gpusched.spawner import GPUSchedSpawner
+    from jupyter_gpusched.hub.spawner import GPUSchedSpawner
 
     spawner = GPUSchedSpawner(user=FakeUser(), profiles=[{"display_name": "2 GPUs", "gpus": 2}])
     spawner.choose_profile({})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from jupyter_gpusched.widgets import TIER_COLOURS
+from jupyter_gpusched.notebook.widgets import TIER_COLOURS
 
 CSS = Path(__file__).resolve().parent.parent / "labextension" / "style" / "index.css"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "notebook.md"

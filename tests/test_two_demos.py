@@ -14,8 +14,8 @@ import hub_harness
 import pytest
 import requests
 
+from jupyter_gpusched.backends.gpu.simulated import default_state_dir
 from jupyter_gpusched.files import load_cluster
-from jupyter_gpusched.gpu.simulated import default_state_dir
 
 # The service checks for rogue processes at each poll (1 s) once this interval has passed.
 EXTRA_CONFIG = """
@@ -25,7 +25,7 @@ c.JupyterHub.services[0]["command"] += [
 ]
 """
 ROGUE = (
-    "import time; from jupyter_gpusched.gpu import simulate_load; "
+    "import time; from jupyter_gpusched.backends.gpu import simulate_load; "
     "simulate_load(util=60, memory_gb=2, seconds=300, gpus=[5], node={node!r}, state_dir={dir!r});"
     " print('loaded', flush=True); time.sleep(300)"
 )

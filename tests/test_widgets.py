@@ -16,7 +16,7 @@ import time
 import pytest
 from test_client import ThreadedService
 
-from jupyter_gpusched.client import UNKNOWN, GPUSchedError, utilization_text
+from jupyter_gpusched.notebook.client import UNKNOWN, GPUSchedError, utilization_text
 from jupyter_gpusched.service.records import utilization_view
 
 
@@ -57,7 +57,7 @@ def measured(service, client, job_id: str, utils: list[float]) -> dict:
 
 
 def test_a_measured_utilization_is_in_the_job_view_the_widget_and_the_display(service):
-    from jupyter_gpusched.widgets import JobWidget, QueueWidget
+    from jupyter_gpusched.notebook.widgets import JobWidget, QueueWidget
 
     alice = service.client("alice")
     server = start_notebook(alice)
@@ -150,7 +150,7 @@ def test_me_says_who_the_caller_is(service):
 def test_a_notebook_server_has_no_cancel_button_but_a_link_to_stop_it(service, monkeypatch):
     import ipywidgets as w
 
-    from jupyter_gpusched.widgets import JobWidget, QueueWidget
+    from jupyter_gpusched.notebook.widgets import JobWidget, QueueWidget
 
     alice = service.client("alice")
     mine = start_notebook(alice, gpus=1)  # the server this kernel runs in
@@ -191,7 +191,7 @@ def test_a_notebook_server_has_no_cancel_button_but_a_link_to_stop_it(service, m
 
 
 def test_a_cpu_only_job_shows_as_no_gpu(service):
-    from jupyter_gpusched.widgets import QueueWidget
+    from jupyter_gpusched.notebook.widgets import QueueWidget
 
     alice = service.client("alice")
     job = alice.submit(command="sleep 30", gpus=0, cpus=1, name="cpu work")

@@ -10,7 +10,7 @@ only say where the files are and how the service runs.
 The state is the service's alone (docs/security.md): at start the directory of a SQLite database
 and ``log_dir`` are made 0700 where they are the service's (a log line says so when it changes a
 mode), and the database file 0600 (``store.py``). Which accounts jobs run as is
-``c.AccountPolicy`` (``jupyter_gpusched/accounts.py``).
+``c.AccountPolicy`` (``jupyter_gpusched/backends/accounts.py``).
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Dict, Float, Integer, List, Type, Unicode, default
 from traitlets.config import Application
 
-from ..accounts import AccountPolicy
+from ..backends.accounts import AccountPolicy
+from ..backends.gpu.telemetry import BACKENDS, configured_backend, short_hostname
+from ..backends.local.launcher import Launcher, LocalLauncher
 from ..core.errors import ConfigError
 from ..core.quotas import QueueTree
 from ..core.scheduler import Scheduler
 from ..core.settings import PolicySettings
 from ..files import load_cluster, load_policy, read_yaml
-from ..gpu.telemetry import BACKENDS, configured_backend, short_hostname
 from . import admin_handlers as admin
 from . import gpu_sources
 from . import handlers as user
@@ -45,7 +46,6 @@ from .gpu_sampling import GPUSampler, LocalSource, local_telemetries
 from .gpu_sources import GPUSourceSettings
 from .hub_activity import HubActivity
 from .hubclient import HubClient
-from .launcher import Launcher, LocalLauncher
 from .live import LiveScheduler
 from .metrics import Metrics
 from .profile_claims import profile_shapes
@@ -159,14 +159,15 @@ class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sourc
         help="The idle_timeout of each of the hub's GPU profiles (slug -> seconds), which the "
         "spawn form promises: the reaper applies it to that profile's servers, unless an admin "
         "sets profile_timeouts for the profile. hub_config/jupyterhub_config.py passes it from "
-        "GPUSchedSpawner.profiles (jupyter_gpusched.profiles.pass_idle_timeouts_to_service).",
+        "GPUSchedSpawner.profiles (jupyter_gpusched.hub.profiles.pass_idle_timeouts_to_service).",
     ).tag(config=True)
     profile_shapes = Dict(
         {},
         help="""The GPUs and tier of each of the hub's profiles (slug -> {"gpus": N, "tier": T},
         or that as JSON on the command line): a notebook job that names a profile must match
         it (400 otherwise), so that nobody claims a profile's idle timeout or exemption by hand.
-        Passed by jupyter_gpusched.profiles.pass_idle_timeouts_to_service; empty: not checked.""",
+        Passed by jupyter_gpusched.hub.profiles.pass_idle_timeouts_to_service; empty: not
+    checked.""",
     ).tag(config=True)
     proxy_url = Unicode(
         help="The hub's public URL (its proxy), through which the service posts pre-emption "
@@ -344,7 +345,7 @@ class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sourc
         if live.hub is not None:
             live.hub_activity = HubActivity(live, self.hub_activity_interval)
         if launcher.reports_node_states:  # a Slurm launcher: follow Slurm's nodes
-            from ..slurm_inventory import SlurmNodeSync
+            from ..backends.slurm.inventory import SlurmNodeSync
 
             live.node_sync = SlurmNodeSync(live, interval=self.slurm_node_interval)
         live.server_stop_wait = self.notebook_stop_wait

@@ -33,7 +33,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from ..gpu.telemetry import TelemetryUnavailable, get_telemetry
+from ..backends.gpu.telemetry import TelemetryUnavailable, get_telemetry
 
 log = logging.getLogger("jupyter_gpusched.service")
 
@@ -69,8 +69,8 @@ class ReadingSource:
 
 class LocalSource(ReadingSource):
     """The GPUs this machine sees: ``telemetries`` maps node names to the service's
-    :class:`~jupyter_gpusched.gpu.telemetry.Telemetry` objects (shared with the rogue watch).
-    Each ``sample()`` runs in a thread: NVML calls block. Both consumers sampling one object
+    :class:`~jupyter_gpusched.backends.gpu.telemetry.Telemetry` objects (shared with the rogue
+    watch). Each ``sample()`` runs in a thread: NVML calls block. Both consumers sampling one object
     only splits its per-process utilization between them; device figures are unaffected."""
 
     name = "local"

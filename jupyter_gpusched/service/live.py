@@ -22,13 +22,13 @@ import os
 import time
 from dataclasses import dataclass
 
-from ..accounts import AccountRefused
+from ..backends.accounts import AccountRefused
+from ..backends.local.launcher import Exit, LaunchError, LaunchSpec
 from ..core.decisions import Preempt, Start, Stop
 from ..core.errors import ConfigError
 from ..core.jobs import Job, JobState
 from ..core.scheduler import Scheduler
 from ..core.wording import gpus_text
-from .launcher import Exit, LaunchError, LaunchSpec
 from .records import Extra, allocation_rows, job_id_for, row_for, state_fields
 from .requests import JobRequest, RequestError
 from .server_stops import ServerStops
@@ -86,7 +86,7 @@ class LiveScheduler:
         self.reaper = None  # the idle reaper (service/reaper.py), ticked by poll()
         self.rogue_watch = None  # checks for rogue GPU processes (service/rogue.py), by poll()
         self.hub_activity = None  # the hub's last_activity of servers (hub_activity.py), by poll()
-        self.node_sync = None  # Slurm's node states into the engine (slurm_inventory.py)
+        self.node_sync = None  # Slurm's node states into the engine (backends/slurm/inventory.py)
 
     # -- what users and admins do ------------------------------------------------------------
     def submit(self, who: Identity, request: JobRequest) -> Job:

@@ -50,9 +50,9 @@ import time
 
 from prometheus_client import Counter, Gauge
 
+from ..backends.local.launcher import Exit
 from ..core.durations import describe_duration
 from ..core.jobs import JobState
-from .launcher import Exit
 from .profile_claims import applied_profile, check_claimed_profile
 from .profile_claims import profile_shapes as profile_shapes_of
 from .reaper_measure import measure, take_report

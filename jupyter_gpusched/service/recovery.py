@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 
+from ..backends.local.launcher import Exit
 from ..core.errors import ConfigError
 from ..core.jobs import JobState
 from ..core.quotas import QueueTree
-from .launcher import Exit
 from .records import job_from_row, placement_from_rows
 
 log = logging.getLogger("jupyter_gpusched.service")

@@ -4,10 +4,10 @@ A GPU can be used behind the scheduler's back: a process started outside it (ssh
 cron job, a forgotten ``nohup``), or a job's process escaping its ``CUDA_VISIBLE_DEVICES``. Every
 ``rogue_check_interval`` the service samples the GPUs of the nodes its own machine can see
 (``GPUSchedService.local_gpu_nodes``; NVML, or the simulated backend where there is no GPU: see
-``jupyter_gpusched.gpu``), finds each GPU process's job from its environment
+``jupyter_gpusched.backends.gpu``), finds each GPU process's job from its environment
 (``$GPUSCHED_JOB_ID``, set by the spawner and the launchers and inherited by kernels and job
-children: :func:`~jupyter_gpusched.gpu.discover.job_of_process`), and compares with the engine's
-allocations (:func:`~jupyter_gpusched.gpu.discover.rogue_processes`).
+children: :func:`~jupyter_gpusched.backends.gpu.discover.job_of_process`), and compares with the
+engine's allocations (:func:`~jupyter_gpusched.backends.gpu.discover.rogue_processes`).
 
 What then happens is the reaper setting ``rogue_processes``, which admins change at run time
 (``PUT api/reaper``, ``jupyter-gpusched reaper set rogue_processes=kill``):
@@ -47,7 +47,7 @@ from dataclasses import asdict
 import psutil
 from prometheus_client import Gauge
 
-from ..gpu.discover import RogueProcess, job_of_process, rogue_processes
+from ..backends.gpu.discover import RogueProcess, job_of_process, rogue_processes
 from .gpu_sampling import allocated_gpus
 
 log = logging.getLogger("jupyter_gpusched.service")
@@ -67,9 +67,10 @@ SYSTEM_PROCESSES = (
 
 
 class RogueWatch:
-    """Checks ``telemetries`` (node name -> :class:`~jupyter_gpusched.gpu.telemetry.Telemetry`)
-    at most every ``interval`` seconds, from :meth:`LiveScheduler.poll`. ``ignore``: process
-    names never reported (default :data:`SYSTEM_PROCESSES`)."""
+    """Checks ``telemetries`` (node name ->
+    :class:`~jupyter_gpusched.backends.gpu.telemetry.Telemetry`) at most every ``interval`` seconds,
+    from :meth:`LiveScheduler.poll`. ``ignore``: process names never reported (default
+    :data:`SYSTEM_PROCESSES`)."""
 
     def __init__(
         self,

@@ -44,8 +44,8 @@ import time
 
 import psutil
 
+from ..backends.local.launcher import Exit
 from ..core.jobs import Job, JobState
-from .launcher import Exit
 
 log = logging.getLogger("jupyter_gpusched.service")
 

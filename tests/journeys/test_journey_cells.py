@@ -24,11 +24,11 @@ CELLS = [
     "%load_ext jupyter_gpusched",
     "%%gpujob --gpus 1 --wait --name from-a-cell\nimport getpass, os\n"
     "print('user', getpass.getuser(), 'gpus', os.environ['CUDA_VISIBLE_DEVICES'])",
-    "from jupyter_gpusched.client import Client\n"
+    "from jupyter_gpusched.notebook.client import Client\n"
     "job = Client().submit(function=lambda: 6 * 7, gpus=1, name='a-function')\n"
     "print('result', job.result(timeout=120))",
     "%%gpujob --gpus 0\nprint('never')",
-    "from jupyter_gpusched.widgets import QueueWidget\nQueueWidget(interval=1)",
+    "from jupyter_gpusched.notebook.widgets import QueueWidget\nQueueWidget(interval=1)",
 ]
 
 

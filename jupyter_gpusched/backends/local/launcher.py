@@ -1,0 +1,535 @@
+"""Launch backends: how the service carries out "run job J on these GPUs" on a host.
+
+The service decides *where* a job runs; a :class:`Launcher` only starts it, watches it and stops
+it. ``start`` returns a *handle*, a small JSON-serialisable dict that the service stores in its
+database; every other method takes that handle, so a launcher created after a service restart
+can pick up the jobs its predecessor started.
+
+:class:`LocalLauncher` runs jobs on this host:
+
+* Each job runs under :mod:`jupyter_gpusched.backends.local.runner` (``python -m ...``), which leads
+  a process group of its own, so ``signal`` and ``stop`` reach every process of the job. The
+  runner writes how the job ended to an *exit record* (``<log_dir>/<job_id>.exit``) through a
+  file descriptor the launcher opened; ``poll`` reads that record, which works even when the job
+  is no longer the service's child (after a restart). If the runner vanished without a record,
+  the outcome is ``"killed"`` when the launcher had sent SIGKILL, ``"lost"`` otherwise. A job
+  ends with its main process: the runner then SIGKILLs what is left of its group, and ``stop``
+  returns only once the group is empty (or ``kill_wait`` has passed), so its GPUs are free.
+* stdout and stderr go to ``<log_dir>/<job_id>.log``, appended to (a requeued job's runs follow
+  one another), each run starting with a header line. A notebook job's executed copy is saved
+  as ``<log_dir>/<job_id>.out.ipynb``.
+* **Environment.** The service's environment is *not* passed on: a job gets only the variables
+  named in :attr:`LocalLauncher.env_keep` (PATH and LANG by default), HOME, USER and LOGNAME of
+  the account it runs as, ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so that CUDA numbers GPUs as
+  nvidia-smi does), the user-supplied ``spec.env`` (GPUSCHED_* included), and last
+  ``CUDA_VISIBLE_DEVICES`` from ``spec.gpus`` (``""``: no GPU), which ``spec.env`` cannot
+  override, and ``GPUSCHED_PYTHON``: the interpreter chosen for the job's account (below), which
+  the notebook client's and ``%%gpujob``'s commands run.
+* **Accounts.** When the service runs as root, a job runs as the Unix account named like the
+  hub user who submitted it, as JupyterHub's LocalProcessSpawner does, but only an account that
+  :class:`~jupyter_gpusched.backends.accounts.AccountPolicy` allows (``c.AccountPolicy.min_uid``,
+  ``denied_users``): never root, a system account or an unknown user. :meth:`Launcher.job_account`
+  is asked at submit (a refusal is a 403, nothing stored) and again at launch (a
+  :class:`LaunchError`: the account may have changed meanwhile). When the service is not root,
+  or :attr:`LocalLauncher.run_as_submitting_user` is False, jobs run as the service's own user;
+  the deny list still refuses the hub users named in it. Either way the interpreter
+  (:attr:`LocalLauncher.python`) with this package must be usable by that account. This is the
+  one rule for a job's Python: :meth:`Launcher._interpreter` (this interpreter if the account
+  can import this package with it, else a system ``python3`` with this environment on
+  ``PYTHONPATH``); it runs the runner and is what ``$GPUSCHED_PYTHON`` names in the job.
+* **Working directory.** The runner starts in ``/`` and enters the working directory itself,
+  with the job's uid, gids and groups (``Popen(cwd=...)`` would enter it as root, before the
+  privileges are dropped): a directory the user cannot enter fails the job with a message saying
+  so, before anything of it runs. At submit, :meth:`LocalLauncher.cwd_problem` tries the same as
+  the user (``cd`` in a shell run with their ids), so a directory they cannot enter is a 400.
+  The default is the account's home directory (``/`` where it has none).
+* **Files.** The log directory is the launcher's, 0700: the user gets only the file descriptors
+  of the files it creates there (the log as stdout and stderr, the executed notebook as
+  ``--output-fd``), never a path they could open, and reads the log through the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import pwd
+import re
+import signal as _signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+import psutil
+from traitlets import Bool, Float, Instance, List, Unicode, default
+from traitlets.config import LoggingConfigurable
+
+from ..accounts import (
+    JOB_PYTHON_ENV,
+    SYSTEM_PYTHONS,
+    AccountPolicy,
+    AccountRefused,
+    cwd_problem_for,
+    environment_pythonpath,
+    run_as_ids,
+    submitting_account,
+)
+
+#: A handle's create_time and the process's may differ by this much and still be the same process.
+CREATE_TIME_TOLERANCE = 1e-2
+#: Seconds a working directory that passed the check at submit is taken as passed (same user).
+CWD_CHECK_TTL = 10.0
+
+
+class LaunchError(Exception):
+    """A job could not be started; ``message`` says why, for the user. ``requeue`` is true
+    when the backend refused the placement rather than the job (e.g. Slurm does not know the
+    node): the service then puts the job back to pending and retries it after a back-off."""
+
+    requeue = False
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass
+class LaunchSpec:
+    """What to run, for whom, on which local GPUs, and where its log goes."""
+
+    job_id: str
+    user: str  # the hub user who submitted it
+    command: str | None  # a shell command (run with /bin/sh -c), or
+    notebook: str | None  # a notebook path (relative: to cwd), run by nbclient; one of the two
+    gpus: list[int]  # local GPU indices -> CUDA_VISIBLE_DEVICES="0,3"; [] -> ""
+    env: dict[str, str]  # user-supplied environment, plus GPUSCHED_* set by the service
+    cwd: str | None  # working directory (None: the home directory of the user it runs as)
+    log_dir: str  # where the log (and the executed notebook) go; created if missing
+    # The whole placement, node by node: [(node name, its GPU indices), ...] in the engine's
+    # order. Multi-node backends (Slurm) need it; LocalLauncher uses ``gpus`` (the first node).
+    nodes: list[tuple[str, list[int]]] | None = None
+
+
+@dataclass
+class Exit:
+    """How a job ended."""
+
+    code: int | None  # exit status, None when unknown (also when ended by a signal)
+    outcome: str  # "completed" | "failed" | "killed" | "lost" | "refused" (never started:
+    # the backend would not run the placement; the engine requeues the job after a back-off)
+    message: str  # one line for humans, e.g. "exit code 3", "killed by SIGKILL"
+
+
+class Launcher(LoggingConfigurable):
+    """The interface the service drives. Handles are plain dicts; see :class:`LocalLauncher`."""
+
+    #: The log directory's mode (GPUSchedService sets it at start): the service's alone.
+    log_dir_mode = 0o700
+
+    # What a backend can do is declared here, and a backend that can more says so (the
+    # service reads these; it never probes a launcher with hasattr):
+    #: Jobs run as their hub user's account (a Bool trait where a backend can do it).
+    run_as_submitting_user = False
+    #: The backend knows the nodes' states (Slurm's), and the service follows them:
+    #: :meth:`node_states` is implemented (service/slurm.py), ``node_refresh_wanted`` is set
+    #: when a launch found them changed.
+    reports_node_states = False
+    node_refresh_wanted = False
+
+    def node_states(self) -> dict[str, tuple[str | None, str]]:
+        """``{node: (state or None, reason)}`` as the backend sees them (see
+        :attr:`reports_node_states`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not report node states")
+
+    account_policy = Instance(
+        AccountPolicy,
+        help="Which accounts jobs may run as (configured as c.AccountPolicy.*).",
+    )
+
+    @default("account_policy")
+    def _account_policy_default(self):
+        return AccountPolicy(parent=self)
+
+    def job_account(self, user: str) -> pwd.struct_passwd | None:
+        """The account jobs of hub user ``user`` run as (None: the service's own), or
+        :class:`~jupyter_gpusched.backends.accounts.AccountRefused` saying why none may. Asked at
+        submit and at every launch."""
+        return submitting_account(user, self.run_as_submitting_user, self.account_policy)
+
+    def cwd_problem(self, account: pwd.struct_passwd | None, cwd: str) -> str | None:
+        """Why a job of ``account`` (None: the service's) could not enter ``cwd``, checked at
+        submit; None when it can, or when this backend cannot tell here (Slurm: the node
+        enters it, as the user)."""
+        return None
+
+    def _interpreter(self, account: pwd.struct_passwd | None) -> tuple[str, dict]:
+        """The interpreter for jobs of ``account`` and the environment it needs (cached)."""
+        if self.python:
+            return self.python, {}
+        key = account.pw_uid if account is not None else None
+        if key not in self._interpreters:
+            choice = (sys.executable, {})
+            if account is not None and not _can_import_runner(account, sys.executable, {}):
+                extra = {"PYTHONPATH": environment_pythonpath()}
+                for candidate in SYSTEM_PYTHONS:
+                    if os.path.exists(candidate) and _can_import_runner(account, candidate, extra):
+                        choice = (candidate, extra)
+                        break
+                else:
+                    self.log.warning(
+                        "user %s can run no Python that imports jupyter_gpusched; set "
+                        "c.LocalLauncher.python",
+                        account.pw_name,
+                    )
+            self._interpreters[key] = choice
+        return self._interpreters[key]
+
+    def start(self, spec: LaunchSpec) -> dict:
+        """Start the job; return its handle (JSON-serialisable). Raises :class:`LaunchError`."""
+        raise NotImplementedError
+
+    def poll(self, handle: dict) -> Exit | None:
+        """How the job ended, or None while it runs. Never blocks."""
+        raise NotImplementedError
+
+    def signal(self, handle: dict, signame: str) -> None:
+        """Send ``signame`` (e.g. ``"SIGTERM"``) to every process of the job."""
+        raise NotImplementedError
+
+    async def stop(self, handle: dict, signame: str, grace: float) -> Exit:
+        """Send ``signame``, wait up to ``grace`` seconds, then SIGKILL; return how it ended."""
+        raise NotImplementedError
+
+    def alive(self, handle: dict) -> bool:
+        """Is the job's work still running (checked by identity, not just by PID)?"""
+        raise NotImplementedError
+
+    def log_path(self, handle: dict) -> str:
+        """The job's log file."""
+        raise NotImplementedError
+
+
+def _signum(signame: str) -> int:
+    name = signame.upper()
+    try:
+        return _signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+    except KeyError:
+        raise ValueError(f"unknown signal {signame!r}") from None
+
+
+def _signame(number: int) -> str:
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _open(path: str, flags: int, owner: pwd.struct_passwd | None) -> int:
+    """Open ``path`` (never through a symlink) and give it to ``owner``."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    if owner is not None:
+        os.fchown(fd, owner.pw_uid, owner.pw_gid)
+    return fd
+
+
+def _group_alive(pgid: int) -> bool:
+    """Is any process of group ``pgid`` still running? (Zombies do not count.)"""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    for process in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
+def _can_import_runner(account: pwd.struct_passwd, python: str, env: dict) -> bool:
+    probe = [python, "-c", "import jupyter_gpusched.backends.local.runner"]
+    try:
+        done = subprocess.run(
+            probe,
+            cwd="/",
+            env={"PATH": os.defpath, **env},
+            capture_output=True,
+            timeout=60,
+            **run_as_ids(account),
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def _exit_from_record(record: dict) -> Exit:
+    if record.get("signal") is not None:
+        return Exit(None, "killed", f"killed by {_signame(record['signal'])}")
+    code = int(record["code"])
+    message = str(record.get("message") or f"exit code {code}")  # the runner's, if it failed
+    return Exit(code, "completed" if code == 0 else "failed", message)
+
+
+class LocalLauncher(Launcher):
+    """Runs jobs as processes on this host (see the module docstring)."""
+
+    run_as_submitting_user = Bool(
+        True,
+        help="When the service runs as root, run each job as the hub user who submitted it "
+        "(who must exist on this host). False: jobs run as the service's own user.",
+    ).tag(config=True)
+
+    env_keep = List(
+        Unicode(),
+        default_value=["PATH", "LANG"],
+        help="Variables copied from the service's environment into every job's; the rest of "
+        "the service's environment is not passed on.",
+    ).tag(config=True)
+
+    python = Unicode(
+        "",
+        help="Python interpreter that runs the job wrapper "
+        "(jupyter_gpusched.backends.local.runner) and, for notebooks, nbclient; it must be usable "
+        "by the users jobs run as. Empty: this "
+        "interpreter if the job's user can run it, else the system python3 with this "
+        "installation on PYTHONPATH (a pyenv or /root install is not readable by others).",
+    ).tag(config=True)
+
+    kill_wait = Float(
+        5.0,
+        help="Seconds stop() waits after SIGKILL for the job wrapper to vanish, and then for "
+        "the rest of the job's process group.",
+    ).tag(config=True)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._interpreters: dict[int | None, tuple[str, dict]] = {}  # uid -> (python, env)
+        self._cwd_ok: dict[tuple[int | None, str], float] = {}  # (uid, cwd) -> when it passed
+        self._children: dict[int, tuple[subprocess.Popen, float]] = {}  # not reaped yet
+        self._ended: dict[int, tuple[float, int]] = {}  # reaped: pid -> (create_time, status)
+        self._forget: set[int] = set()  # exit already reported: reap, keep no status
+        self._sent: dict[tuple[int, float], set[int]] = {}  # (pid, create_time) -> signals
+
+    # -- start --------------------------------------------------------------------------------
+
+    def _account(self, user: str) -> pwd.struct_passwd | None:
+        try:
+            return self.job_account(user)
+        except AccountRefused as exc:
+            raise LaunchError(exc.message) from None
+
+    def cwd_problem(self, account: pwd.struct_passwd | None, cwd: str) -> str | None:
+        # A check as the user costs a process (~5 ms, on the IO loop). A success is remembered
+        # for CWD_CHECK_TTL: a directory closed meanwhile still fails the job at launch, where
+        # the runner enters it as the user, so a stale "yes" admits nothing.
+        key = (account.pw_uid if account is not None else None, cwd)
+        now = time.monotonic()
+        if now - self._cwd_ok.get(key, -CWD_CHECK_TTL) < CWD_CHECK_TTL:
+            return None
+        problem = cwd_problem_for(account, cwd)
+        if problem is None:
+            if len(self._cwd_ok) >= 4096:
+                self._cwd_ok.clear()
+            self._cwd_ok[key] = now
+        return problem
+
+    def _environment(self, spec: LaunchSpec, account: pwd.struct_passwd | None) -> dict:
+        env = {name: os.environ[name] for name in self.env_keep if name in os.environ}
+        env.setdefault("PATH", os.defpath)
+        env.setdefault("LANG", "C.UTF-8")
+        try:
+            me = account or pwd.getpwuid(os.geteuid())
+            env.update(HOME=me.pw_dir, USER=me.pw_name, LOGNAME=me.pw_name)
+        except KeyError:  # a uid without a passwd entry (some containers)
+            env["HOME"] = os.environ.get("HOME", "/")
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env.update(spec.env)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in spec.gpus)
+        return env
+
+    def start(self, spec: LaunchSpec) -> dict:
+        self._reap()
+        if (spec.command is None) == (spec.notebook is None):
+            raise LaunchError(f"job {spec.job_id}: exactly one of command and notebook is needed")
+        if not re.fullmatch(r"\w[\w.@+-]*", spec.job_id):
+            raise LaunchError(f"job id {spec.job_id!r} cannot name a log file")
+        account = self._account(spec.user)
+        env = self._environment(spec, account)
+        run_as = account.pw_name if account else env.get("USER", str(os.geteuid()))
+        cwd = spec.cwd or (env["HOME"] if os.path.isdir(env["HOME"]) else "/")
+        base = os.path.join(os.path.abspath(spec.log_dir), spec.job_id)
+        log, record = base + ".log", base + ".exit"
+        output = base + ".out.ipynb" if spec.notebook is not None else None
+        run = uuid.uuid4().hex
+        log_fd = record_fd = output_fd = -1
+        try:
+            os.makedirs(spec.log_dir, mode=0o700, exist_ok=True)
+            log_fd = _open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, account)
+            record_fd = _open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, None)
+            python, extra_env = self._interpreter(account)
+            env.update(extra_env)
+            env[JOB_PYTHON_ENV] = python  # what the client's commands run (accounts.py)
+            argv = [python, "-m", "jupyter_gpusched.backends.local.runner"]
+            argv += [f"--exit-fd={record_fd}", f"--run={run}", f"--cwd={cwd}"]
+            if spec.command is not None:
+                argv.append(f"--command={spec.command}")
+            else:
+                # Opened here and passed on: the user writes it, in a directory they cannot.
+                output_fd = _open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, account)
+                argv += [f"--notebook={spec.notebook}", f"--output-fd={output_fd}"]
+            stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            header = f"===== {stamp} job {spec.job_id} on {socket.gethostname()} as {run_as}"
+            cvd = env["CUDA_VISIBLE_DEVICES"]
+            os.write(log_fd, f"{header}: CUDA_VISIBLE_DEVICES={cvd!r}\n".encode())
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                cwd="/",  # the runner enters the job's directory as the user (see above)
+                env=env,
+                start_new_session=True,
+                pass_fds=tuple(fd for fd in (record_fd, output_fd) if fd >= 0),
+                **run_as_ids(account),
+            )
+        except OSError as exc:
+            if log_fd >= 0:
+                os.write(log_fd, f"===== could not start: {exc}\n".encode())
+            raise LaunchError(f"could not start job {spec.job_id}: {exc}") from exc
+        finally:
+            for fd in (log_fd, record_fd, output_fd):
+                if fd >= 0:
+                    os.close(fd)
+        create_time = psutil.Process(process.pid).create_time()  # a zombie still has one
+        self._children[process.pid] = (process, create_time)
+        self._ended.pop(process.pid, None)
+        self._forget.discard(process.pid)
+        self.log.info("Started job %s as %s: pid %d", spec.job_id, run_as, process.pid)
+        return {
+            "backend": "local",
+            "host": socket.gethostname(),
+            "pid": process.pid,
+            "pgid": process.pid,
+            "create_time": create_time,
+            "run": run,
+            "user": run_as,
+            "log": log,
+            "exit_record": record,
+            "notebook_output": output,
+        }
+
+    # -- watching -----------------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        """Collect every child of ours that has ended (no zombies), keeping its status."""
+        for pid, (process, create_time) in list(self._children.items()):
+            status = process.poll()  # waitpid(pid, WNOHANG)
+            if status is not None:
+                del self._children[pid]
+                if pid in self._forget:
+                    self._forget.discard(pid)
+                else:
+                    self._ended[pid] = (create_time, status)
+
+    def _read_record(self, handle: dict) -> Exit | None:
+        try:
+            with open(handle["exit_record"], "rb") as file:
+                record = json.loads(file.read())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(record, dict) or record.get("run") != handle["run"]:
+            return None  # empty (still running), or the record of another run of the job
+        return _exit_from_record(record)
+
+    @staticmethod
+    def _same(create_time: float, handle: dict) -> bool:
+        return abs(create_time - handle["create_time"]) <= CREATE_TIME_TOLERANCE
+
+    def poll(self, handle: dict) -> Exit | None:
+        self._reap()
+        pid = handle["pid"]
+        ended = self._ended.get(pid)  # our child, reaped
+        if ended is not None and not self._same(ended[0], handle):
+            ended = None
+        child = self._children.get(pid)  # our child, not reaped yet
+        if child is not None and not self._same(child[1], handle):
+            child = None
+        exit = self._read_record(handle)  # the record wins, whatever has become of the pid
+        if exit is None:
+            if ended is None and (child is not None or self.alive(handle)):
+                return None
+            exit = self._read_record(handle)  # written just before the runner vanished?
+        if ended is not None:
+            del self._ended[pid]
+        elif child is not None:
+            self._forget.add(pid)  # the runner exits right after writing its record
+        return exit or self._without_record(handle, ended[1] if ended else None)
+
+    def _without_record(self, handle: dict, status: int | None) -> Exit:
+        """The runner is gone and wrote nothing; ``status`` is its wait status if ours."""
+        pid = handle["pid"]
+        sent = self._sent.get((pid, handle["create_time"]), set())
+        if handle.get("sigkill_sent") or _signal.SIGKILL in sent:
+            return Exit(None, "killed", "killed by SIGKILL")
+        if status is not None and -status in sent:  # e.g. SIGTERM before the runner was ready
+            return Exit(None, "killed", f"killed by {_signame(-status)}")
+        if status is None:
+            return Exit(None, "lost", f"process {pid} vanished while the service was down")
+        if status < 0:
+            name = _signame(-status)
+            return Exit(None, "lost", f"process {pid} was killed by {name}, not by the launcher")
+        return Exit(None, "failed", f"the job wrapper exited with {status} before the job ended")
+
+    def alive(self, handle: dict) -> bool:
+        try:
+            process = psutil.Process(handle["pid"])
+            same = self._same(process.create_time(), handle)
+            return same and process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:  # ZombieProcess included
+            return False
+
+    def log_path(self, handle: dict) -> str:
+        return handle["log"]
+
+    # -- signals ------------------------------------------------------------------------------
+
+    def signal(self, handle: dict, signame: str) -> None:
+        signum = _signum(signame)
+        if not self.alive(handle):  # the group's id may belong to someone else by now
+            return
+        self._sent.setdefault((handle["pid"], handle["create_time"]), set()).add(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(handle["pgid"], signum)
+
+    async def _wait(self, handle: dict, seconds: float) -> Exit | None:
+        deadline = time.monotonic() + seconds
+        while (exit := self.poll(handle)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            await asyncio.sleep(min(0.1, left))
+        return exit
+
+    async def stop(self, handle: dict, signame: str, grace: float) -> Exit:
+        exit = self.poll(handle)
+        if exit is not None:
+            return exit  # ended before: its group is not ours to wait for any more
+        self.signal(handle, signame)
+        exit = await self._wait(handle, grace)
+        if exit is None:
+            handle["sigkill_sent"] = True  # for whoever polls this handle later, too
+            self.signal(handle, "SIGKILL")
+            exit = await self._wait(handle, self.kill_wait)
+        # The job's other processes die with the runner (it SIGKILLs them, or we did), but
+        # not at once: return when they are gone, and their GPUs free.
+        deadline = time.monotonic() + self.kill_wait
+        while _group_alive(handle["pgid"]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        pid = handle["pid"]
+        return exit or Exit(None, "killed", f"sent SIGKILL, but process {pid} is still there")

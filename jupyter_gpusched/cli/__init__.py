@@ -1,0 +1,235 @@
+"""``jupyter-gpusched`` (also ``jupyter gpusched``): the command line.
+
+Exit codes: 0 success, 1 unexpected failure, 2 bad input (a usage error or a file that says
+what to fix, with its line and field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .. import __version__
+from ..core import ConfigError, PolicySettings, get_policy
+from ..files import load_policy
+from ..sim.loaders import FORMATS, WALLTIME_FACTORS
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "serve":  # a traitlets Application: --GPUSchedService.x=... options
+        from ..service.app import main as serve
+
+        return serve(argv[1:])
+    parser = argparse.ArgumentParser(
+        prog="jupyter-gpusched", description="GPU scheduling for JupyterHub."
+    )
+    parser.add_argument("--version", action="version", version=__version__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser(
+        "serve",
+        help="run the scheduler service (a JupyterHub service; see `serve --help-all`)",
+        add_help=False,
+    )
+    replay = commands.add_parser(
+        "replay",
+        help="replay a job trace through one or more policies and compare them",
+        description="Replay TRACE through each --policy in simulated time and write "
+        "jobs.csv and metrics.json to --out, with a comparison table on stdout.",
+    )
+    replay.add_argument("trace", help="trace file, in the --format given")
+    replay.add_argument(
+        "--format",
+        default="csv",
+        choices=FORMATS,
+        help="trace format: csv (job_id, submit_time, duration, gpus, ...; the default), "
+        "philly (the Philly job log), alibaba2023 (the Alibaba 2023 pod list)",
+    )
+    replay.add_argument(
+        "--cluster",
+        required=True,
+        metavar="CLUSTER",
+        help="cluster YAML file, an Alibaba node-list .csv, or philly[:GPUS] (8-GPU nodes, "
+        "16 per leaf switch, 8 leaves per spine; default 2816 GPUs)",
+    )
+    replay.add_argument(
+        "--queues",
+        metavar="QUEUES",
+        help="queue (quota) YAML file, or philly[:GPUS]: one queue per virtual cluster of the "
+        "trace, guaranteed its share of the Philly VC nodes scaled to GPUS (default 2816); "
+        "default: one root queue",
+    )
+    replay.add_argument(
+        "--tier-mix",
+        metavar="T1,T2,T3",
+        help="philly format only: percentages of jobs in tiers 1, 2, 3 (e.g. 10,60,30), "
+        "assigned by a hash of the job id; default: all tier 2",
+    )
+    replay.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="skip malformed trace (and node-list) rows and count them, instead of stopping",
+    )
+    replay.add_argument(
+        "--walltime-factor",
+        type=float,
+        metavar="F",
+        help="walltime estimate for jobs whose trace gives none: F x their real run time "
+        "(default 2 for the philly and alibaba2023 formats, whose traces carry no estimates; "
+        "otherwise the policy file's default walltime); the same for every policy",
+    )
+    replay.add_argument("--config", help="policy YAML file; default: the documented defaults")
+    replay.add_argument(
+        "--policy",
+        action="append",
+        dest="policies",
+        metavar="NAME",
+        help="policy to replay (repeat to compare; default: gpusched and fifo)",
+    )
+    replay.add_argument("--out", required=True, help="output folder (created)")
+    replay.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    replay.add_argument("--no-report", action="store_true", help="skip report.html")
+    replay.set_defaults(run=run_replay)
+    pack = commands.add_parser(
+        "pack",
+        help="the FGD packing experiment: place tasks until demand reaches the cluster's GPUs",
+        description="Tasks arrive in trace order (sampled again, seeded, when the list runs "
+        "out) and never leave, until the GPU demand that arrived reaches 100%% of the "
+        "cluster's GPUs. Writes DIR/pack.json and DIR/pack.png.",
+    )
+    pack.add_argument("tasks", help="Alibaba 2023 pod list CSV (num_gpu, gpu_milli, ...)")
+    pack.add_argument("--cluster", required=True, help="Alibaba node-list CSV or cluster YAML")
+    pack.add_argument(
+        "--policy",
+        action="append",
+        dest="policies",
+        metavar="NAME",
+        help="gpusched, bestfit or firstfit (repeat; default: all three)",
+    )
+    pack.add_argument("--seed", type=int, default=0, help="seed for resampling tasks")
+    pack.add_argument("--skip-bad-rows", action="store_true", help="skip malformed node-list rows")
+    pack.add_argument("--out", required=True, help="output folder (created)")
+    pack.set_defaults(run=run_pack)
+    from .reaper import add_parser as add_reaper
+
+    add_reaper(commands)
+    from ..backends.gpu.node_agent import add_parser as add_node_agent
+
+    add_node_agent(commands)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except ConfigError as exc:
+        print(f"jupyter-gpusched {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run_replay(args) -> int:
+    from ..sim.loaders import load_cluster_spec, load_queue_spec, load_trace, parse_tier_mix
+    from ..sim.metrics import comparison_table, metrics, write_jobs_csv
+    from ..sim.replay import replay
+    from ..sim.trace import with_walltimes
+
+    try:
+        policies = [get_policy(name) for name in args.policies or ["gpusched", "fifo"]]
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="--policy") from None
+    tier_mix = parse_tier_mix(args.tier_mix) if args.tier_mix is not None else None
+    started = time.perf_counter()
+    loaded = load_trace(args.trace, args.format, tier_mix, args.skip_bad_rows)
+    factor = args.walltime_factor
+    if factor is None:
+        factor = WALLTIME_FACTORS.get(args.format)
+    elif factor <= 0:
+        raise ConfigError("must be greater than 0", field="--walltime-factor")
+    trace = with_walltimes(loaded.jobs, factor)
+    if not args.quiet:
+        took = time.perf_counter() - started
+        print(f"read {len(trace):,} jobs from {args.trace} in {took:.2f} s", file=sys.stderr)
+    _report_skipped(args.trace, loaded)
+    # the cluster and queues come after the trace: --queues philly needs the trace's VC list
+    cluster_loaded = load_cluster_spec(args.cluster, args.skip_bad_rows)
+    _report_skipped(args.cluster, cluster_loaded)
+    cluster = cluster_loaded.cluster
+    queues = load_queue_spec(args.queues, cluster, trace, args.trace) if args.queues else None
+    settings = load_policy(args.config) if args.config else PolicySettings()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results, figures = [], {}
+    for policy in policies:
+        progress = None if args.quiet else _progress(policy.name)
+        result = replay(trace, cluster, queues, settings, policy, progress)
+        results.append(result)
+        figures[policy.name] = metrics(result)
+    write_jobs_csv(results, out / "jobs.csv")
+    (out / "metrics.json").write_text(json.dumps({"policies": figures}, indent=2) + "\n")
+    print(comparison_table(figures))
+    written = [out / "jobs.csv", out / "metrics.json"]
+    if not args.no_report:
+        from ..sim.report import write_report
+
+        write_report(results, figures, out / "report.html", title=Path(args.trace).name)
+        written.append(out / "report.html")
+    if not args.quiet:
+        print(f"\nwrote {', '.join(map(str, written))}", file=sys.stderr)
+    return 0
+
+
+def run_pack(args) -> int:
+    from ..sim.loaders import load_cluster_spec
+    from ..sim.pack import PACK_POLICIES, pack, plot_pack, read_tasks
+
+    names = args.policies or list(PACK_POLICIES)
+    unknown = [n for n in names if n not in PACK_POLICIES]
+    if unknown:
+        known = ", ".join(PACK_POLICIES)
+        raise ConfigError(
+            f"unknown packing policy {unknown[0]!r}; known: {known}", field="--policy"
+        )
+    tasks = read_tasks(args.tasks)
+    cluster_loaded = load_cluster_spec(args.cluster, args.skip_bad_rows)
+    _report_skipped(args.cluster, cluster_loaded)
+    cluster = cluster_loaded.cluster
+    results = [pack(tasks, cluster, name, args.seed) for name in names]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    document = {
+        "tasks": str(args.tasks),
+        "cluster_gpus": cluster.total_gpus,
+        "seed": args.seed,
+        "policies": {
+            r.policy: {k: v for k, v in vars(r).items() if k != "policy"} for r in results
+        },
+    }
+    (out / "pack.json").write_text(json.dumps(document, indent=2) + "\n")
+    plot_pack(results, out / "pack.png")
+    for r in results:
+        print(
+            f"{r.policy:>9}: unallocated GPU fraction {r.unallocated_gpu_fraction:.4f}, "
+            f"allocation rate at 100% {r.allocation_rate['100']:.4f}, {r.wall_s:.2f} s"
+        )
+    return 0
+
+
+def _report_skipped(source: str, loaded) -> None:
+    """Say on stderr how many rows a loader left out, and why (even with --quiet: it changes
+    what is replayed)."""
+    for reason, count in sorted(loaded.skipped.items()):
+        print(f"{source}: skipped {reason}: {count:,}", file=sys.stderr)
+    if loaded.first_error is not None:
+        print(f"{source}: first bad row: {loaded.first_error}", file=sys.stderr)
+
+
+def _progress(name: str):
+    def report(done: int, total: int) -> None:
+        end = "\n" if done >= total else ""
+        print(f"\r{name}: {done:,}/{total:,} jobs finished", end=end, file=sys.stderr, flush=True)
+
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""IPython magics: ``%load_ext jupyter_gpusched``, then
+
+``%%gpujob --gpus 2 --tier 2 [--queue Q] [--gpu-model M] [--walltime 2h] [--name N] [--wait]``
+    (``--gpus 0 --cpus 4 [--memory-gb 16]``: a CPU-only job)
+    Runs the cell's code as a batch job. The cell text is written to
+    ``.gpusched/cell-<time>-<id>.py`` under the kernel's working directory (your home, with a
+    warning, when the job could not enter that) and run there by ``$GPUSCHED_PYTHON`` (the
+    interpreter the scheduler's launcher chose for your account, this environment's packages
+    with it), the working directory first on ``sys.path``.
+    Captured: the cell's text and the working directory (and so the files in it). Not captured:
+    the kernel's variables, imports and earlier cells, IPython syntax (``%magics``, ``!shell``),
+    and the kernel's environment variables (the job gets the scheduler's minimal environment).
+    A bad option (``--gpus -1``, ``--gpus 0`` without CPUs or memory, an unknown one, a tier the
+    service refuses) is a one-line
+    ``UsageError`` naming it; any other service error raises
+    :class:`~jupyter_gpusched.notebook.client.GPUSchedError`.
+    Prints the job id and returns the :class:`~jupyter_gpusched.notebook.client.Job`; ``--wait``
+    prints the job's output as it comes and returns once it ended.
+
+``%gpusched status``
+    My jobs (pending and running) with their place in the queue, reason and ETA.
+``%gpusched jobs`` (all of mine, recent first), ``%gpusched cancel ID``,
+``%gpusched logs ID``, ``%gpusched cluster``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .client import ACTIVE, Client, GPUSchedError, Job
+from .payloads import cell_payload
+
+#: The request fields the options of %%gpujob set: a 400 naming one is a usage error.
+OPTIONS = {
+    "gpus": "--gpus",
+    "tier": "--tier",
+    "queue": "--queue",
+    "gpu_model": "--gpu-model",
+    "walltime": "--walltime",
+    "name": "--name",
+    "cpus": "--cpus",
+    "memory_gb": "--memory-gb",
+}
+
+
+@magics_class
+class GPUSchedMagics(Magics):
+    """``%%gpujob`` and ``%gpusched``; ``client``: a Client (default: from the environment,
+    made at first use)."""
+
+    def __init__(self, shell=None, client: Client | None = None):
+        super().__init__(shell)
+        self._client = client
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = Client()
+        return self._client
+
+    @magic_arguments()
+    @argument("--gpus", type=int, default=1, help="how many GPUs (default 1)")
+    @argument("--tier", type=int, default=None, help="1, 2 (default) or 3")
+    @argument("--queue", default=None, help="queue path, e.g. research/vision")
+    @argument("--gpu-model", dest="gpu_model", default=None, help="e.g. H100 or 'A100|H100'")
+    @argument("--walltime", default=None, help="the longest it runs: 30m, 2h, 1d or seconds")
+    @argument("--cpus", type=float, default=None, help="CPUs for the job (needed with --gpus 0)")
+    @argument("--memory-gb", dest="memory_gb", type=float, default=None, help="memory in GB")
+    @argument("--name", default=None, help="a label (default: gpujob)")
+    @argument("--wait", action="store_true", help="print the output as it comes, until the end")
+    @cell_magic
+    def gpujob(self, line, cell):
+        """Run this cell as a batch job on the GPU scheduler (see the module's docstring)."""
+        args = parse_argstring(self.gpujob, line)
+        fields = {"gpus": args.gpus, "name": args.name or "gpujob"}
+        for key in ("tier", "queue", "gpu_model", "walltime", "cpus", "memory_gb"):
+            if getattr(args, key) is not None:
+                fields[key] = getattr(args, key)
+        written = []
+
+        def payload(where):
+            command, result, path = cell_payload(cell, where)
+            written[:] = [path]
+            return command, result, path
+
+        try:
+            job = self.client._submit(fields, payload=payload)
+        except GPUSchedError as exc:
+            option = OPTIONS.get(exc.field or "")
+            if exc.status == 400 and option:  # a bad option: one line, no traceback
+                raise UsageError(f"%%gpujob {option}: {exc.message}") from None
+            raise
+        position = job.data.get("position")
+        where = f" · queued #{position + 1}" if position is not None else ""
+        print(f"Submitted {job.id} ({job.state}{where}); the cell is in {written[0]}")
+        if args.wait:
+            job.logs(follow=True)
+            print(f"{job.id}: {job.state}")
+        return job
+
+    @line_magic
+    def gpusched(self, line):
+        """``%gpusched status|jobs|cluster|cancel ID|logs ID``."""
+        words = line.split()
+        command = words[0] if words else "status"
+        try:
+            if command == "status":
+                print(status_text(self.client))
+            elif command == "jobs":
+                print(jobs_text(self.client.jobs(limit=20)))
+            elif command == "cluster":
+                print(cluster_text(self.client.cluster()))
+            elif command in ("cancel", "logs") and len(words) == 2:
+                if command == "cancel":
+                    state = self.client.job(words[1]).cancel()
+                    print(f"{words[1]}: {state}")
+                else:
+                    print(self.client.log(words[1], 1 << 20), end="")
+            else:
+                print("usage: %gpusched status | jobs | cluster | cancel ID | logs ID")
+        except GPUSchedError as exc:
+            print(f"gpusched: {exc}", file=sys.stderr)
+
+
+# -- text views --------------------------------------------------------------------------------
+def jobs_text(jobs: list[Job]) -> str:
+    if not jobs:
+        return "no jobs"
+    lines = []
+    for job in jobs:
+        s = job.summary()
+        extra = " ".join(
+            f"{label}{s[key]}"
+            for key, label in (("position", "queued "), ("reason", "· "), ("eta", "· ETA "))
+            if s.get(key)
+        )
+        if s.get("where"):
+            extra = f"on {s['where']}"
+        lines.append(
+            f"{job.id}  {s['state']:<9} {s['gpus']:>6} GPU  tier {s['tier']}  "
+            f"{s['queue']:<12} {s['name'][:20]:<20} {extra}".rstrip()
+        )
+    return "\n".join(lines)
+
+
+def status_text(client: Client) -> str:
+    mine = client.jobs(state=list(ACTIVE))
+    queue = client.queue()
+    positions = [f"#{e['position'] + 1}" for e in queue["jobs"] if e.get("mine")]
+    head = f"queue: {queue['pending']} pending, {queue['running']} running"
+    if positions:
+        head += "; yours at " + ", ".join(positions)
+    body = jobs_text(mine) if mine else "no pending or running jobs"
+    return head + "\n" + body
+
+
+def cluster_text(cluster: dict) -> str:
+    lines = [f"{cluster['allocated_gpus']:g} of {cluster['total_gpus']} GPUs allocated"]
+    for node, used, tiers in node_usage(cluster):
+        by_tier = " ".join(f"t{t}:{n:g}" for t, n in sorted(tiers.items()))
+        bar = "█" * round(used) + "·" * max(0, node["gpus"] - round(used))
+        lines.append(
+            f"{node['name']:<10} {node['gpu_model']:<6} {bar} {used:g}/{node['gpus']} "
+            f"{node['state']} {by_tier}".rstrip()
+        )
+    return "\n".join(lines)
+
+
+def node_usage(cluster: dict):
+    """(node, GPUs in use, {tier: GPUs}) per node of a ``GET api/cluster`` answer."""
+    for node in cluster["nodes"]:
+        tiers: dict[int, float] = {}
+        used = 0.0
+        for gpu in node["gpu_list"]:
+            share = 0.0
+            for holder in gpu["jobs"]:
+                tiers[holder["tier"]] = tiers.get(holder["tier"], 0) + holder["fraction"]
+                share += holder["fraction"]
+            used += min(1.0, share)
+        yield node, used, tiers

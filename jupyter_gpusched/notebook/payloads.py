@@ -1,0 +1,177 @@
+"""What a ``client.submit(function=...)`` job or a ``%%gpujob`` cell leaves for the job to run.
+
+Both write their payload under ``<cwd>/.gpusched/`` (the job's working directory, which the job's
+user can enter: see :func:`jupyter_gpusched.notebook.client.Client.submit`) and submit a command
+that runs it with ``"$GPUSCHED_PYTHON"``: the interpreter the launcher chose for the job's account
+(``accounts.JOB_PYTHON_ENV``), never the kernel's ``sys.executable``, which the job's account
+may not be able to run (a kernel of a Python under ``/root``) and which would bypass the
+launcher's rule. Each payload function returns ``(command, result path or None, what to remove
+if the submission fails)``.
+
+* a **function**: ``fn-<stamp>/call.pkl`` (the function and its arguments, pickled by value with
+  cloudpickle, so lambdas and functions defined in the notebook work), ``path.json`` (the
+  kernel's ``sys.path``, so modules it imported from its directories are found), ``run.py``
+  (calls it and pickles the outcome to ``result.pkl``, read by ``Job.result()``);
+* a **cell**: ``cell-<stamp>.py``, the cell's text, run as ``__main__`` with the working
+  directory first on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shlex
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from ..backends.accounts import JOB_PYTHON_ENV
+
+PAYLOAD_DIR = ".gpusched"  # under the working directory: function payloads, cells, results
+#: The job's Python, as its shell command names it: expanded in the job, set by the launcher.
+JOB_PYTHON = f'"${JOB_PYTHON_ENV}"'
+
+
+class PayloadError(ValueError):
+    """The payload cannot be made (not callable, not picklable); ``field``: the client's
+    argument at fault."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.message, self.field = message, field
+
+
+_RUNNER = '''\
+"""Runs a function submitted with jupyter_gpusched.notebook.client.submit(function=...)."""
+import json, os, pickle, sys, traceback
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.getcwd())
+with open(os.path.join(here, "path.json")) as f:
+    sys.path.extend(p for p in json.load(f) if p not in sys.path)
+try:
+    import cloudpickle as dumper
+except ImportError:
+    dumper = pickle
+
+
+def save(outcome):
+    tmp = os.path.join(here, "result.pkl.tmp")
+    with open(tmp, "wb") as f:
+        try:
+            dumper.dump(outcome, f)
+        except Exception as exc:  # a value or exception that cannot be pickled
+            f.seek(0)
+            f.truncate()
+            pickle.dump({"ok": False, "type": type(exc).__name__, "exception": None,
+                         "message": "the result could not be pickled: %s" % exc,
+                         "traceback": traceback.format_exc()}, f)
+    os.replace(tmp, os.path.join(here, "result.pkl"))
+
+
+try:
+    with open(os.path.join(here, "call.pkl"), "rb") as f:
+        function, args, kwargs = pickle.load(f)
+    value = function(*args, **kwargs)
+except BaseException as exc:
+    text = traceback.format_exc()
+    sys.stderr.write(text)
+    try:
+        raised = dumper.dumps(exc)
+    except Exception:
+        raised = None
+    save({"ok": False, "type": type(exc).__name__, "message": str(exc), "exception": raised,
+          "traceback": text})
+    sys.exit(1)
+save({"ok": True, "value": value})
+'''
+
+_RUN_CELL = (
+    "import runpy, sys; sys.path.insert(0, ''); sys.argv = [{path!r}]; "
+    "runpy.run_path({path!r}, run_name='__main__')"
+)
+
+
+def _stamp() -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
+def pickled_call(function: Callable, args: tuple, kwargs: dict) -> bytes:
+    """The call, pickled (by value where cloudpickle is installed); :class:`PayloadError`."""
+    if not callable(function):
+        raise PayloadError("function= must be callable", "function")
+    try:
+        import cloudpickle as dumper
+    except ImportError:  # a dependency; an installation without it pickles by reference only
+        dumper = None
+        qualname = getattr(function, "__qualname__", "")
+        module = getattr(function, "__module__", None)
+        if module in (None, "__main__") or "<locals>" in qualname or "<lambda>" in qualname:
+            raise PayloadError(
+                f"{qualname or function!r} is defined in the notebook ({module or 'no module'}) "
+                "and cannot be pickled by reference: install cloudpickle (pip install "
+                "cloudpickle), or move the function into a module importable from the working "
+                "directory",
+                "function",
+            ) from None
+    try:
+        return (dumper or pickle).dumps((function, tuple(args), dict(kwargs)))
+    except Exception as exc:
+        raise PayloadError(
+            f"the function or its arguments cannot be pickled: {exc}", "function"
+        ) from None
+
+
+def function_payload(call: bytes, cwd: str) -> tuple[str, str, Path]:
+    """Write a pickled call (:func:`pickled_call`) to ``<cwd>/.gpusched/fn-<stamp>/``; OSError
+    when it cannot be written there."""
+    directory = Path(cwd) / PAYLOAD_DIR / f"fn-{_stamp()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=False)
+        (directory / "call.pkl").write_bytes(call)
+        paths = [p for p in sys.path if p and os.path.isdir(p)]
+        (directory / "path.json").write_text(json.dumps(paths))
+        runner = directory / "run.py"
+        runner.write_text(_RUNNER)
+    except OSError:
+        remove(directory)
+        raise
+    command = f"{JOB_PYTHON} -u {shlex.quote(str(runner))}"
+    return command, str(directory / "result.pkl"), directory
+
+
+def cell_payload(cell: str, cwd: str) -> tuple[str, None, Path]:
+    """Write a cell's text to ``<cwd>/.gpusched/cell-<stamp>.py``; OSError when it cannot."""
+    directory = Path(cwd) / PAYLOAD_DIR
+    directory.mkdir(exist_ok=True)
+    path = directory / f"cell-{_stamp()}.py"
+    path.write_text(cell)
+    command = f"{JOB_PYTHON} -u -c " + shlex.quote(_RUN_CELL.format(path=str(path)))
+    return command, None, path
+
+
+def remove(path: Path | None) -> None:
+    """Remove a payload whose submission failed (a file or a function's directory)."""
+    if path is None:
+        return
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def result_path_from_command(command: str | None) -> str | None:
+    """A function job found again (``client.jobs()``): its result file, from its command."""
+    if not command or f"/{PAYLOAD_DIR}/fn-" not in command:
+        return None
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    if len(words) == 3 and words[2].endswith("/run.py"):
+        return str(Path(words[2]).with_name("result.pkl"))
+    return None

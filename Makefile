@@ -114,13 +114,14 @@ replay-demo: $(STAMP)
 		--config examples/policy.yaml \
 		--policy gpusched --policy fifo --out demo-out
 
-## make test: lint, then the whole test suite ("no tests collected" fails: pytest exits 5).
+## make test: lint (ruff, the import rules), then the whole test suite ("no tests collected" fails: pytest exits 5).
 ## The hub tests (tests/test_hub.py) need node_modules and, as root, create the demo users.
 test: lint pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check jupyter_gpusched tests benchmarks
 	$(BIN)/ruff format --check jupyter_gpusched tests benchmarks
+	$(BIN)/lint-imports  # the import rules of the layout (pyproject.toml, [tool.importlinter])
 
 pytest: $(STAMP) $(NODE_STAMP) $(LAB_STAMP) | system
 	$(BIN)/python -m pytest -q

@@ -5,52 +5,10 @@ The engine (:mod:`jupyter_gpusched.core`) never touches files; adapters call the
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import yaml
-
 from .backends.gpu.discover import expand_discover
-from .core import Cluster, ConfigError, PolicySettings, QueueTree
+from .core import Cluster, PolicySettings, QueueTree
 from .core.settings import policy_error
-
-
-class LineDict(dict):
-    """A dict that remembers the YAML line (1-based) of each key in ``lines``."""
-
-    lines: dict
-
-
-class _LineLoader(yaml.SafeLoader):
-    pass
-
-
-def _construct_mapping(loader, node):
-    mapping = LineDict()
-    mapping.lines = {}
-    loader.flatten_mapping(node)
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        mapping[key] = loader.construct_object(value_node, deep=True)
-        mapping.lines[key] = key_node.start_mark.line + 1
-    return mapping
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def read_yaml(path) -> object:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read the file: {exc.strerror}", source=str(path)) from None
-    try:
-        return yaml.load(text, Loader=_LineLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"not valid YAML: {problem}", source=str(path), line=line) from None
+from .yaml_lines import LineDict, read_yaml  # noqa: F401 (the service reads YAML from here too)
 
 
 def load_cluster(path) -> Cluster:

@@ -80,7 +80,7 @@ class SchedulerClient:
         scopes = [f"access:services!service={self.service_name}", "read:users:groups!user"]
         from jupyterhub.scopes import get_scopes_for
 
-        from ..service.auth import ADMIN_SCOPE
+        from ..scopes import ADMIN_SCOPE
 
         if ADMIN_SCOPE in get_scopes_for(orm_user):
             # the service takes admin rights from the token's scopes: an admin's own server

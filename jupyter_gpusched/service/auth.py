@@ -33,10 +33,9 @@ from traitlets.config import LoggingConfigurable
 
 from ..core.errors import ConfigError
 from ..files import read_yaml
+from ..scopes import ADMIN_SCOPE
 from .handlers import APIError
 from .live import Identity
-
-ADMIN_SCOPE = "custom:gpusched:admin"
 
 
 class Auth(LoggingConfigurable):

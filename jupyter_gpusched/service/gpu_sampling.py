@@ -33,7 +33,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from ..backends.gpu.telemetry import TelemetryUnavailable, get_telemetry
+from ..backends.gpu.backend import get_telemetry
+from ..backends.gpu.telemetry import TelemetryUnavailable
 
 log = logging.getLogger("jupyter_gpusched.service")
 

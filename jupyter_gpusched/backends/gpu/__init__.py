@@ -10,6 +10,7 @@ GPUs from any process, a notebook kernel included::
 Importing this package is cheap: ``pynvml`` is imported only when the NVML backend starts.
 """
 
+from .backend import get_telemetry
 from .simulated import SimulatedLoad, SimulatedTelemetry, simulate_load, stop_load
 from .telemetry import (
     BACKENDS,
@@ -18,7 +19,6 @@ from .telemetry import (
     GPUProcess,
     Telemetry,
     TelemetryUnavailable,
-    get_telemetry,
 )
 
 __all__ = [

@@ -141,7 +141,7 @@ def expand_discover(data, telemetry: Telemetry | None = None, source: str = "clu
         return data
     try:
         if telemetry is None:
-            from .telemetry import get_telemetry
+            from .backend import get_telemetry
 
             telemetry = get_telemetry(discovery_backend())
         discovered = node_entry(telemetry)

@@ -18,7 +18,7 @@ give (``None``) is left out for the same reason.
 
 Like dcgm-exporter it is unauthenticated and shows GPU numbers only (no processes, no users):
 bind it to the node's private address (docs/security.md). The backend follows
-:func:`~jupyter_gpusched.backends.gpu.telemetry.get_telemetry`'s rules: ``auto`` means NVML or exit
+:func:`~jupyter_gpusched.backends.gpu.backend.get_telemetry`'s rules: ``auto`` means NVML or exit
 code 2 naming the missing library and the setting; ``simulated`` only when chosen.
 """
 
@@ -37,12 +37,12 @@ from tornado import httpserver, netutil, web
 
 from ... import __version__
 from ...core.errors import ConfigError
+from .backend import get_telemetry
 from .telemetry import (
     BACKENDS,
     Telemetry,
     TelemetryUnavailable,
     configured_backend,
-    get_telemetry,
     short_hostname,
 )
 

@@ -434,9 +434,12 @@ def _node_from_cluster(cluster, name: str):
         if isinstance(cluster, dict):
             cluster = Cluster.from_dict(cluster)
         else:
-            from ...files import load_cluster
+            # A plain cluster file: 'nodes: discover' or 'nodes: slurm' make no sense for the
+            # simulated GPUs (discovery would ask them for themselves), and reading those needs
+            # jupyter_gpusched.files, which imports the backends.
+            from ...yaml_lines import read_yaml
 
-            cluster = load_cluster(cluster)
+            cluster = Cluster.from_dict(read_yaml(cluster), source=str(cluster))
     if name not in cluster.by_name:
         known = ", ".join(node.name for node in cluster.nodes[:10])
         more = ", ..." if len(cluster.nodes) > 10 else ""

@@ -8,9 +8,9 @@ monitor in the notebook server, the service's rogue-process check, ``nodes: disc
 dataclasses below and cannot tell the backends apart.
 
 No silent fallback: ``auto`` (the default) means NVML, and where NVML cannot be used
-:func:`get_telemetry` raises :class:`TelemetryUnavailable` saying what is missing and how to choose
-the simulated GPUs instead. Every :class:`DeviceSample` names the backend that made it, so that the
-service can refuse to act on simulated numbers from a machine with real GPUs.
+:func:`~.backend.get_telemetry` raises :class:`TelemetryUnavailable` saying what is missing and how
+to choose the simulated GPUs instead. Every :class:`DeviceSample` names the backend that made it,
+so that the service can refuse to act on simulated numbers from a machine with real GPUs.
 
 Units: memory in GiB (2**30 bytes) and called ``gb`` like everywhere in the project; utilization in
 percent (0-100) of the GPU's streaming multiprocessors over the last sampling period. ``None`` means
@@ -118,34 +118,3 @@ def short_hostname() -> str:
 def configured_backend() -> str:
     """The backend chosen for this process: ``$GPUSCHED_GPU_BACKEND``, else ``auto``."""
     return os.environ.get(BACKEND_ENV, "").strip() or "auto"
-
-
-def get_telemetry(backend: str | None = None, **options) -> Telemetry:
-    """The telemetry of this machine.
-
-    ``backend``: ``"nvml"`` or ``"auto"`` (the same: NVML, with ``auto`` passing only ``node`` to
-    it), or ``"simulated"``, only when chosen. ``None`` reads ``$GPUSCHED_GPU_BACKEND`` (default
-    ``auto``). Where NVML cannot be used, :class:`TelemetryUnavailable` says why (the missing
-    ``nvidia-ml-py`` or ``libnvidia-ml.so.1``, no GPU) and how to choose the simulated backend:
-    never a silent fallback to simulated GPUs, which would report busy real GPUs as idle.
-    ``options`` go to the backend chosen: see :class:`~.nvml.NVMLTelemetry` and
-    :class:`~.simulated.SimulatedTelemetry`.
-    """
-    if backend is None:
-        backend = configured_backend()
-    if backend not in BACKENDS:
-        raise ValueError(
-            f"unknown GPU backend {backend!r} ({BACKEND_ENV} or the gpu_backend setting); "
-            f"expected one of {', '.join(BACKENDS)}"
-        )
-    if backend == "simulated":
-        from .simulated import SimulatedTelemetry
-
-        return SimulatedTelemetry(**options)
-    from .nvml import NVMLTelemetry
-
-    nvml_options = options if backend == "nvml" else {"node": options.get("node")}
-    try:
-        return NVMLTelemetry(**nvml_options)
-    except TelemetryUnavailable as exc:
-        raise type(exc)(f"no GPU telemetry: {exc}. {NVML_HELP}") from None

@@ -314,7 +314,7 @@ def cluster_document(data: dict, source: str = "cluster file") -> dict:
 def load_cluster(path):
     """``files.load_cluster`` that also reads ``nodes: slurm`` (see the module docstring)."""
     from ...core import Cluster
-    from ...files import read_yaml
+    from ...yaml_lines import read_yaml
 
     data = read_yaml(path)
     if isinstance(data, dict) and data.get("nodes") == "slurm":

@@ -16,7 +16,7 @@ import sys
 import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F403 (the fixtures, for this module only)
 
-from jupyter_gpusched.serverext.monitor import SETTINGS_KEY, GPUMonitor
+from jupyter_gpusched.notebook.serverext.monitor import SETTINGS_KEY, GPUMonitor
 
 
 @pytest.fixture

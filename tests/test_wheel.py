@@ -79,7 +79,7 @@ def test_the_wheel_holds_the_lab_extension_and_the_server_config(dist):
     assert f"{LAB}package.json" in names
     assert f"{LAB}static/style.js" in names
     assert any(n.startswith(f"{LAB}static/remoteEntry.") for n in names)
-    assert '"jupyter_gpusched.serverext": true' in config
+    assert '"jupyter_gpusched.notebook.serverext": true' in config
     # shipped once, as data, not also as a Python subpackage
     assert not any(n.startswith("jupyter_gpusched/labextension/") for n in names)
 
@@ -135,6 +135,6 @@ def test_the_wheel_in_a_fresh_venv_without_node_enables_both_extensions(dist, tm
     servers = _run(
         [str(python), "-m", "jupyter_server.extension.serverextension", "list"], tmp_path, env
     )
-    assert "jupyter_gpusched.serverext enabled" in servers, servers
-    assert "jupyter_gpusched.serverext  OK" in servers, servers
+    assert "jupyter_gpusched.notebook.serverext enabled" in servers, servers
+    assert "jupyter_gpusched.notebook.serverext  OK" in servers, servers
     assert str(venv / "etc" / "jupyter") in servers

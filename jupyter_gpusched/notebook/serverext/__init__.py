@@ -25,6 +25,7 @@ from __future__ import annotations
 
 EXTENSION = "jupyter_gpusched.notebook.serverext"
 ROUTE_PREFIX = "gpusched/api"  # under the server's base_url
+LOADED_KEY = "jupyter_gpusched_loaded"  # in the web app's settings once the extension is set up
 
 
 def _jupyter_server_extension_points():
@@ -32,7 +33,12 @@ def _jupyter_server_extension_points():
 
 
 def _load_jupyter_server_extension(serverapp):
-    """Add the routes to the running server."""
+    """Add the routes to the running server, once: a server that enables the extension under
+    two names (the wheel's config file, the spawner's flag, a user's older
+    ``jupyter_gpusched.serverext``) would otherwise run two monitors and two sets of routes."""
+    if serverapp.web_app.settings.get(LOADED_KEY):
+        return
+    serverapp.web_app.settings[LOADED_KEY] = True
     from .notices import setup_handlers
 
     setup_handlers(serverapp.web_app, serverapp.log)

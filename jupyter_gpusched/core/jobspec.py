@@ -88,7 +88,9 @@ class Field:
     view: str | None = "public"  # in the API view: public, owner (own jobs/admins), or None
 
 
-def _field(default: Any = None, **spec) -> Any:
+def declare(default: Any = None, **spec) -> Any:
+    """A :class:`JobSpec` field with ``default`` (a dict: a fresh one each) and its
+    :class:`Field` metadata."""
     factory = dataclasses.MISSING
     if isinstance(default, dict):
         default, factory = dataclasses.MISSING, dict
@@ -102,7 +104,7 @@ class JobSpec:
     """What one job asks for. The declaration order is the order the parser checks fields in
     (the first bad one is the 400), and the order of the known fields it lists."""
 
-    gpus: int = _field(
+    gpus: int = declare(
         dataclasses.MISSING,
         help="how many GPUs (whole number >= 0; 0: a CPU-only job, which must ask for cpus or "
         "memory_gb)",
@@ -112,7 +114,7 @@ class JobSpec:
         column=Column("integer", nullable=False),
         trace=True,
     )
-    kind: str = _field(
+    kind: str = declare(
         "batch",
         help="batch (default) or notebook (a notebook server: allocation only, no command)",
         parse="choice",
@@ -121,7 +123,7 @@ class JobSpec:
         column=Column("string:16", nullable=False),
         trace=True,
     )
-    command: str | None = _field(
+    command: str | None = declare(
         help=f"a shell command to run (string, at most {MAX_COMMAND} characters); exactly one of "
         "command and notebook",
         parse="text",
@@ -130,7 +132,7 @@ class JobSpec:
         on_job=False,
         view="owner",
     )
-    notebook: str | None = _field(
+    notebook: str | None = declare(
         help=f"the path of a notebook to execute with nbclient (at most {MAX_PATH} characters)",
         parse="text",
         maximum=MAX_PATH,
@@ -138,7 +140,7 @@ class JobSpec:
         on_job=False,
         view="owner",
     )
-    name: str | None = _field(
+    name: str | None = declare(
         help=f"a label for you (string, at most {MAX_NAME} characters)",
         parse="text",
         maximum=MAX_NAME,
@@ -148,7 +150,7 @@ class JobSpec:
         on_job=False,
         view="owner",
     )
-    gpu_fraction: float = _field(
+    gpu_fraction: float = declare(
         1.0,
         help=f"a share of one GPU, from {MIN_GPU_FRACTION} to 1; below 1 only with gpus = 1",
         parse="gpu_fraction",
@@ -158,7 +160,7 @@ class JobSpec:
         column=Column("double", nullable=False, default=1.0),
         trace=True,
     )
-    gpus_per_node: int | None = _field(
+    gpus_per_node: int | None = declare(
         help="the gang shape: GPUs on each node; must divide gpus",
         parse="whole",
         minimum=1,
@@ -166,21 +168,21 @@ class JobSpec:
         column=Column("integer"),
         trace=True,
     )
-    tier: int | None = _field(
+    tier: int | None = declare(
         help="1 (never pre-empted, within the queue's guarantee), 2 (default) or 3 (pre-emptible)",
         parse="tier",
         choices=TIERS,
         column=Column("integer", nullable=False),
         trace=True,
     )
-    queue: str | None = _field(
+    queue: str | None = declare(
         help="the queue path, e.g. research/vision (default: your first queue)",
         parse="text",
         maximum=MAX_QUEUE,
         column=Column("string:255", nullable=False),
         trace=True,
     )
-    gpu_models: frozenset[str] | None = _field(
+    gpu_models: frozenset[str] | None = declare(
         help=f"a GPU model, or up to {MAX_GPU_MODELS} alternatives as a list or 'A100|H100'",
         parse="gpu_model",
         wire="gpu_model",
@@ -189,14 +191,14 @@ class JobSpec:
         column=Column("json"),
         trace=True,
     )
-    walltime: float | None = _field(
+    walltime: float | None = declare(
         help="the longest it runs: seconds or 30m, 2h, 1d; more than 0, at most a year",
         parse="walltime",
         maximum=MAX_WALLTIME,
         column=Column("double"),
         trace=True,
     )
-    cpus: float | None = _field(
+    cpus: float | None = declare(
         help=f"CPUs for the whole job (number from 0 to {MAX_CPUS:g})",
         parse="number",
         maximum=MAX_CPUS,
@@ -204,7 +206,7 @@ class JobSpec:
         trace=True,
         view="owner",
     )
-    memory_gb: float | None = _field(
+    memory_gb: float | None = declare(
         help=f"memory for the whole job in GB (number from 0 to {MAX_MEMORY_GB:g})",
         parse="number",
         maximum=MAX_MEMORY_GB,
@@ -212,7 +214,7 @@ class JobSpec:
         trace=True,
         view="owner",
     )
-    labels: dict[str, str] = _field(  # noqa: RUF009 (a dataclasses.field, a fresh dict each)
+    labels: dict[str, str] = declare(  # noqa: RUF009 (a dataclasses.field, a fresh dict each)
         {},
         help=f"node labels that must match (object of at most {MAX_LABELS} strings)",
         parse="strings",
@@ -222,7 +224,7 @@ class JobSpec:
         column=Column("json", nullable=False, default=dict),
         view=None,  # not shown: the placement says where it ran
     )
-    env: dict[str, str] = _field(  # noqa: RUF009 (as labels)
+    env: dict[str, str] = declare(  # noqa: RUF009 (as labels)
         {},
         help=f"environment variables for the job (object of at most {MAX_ENV_VARS} strings, "
         f"{MAX_ENV_BYTES} characters in all)",
@@ -235,7 +237,7 @@ class JobSpec:
         on_job=False,
         view="owner",
     )
-    cwd: str | None = _field(
+    cwd: str | None = declare(
         help=f"working directory: an absolute path of at most {MAX_PATH} characters that you may "
         "enter (default: your home directory)",
         parse="text",
@@ -245,7 +247,7 @@ class JobSpec:
         on_job=False,
         view="owner",
     )
-    server_name: str | None = _field(
+    server_name: str | None = declare(
         help="kind notebook: the hub's name of the server ('' for the default server)",
         parse="server_name",
         maximum=MAX_SERVER_NAME,
@@ -253,7 +255,7 @@ class JobSpec:
         on_job=False,
         view="owner",
     )
-    profile: str | None = _field(
+    profile: str | None = declare(
         help="kind notebook: the slug of the hub profile the server starts with",
         parse="profile",
         maximum=MAX_PROFILE,
@@ -261,7 +263,7 @@ class JobSpec:
         on_job=False,
         view="owner",
     )
-    held: bool = _field(
+    held: bool = declare(
         False,
         help="submit on hold (true/false): it waits until released",
         parse="boolean",
@@ -269,10 +271,10 @@ class JobSpec:
         column=Column("boolean", nullable=False, default=False),
         setter="admin",  # and the user, at submission
     )
-    user: str | None = _field(
+    user: str | None = declare(
         column=Column("string:255", nullable=False), trace=True, setter="engine", view="owner"
     )
-    priority: int = _field(0, column=Column("integer", nullable=False, default=0), setter="admin")
+    priority: int = declare(0, column=Column("integer", nullable=False, default=0), setter="admin")
 
 
 @dataclass(frozen=True)

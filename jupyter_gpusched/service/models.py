@@ -95,7 +95,7 @@ def spec_columns(fields: Iterable[SpecField] = FIELDS) -> list[sa.Column]:
     return columns
 
 
-def jobs_table(metadata: sa.MetaData, fields: Iterable[SpecField] = FIELDS) -> sa.Table:
+def build_jobs_table(metadata: sa.MetaData, fields: Iterable[SpecField] = FIELDS) -> sa.Table:
     """The ``jobs`` table: the columns of the spec's stored fields, and a job's progress."""
     return sa.Table(
         "jobs",
@@ -123,7 +123,7 @@ def jobs_table(metadata: sa.MetaData, fields: Iterable[SpecField] = FIELDS) -> s
 class Job(Base):
     """One job: its request (the columns of core/jobspec.py's JobSpec), and its current state."""
 
-    __table__ = jobs_table(Base.metadata)
+    __table__ = build_jobs_table(Base.metadata)
 
 
 class Allocation(Base):

@@ -7,23 +7,48 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import re
 
-from ..core.durations import parse_duration
-from ..core.jobspec import (  # the job's bounds are declared with its spec
-    MAX_COMMAND,  # noqa: F401 (its old home: tests and tools import it from here)
+# The job's bounds are declared with its spec (core/jobspec.py); the service, its tests and tools
+# have always found them here, with the value readers' names (noqa: re-exported).
+from ..core.jobspec import (
+    MAX_COMMAND,  # noqa: F401
+    MAX_CPUS,  # noqa: F401
     MAX_ENV_BYTES,
-    MAX_GPU_MODEL,
-    MAX_GPU_MODELS,
+    MAX_ENV_NAME,  # noqa: F401
+    MAX_ENV_VARS,  # noqa: F401
+    MAX_GPU_MODEL,  # noqa: F401
+    MAX_GPU_MODELS,  # noqa: F401
+    MAX_LABEL_KEY,  # noqa: F401
+    MAX_LABEL_VALUE,  # noqa: F401
+    MAX_LABELS,  # noqa: F401
+    MAX_MEMORY_GB,  # noqa: F401
+    MAX_NAME,  # noqa: F401
+    MAX_PATH,  # noqa: F401
     MAX_PROFILE,
+    MAX_QUEUE,  # noqa: F401
     MAX_SERVER_NAME,
-    MAX_WALLTIME,
+    MAX_WALLTIME,  # noqa: F401
     MIN_GPU_FRACTION,
     REQUEST_FIELDS,
     JobSpec,
     SpecField,
     spec_fields,
+)
+from .request_values import (
+    MAX_DURATION_TEXT,  # noqa: F401
+    MAX_WHOLE,  # noqa: F401
+    QUOTE,
+    RequestError,
+    quote,
+    read_choice,
+    read_models,
+    read_number,
+    read_strings,
+    read_text,
+    read_walltime,
+    read_whole,
+    whole_number,  # noqa: F401
 )
 
 # -- bounds: what one request may ask for -----------------------------------------------------
@@ -31,8 +56,6 @@ from ..core.jobspec import (  # the job's bounds are declared with its spec
 # (service/openapi.py) declares the same numbers, so a schema-driven tool sends what we accept.
 # A job's own fields are bounded in core/jobspec.py; these bound the bodies and queries.
 MAX_BODY_BYTES = 1 << 20  # the default of GPUSchedService.max_body_bytes: the whole body
-QUOTE = 80  # error messages quote at most this many characters of bad input
-MAX_DURATION_TEXT = 64  # 'walltime' as text ('1h30m'): characters
 MAX_LIST_LIMIT = 100_000  # '?limit' of api/queue and api/jobs (and '?offset' stays a whole number)
 MAX_EVENTS_LIMIT = 10_000  # '?limit' of api/events
 MAX_LOG_BYTES = 1 << 20  # '?bytes' of api/jobs/{id}/log: the most one request returns
@@ -50,25 +73,9 @@ MAX_DOCUMENT_TEXT = 500  # PUT api/quotas, PUT api/reaper: characters of any key
 JOB_FIELDS = {f.wire: f.spec.help for f in REQUEST_FIELDS}
 
 
-def quote(value) -> str:
-    """``repr(value)``, cut to :data:`QUOTE` characters: an error never echoes a whole body."""
-    if isinstance(value, str) and len(value) > QUOTE:
-        value = value[:QUOTE]  # no repr of a megabyte to keep 80 characters of it
-    text = repr(value)
-    return text if len(text) <= QUOTE else text[: QUOTE - 3] + "..."
-
-
 ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"  # an env name, as the OpenAPI document declares it
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # the same, with fullmatch: no "A\n"
 _RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "GPUSCHED_")
-
-
-class RequestError(ValueError):
-    """A bad request: ``message`` says what to fix, ``field`` names the field (or None)."""
-
-    def __init__(self, message: str, field: str | None = None, status: int = 400):
-        super().__init__(message)
-        self.message, self.field, self.status = message, field, status
 
 
 JobRequest = JobSpec  # a validated POST api/jobs body (queue, tier, user filled in by the service)
@@ -139,18 +146,18 @@ def _plain(parse):
 
 
 _PARSERS = {
-    "text": _plain(lambda data, f: _text(data, f.wire, f.spec.maximum)),
-    "whole": _plain(lambda data, f: _whole(data, f.wire, minimum=f.spec.minimum)),
-    "number": _plain(lambda data, f: _number(data, f.wire, f.spec.maximum)),
-    "choice": _plain(lambda data, f: _choice(data, f.wire, f.spec.choices, f.default)),
+    "text": _plain(lambda data, f: read_text(data, f.wire, f.spec.maximum)),
+    "whole": _plain(lambda data, f: read_whole(data, f.wire, minimum=f.spec.minimum)),
+    "number": _plain(lambda data, f: read_number(data, f.wire, f.spec.maximum)),
+    "choice": _plain(lambda data, f: read_choice(data, f.wire, f.spec.choices, f.default)),
     "strings": _plain(
-        lambda data, f: _strings(
+        lambda data, f: read_strings(
             data, f.wire, f.spec.maximum, f.spec.key_length, f.spec.value_length
         )
     ),
     "boolean": _plain(lambda data, f: _boolean(data, f.wire)),
-    "gpu_model": _plain(lambda data, f: _models(data.get(f.wire))),
-    "walltime": _plain(lambda data, f: _walltime(data[f.wire])),
+    "gpu_model": _plain(lambda data, f: read_models(data.get(f.wire))),
+    "walltime": _plain(lambda data, f: read_walltime(data[f.wire])),
 }
 
 
@@ -171,7 +178,7 @@ _CHECKS: dict = {}
 
 @_parser
 def _gpu_fraction(data, f: SpecField, values) -> float:
-    fraction = _number(data, f.wire, 1.0)
+    fraction = read_number(data, f.wire, 1.0)
     if fraction < MIN_GPU_FRACTION or (fraction < 1 and values["gpus"] != 1):
         raise RequestError(
             f"'gpu_fraction' must be from {MIN_GPU_FRACTION} to 1, and below 1 only with "
@@ -183,7 +190,7 @@ def _gpu_fraction(data, f: SpecField, values) -> float:
 
 @_parser
 def _tier(data, f: SpecField, values) -> int:
-    tier = _whole(data, "tier", minimum=1)
+    tier = read_whole(data, "tier", minimum=1)
     if tier not in f.spec.choices:
         raise RequestError(JOB_FIELDS["tier"], "tier")
     return tier
@@ -206,7 +213,7 @@ def _server_name(data, f: SpecField, values) -> str:
 def _profile(data, f: SpecField, values) -> str | None:
     if values["kind"] != "notebook":
         raise RequestError("'profile' is for notebook servers (kind notebook)", "profile")
-    return _text(data, "profile", MAX_PROFILE)
+    return read_text(data, "profile", MAX_PROFILE)
 
 
 @_check
@@ -255,137 +262,6 @@ def _boolean(data, name) -> bool:
     if not isinstance(data[name], bool):
         raise RequestError(f"'{name}' must be true or false", name)
     return data[name]
-
-
-MAX_WHOLE = 2**31 - 1  # what an INTEGER column holds on every database
-
-
-def whole_number(value):
-    """``value`` as an int if it is a whole number (JSON Schema's integer: ``2.0`` is one, as
-    api/openapi.json says), else unchanged."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _whole(data, name, minimum) -> int:
-    value = whole_number(data[name])
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_WHOLE:
-        raise RequestError(
-            f"'{name}' must be a whole number from {minimum} to {MAX_WHOLE}, got {quote(value)}",
-            name,
-        )
-    return value
-
-
-def _number(data, name, maximum: float) -> float:
-    """A number from 0 to ``maximum``."""
-    value = data[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(f"'{name}' must be a number, got {quote(value)}", name)
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond any float, e.g. 10**400
-        number = math.inf
-    if not 0 <= number <= maximum:
-        raise RequestError(
-            f"'{name}' must be a number from 0 to {maximum:g}, got {quote(value)}", name
-        )
-    return number
-
-
-def _walltime(value) -> float:
-    """Seconds in (0, MAX_WALLTIME], from a number or a duration text."""
-    if isinstance(value, str) and len(value) > MAX_DURATION_TEXT:
-        raise RequestError(
-            f"'walltime' must be at most {MAX_DURATION_TEXT} characters, got {quote(value)}",
-            "walltime",
-        )
-    try:
-        seconds = parse_duration(value)
-    except (ValueError, TypeError, OverflowError):
-        seconds = math.nan
-    if not 0 < seconds <= MAX_WALLTIME:  # NaN too
-        raise RequestError(
-            f"'walltime' must be seconds or a duration (30m, 2h, 1d) longer than 0 and at most "
-            f"{MAX_WALLTIME:g} s (one year), got {quote(value)}",
-            "walltime",
-        )
-    return seconds
-
-
-def _text(data, name, max_length: int) -> str | None:
-    value = data.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise RequestError(f"'{name}' must be a non-empty string, got {quote(value)}", name)
-    if len(value) > max_length or "\x00" in value:
-        raise RequestError(
-            f"'{name}' must be at most {max_length} characters, no NUL; got {len(value)} "
-            f"starting {quote(value)}",
-            name,
-        )
-    return value
-
-
-def _choice(data, name, choices, default) -> str:
-    value = data.get(name, default)
-    if not isinstance(value, str) or value not in choices:
-        raise RequestError(
-            f"'{name}' must be one of {', '.join(choices)}, got {quote(value)}", name
-        )
-    return value
-
-
-def _strings(data, name, max_entries: int, max_key: int, max_value: int) -> dict[str, str]:
-    """An object of at most ``max_entries`` strings, keys of at most ``max_key`` and values of
-    at most ``max_value`` characters."""
-    value = data.get(name)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise RequestError(f"'{name}' must be an object of strings, got {quote(value)}", name)
-    if len(value) > max_entries:
-        raise RequestError(f"'{name}' has {len(value)} entries; at most {max_entries}", name)
-    for key, item in value.items():
-        if not isinstance(item, str) or "\x00" in key + item:
-            raise RequestError(
-                f"'{name}' must be an object of strings (no NUL); {quote(key)} is {quote(item)}",
-                name,
-            )
-        if len(key) > max_key or len(item) > max_value:
-            raise RequestError(
-                f"'{name}': keys have at most {max_key} and values at most {max_value} "
-                f"characters; {quote(key)} has {len(key)} and its value {len(item)}",
-                name,
-            )
-    return dict(value)
-
-
-def _models(value) -> frozenset[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, str) and len(value) > MAX_GPU_MODELS * (MAX_GPU_MODEL + 1):
-        raise RequestError(
-            f"'gpu_model' is {len(value)} characters; at most {MAX_GPU_MODELS} models of "
-            f"{MAX_GPU_MODEL} characters each",
-            "gpu_model",
-        )
-    names = value.split("|") if isinstance(value, str) else value
-    if (
-        not isinstance(names, list)
-        or not names
-        or not all(isinstance(n, str) and n.strip() and "\x00" not in n for n in names)
-    ):
-        raise RequestError(f"{JOB_FIELDS['gpu_model']}; got {quote(value)}", "gpu_model")
-    if len(names) > MAX_GPU_MODELS or any(len(n) > MAX_GPU_MODEL for n in names):
-        raise RequestError(
-            f"'gpu_model': at most {MAX_GPU_MODELS} models of at most {MAX_GPU_MODEL} "
-            f"characters each; got {quote(value)}",
-            "gpu_model",
-        )
-    return frozenset(n.strip() for n in names)
 
 
 # -- the other bodies ------------------------------------------------------------------------

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-KINDS = ("batch", "notebook")
-TIERS = (1, 2, 3)
+from .jobspec import JOB_ATTRIBUTES, KINDS, TIERS, JobSpec
+
+__all__ = ["KINDS", "TIERS", "Job", "JobState", "Reason"]
 
 
 class JobState(str, Enum):
@@ -52,7 +53,8 @@ class Job:
     ``gpu_fraction`` below 1 asks for a share of one GPU (fractions on a GPU sum to at most 1,
     and a whole-GPU job never lands on a shared GPU); ``labels`` must all match node labels;
     ``cpus`` and ``memory_gb`` are per job, spread over its nodes; ``walltime`` is the user's
-    estimate in seconds (None = the policy default).
+    estimate in seconds (None = the policy default). The request block is the one of
+    :class:`~.jobspec.JobSpec` (``tests/test_jobspec.py`` checks that they agree).
     """
 
     id: str
@@ -87,6 +89,13 @@ class Job:
     first_reason: Reason | None = None
     reject_reason: str | None = None
     reject_field: str | None = None  # the request field the rejection is about
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec, id: str, submit_time: float) -> Job:
+        """The engine's job for what ``spec`` asks (its queue, tier and user filled in)."""
+        return cls(
+            id=id, submit_time=submit_time, **{name: getattr(spec, name) for name in JOB_ATTRIBUTES}
+        )
 
     @property
     def amount(self) -> float:

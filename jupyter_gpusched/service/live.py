@@ -20,7 +20,7 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..backends.accounts import AccountRefused
 from ..backends.local.launcher import Exit, LaunchError, LaunchSpec
@@ -93,15 +93,16 @@ class LiveScheduler:
         self._check_account(who, request)
         tree = self.engine.tree
         allowed = tree.queues_for(who.name, who.groups)
-        if request.queue is None:  # the user's team queue (core/quotas.py: default_for)
+        queue_path = request.queue
+        if queue_path is None:  # the user's team queue (core/quotas.py: default_for)
             default = tree.default_for(who.name, who.groups)
             if default is None:
                 raise RequestError(f"{who.name} belongs to no queue", "queue", status=403)
-            request.queue = default.path
-        queue = tree.get(request.queue)
+            queue_path = default.path
+        queue = tree.get(queue_path)
         if queue is None:
             known = ", ".join(q.path for q in allowed) or "none"
-            raise RequestError(f"no queue {request.queue!r}; yours: {known}", "queue")
+            raise RequestError(f"no queue {queue_path!r}; yours: {known}", "queue")
         if queue not in allowed and not who.admin:
             raise RequestError(f"{who.name} may not submit to queue {queue.path}", "queue", 403)
         models = self.cluster.gpu_models
@@ -121,23 +122,10 @@ class LiveScheduler:
             )
         now = self.clock()
         job_id = job_id_for(self._number)
-        job = Job(
-            id=job_id,
-            gpus=request.gpus,
-            submit_time=now,
-            tier=request.tier or self.default_tier,
-            queue=queue.path,
-            user=who.name,
-            kind=request.kind,
-            gpus_per_node=request.gpus_per_node,
-            gpu_models=request.gpu_models,
-            labels=request.labels,
-            cpus=request.cpus,
-            memory_gb=request.memory_gb,
-            walltime=request.walltime,
-            gpu_fraction=request.gpu_fraction,
-            held=request.held,
+        filled = replace(
+            request, queue=queue.path, tier=request.tier or self.default_tier, user=who.name
         )
+        job = Job.from_spec(filled, job_id, now)
         try:
             self.engine.submit(job, now)
         except ConfigError as exc:
@@ -153,16 +141,7 @@ class LiveScheduler:
                 job.reject_field,
             )
         self._number += 1
-        extra = Extra(
-            self._number - 1,
-            command=request.command,
-            notebook=request.notebook,
-            name=request.name,
-            server_name=request.server_name,
-            profile=request.profile,
-            env=request.env,
-            cwd=request.cwd,
-        )
+        extra = Extra.from_spec(self._number - 1, request)
         message = f"{gpus_text(job.gpus)}, tier {job.tier}"
         event = self._event("submitted", job, who.name, message)
         self.extras[job.id] = extra

@@ -34,6 +34,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from ..core.jobspec import FIELDS, NO_DEFAULT, SpecField
+
 # Every constraint and index gets a predictable name: Alembic's batch mode on SQLite (which
 # copies a table to alter it) and later migrations need names to refer to.
 NAMING_CONVENTION = {
@@ -58,55 +60,70 @@ class Base(DeclarativeBase):
     metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
 
 
-class Job(Base):
-    """One job: its request, and its current state."""
+_COLUMN_TYPES = {
+    "integer": sa.Integer,
+    "double": sa.Double,
+    "boolean": sa.Boolean,
+    "text": sa.Text,
+    "json": lambda: Json,
+}
 
-    __tablename__ = "jobs"
 
-    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)  # e.g. "j-000042"
-    number: Mapped[int] = mapped_column(sa.Integer, unique=True)  # submit order
-    user: Mapped[str] = mapped_column(sa.String(255))
-    queue: Mapped[str] = mapped_column(sa.String(255))
-    tier: Mapped[int] = mapped_column(sa.Integer)
-    kind: Mapped[str] = mapped_column(sa.String(16))  # "batch" | "notebook"
-    name: Mapped[str | None] = mapped_column(sa.Text)  # the user's label for it, if any
-    # for a notebook server: the hub's name of the server ("" for the default one)
-    server_name: Mapped[str | None] = mapped_column(sa.String(255))
-    # for a notebook server: the slug of the hub profile it started with (its spawner's word)
-    profile: Mapped[str | None] = mapped_column(sa.String(255))
-    # the request
-    gpus: Mapped[int] = mapped_column(sa.Integer)
-    gpus_per_node: Mapped[int | None] = mapped_column(sa.Integer)
-    gpu_models: Mapped[list[str] | None] = mapped_column(Json)
-    gpu_fraction: Mapped[float] = mapped_column(sa.Double, default=1.0)
-    cpus: Mapped[float | None] = mapped_column(sa.Double)
-    memory_gb: Mapped[float | None] = mapped_column(sa.Double)
-    walltime: Mapped[float | None] = mapped_column(sa.Double)  # seconds
-    labels: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
-    command: Mapped[str | None] = mapped_column(sa.Text)
-    notebook: Mapped[str | None] = mapped_column(sa.Text)
-    env: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
-    cwd: Mapped[str | None] = mapped_column(sa.Text)
-    # admin controls
-    priority: Mapped[int] = mapped_column(sa.Integer, default=0)
-    held: Mapped[bool] = mapped_column(sa.Boolean, default=False)
-    # progress
-    state: Mapped[str] = mapped_column(sa.String(16), default="pending")
-    reason: Mapped[dict[str, Any] | None] = mapped_column(Json)  # {family, detail, message, eta}
-    submit_time: Mapped[float] = mapped_column(sa.Double)
-    start_time: Mapped[float | None] = mapped_column(sa.Double)  # of the current or last run
-    first_start: Mapped[float | None] = mapped_column(sa.Double)
-    end_time: Mapped[float | None] = mapped_column(sa.Double)
-    runs: Mapped[int] = mapped_column(sa.Integer, default=0)
-    preemptions: Mapped[int] = mapped_column(sa.Integer, default=0)
-    exit_code: Mapped[int | None] = mapped_column(sa.Integer)
-    message: Mapped[str | None] = mapped_column(sa.Text)  # how it ended
-    handle: Mapped[dict[str, Any] | None] = mapped_column(Json)  # the launcher's, for this run
+def column_type(name: str) -> sa.types.TypeEngine:
+    """The SQL type a spec's :class:`~..core.jobspec.Column` names (``string:N``: VARCHAR(N))."""
+    if name.startswith("string:"):
+        return sa.String(int(name.partition(":")[2]))
+    return _COLUMN_TYPES[name]()
 
-    __table_args__ = (
+
+def spec_columns(fields: Iterable[SpecField] = FIELDS) -> list[sa.Column]:
+    """The ``jobs`` columns of a job spec's stored fields (core/jobspec.py), in its order."""
+    columns = []
+    for spec_field in fields:
+        column = spec_field.spec.column
+        if column is None:
+            continue
+        default = {} if column.default is NO_DEFAULT else {"default": column.default}
+        columns.append(
+            sa.Column(
+                spec_field.column_name,
+                column_type(column.type),
+                nullable=column.nullable,
+                **default,
+            )
+        )
+    return columns
+
+
+def build_jobs_table(metadata: sa.MetaData, fields: Iterable[SpecField] = FIELDS) -> sa.Table:
+    """The ``jobs`` table: the columns of the spec's stored fields, and a job's progress."""
+    return sa.Table(
+        "jobs",
+        metadata,
+        sa.Column("id", sa.String(64), primary_key=True),  # e.g. "j-000042"
+        sa.Column("number", sa.Integer, unique=True, nullable=False),  # submit order
+        *spec_columns(fields),  # the request, who submitted it, an admin's priority and hold
+        # progress
+        sa.Column("state", sa.String(16), nullable=False, default="pending"),
+        sa.Column("reason", Json),  # {family, detail, message, eta}
+        sa.Column("submit_time", sa.Double, nullable=False),
+        sa.Column("start_time", sa.Double),  # of the current or last run
+        sa.Column("first_start", sa.Double),
+        sa.Column("end_time", sa.Double),
+        sa.Column("runs", sa.Integer, nullable=False, default=0),
+        sa.Column("preemptions", sa.Integer, nullable=False, default=0),
+        sa.Column("exit_code", sa.Integer),
+        sa.Column("message", sa.Text),  # how it ended
+        sa.Column("handle", Json),  # the launcher's, for this run
         sa.Index("ix_jobs_state", "state"),
         sa.Index("ix_jobs_user_number", "user", "number"),
     )
+
+
+class Job(Base):
+    """One job: its request (the columns of core/jobspec.py's JobSpec), and its current state."""
+
+    __table__ = build_jobs_table(Base.metadata)
 
 
 class Allocation(Base):

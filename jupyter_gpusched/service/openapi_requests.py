@@ -6,38 +6,26 @@ cannot drift. Used by :mod:`.openapi`; ``tests/test_service_fuzz.py`` draws jobs
 
 from __future__ import annotations
 
+from dataclasses import MISSING
+
+from ..core.jobspec import REQUEST_FIELDS, SpecField
 from .openapi_responses import ref
 from .requests import (
     ENV_NAME,
-    JOB_FIELDS,
     MAX_BACKEND,
-    MAX_COMMAND,
-    MAX_CPUS,
     MAX_DOCUMENT_DEPTH,
     MAX_DOCUMENT_ITEMS,
     MAX_DOCUMENT_TEXT,
     MAX_DURATION_TEXT,
-    MAX_ENV_BYTES,
-    MAX_ENV_NAME,
-    MAX_ENV_VARS,
     MAX_GPU_MODEL,
     MAX_GPU_MODELS,
-    MAX_LABEL_KEY,
-    MAX_LABEL_VALUE,
-    MAX_LABELS,
-    MAX_MEMORY_GB,
-    MAX_NAME,
-    MAX_PATH,
     MAX_PROFILE,
-    MAX_QUEUE,
     MAX_REAPER_LIST,
     MAX_SAMPLE_DEVICES,
     MAX_SAMPLE_KERNELS,
-    MAX_SERVER_NAME,
     MAX_TELEMETRY_ERROR,
     MAX_WALLTIME,
     MAX_WHOLE,
-    MIN_GPU_FRACTION,
 )
 
 # -- building blocks ---------------------------------------------------------------------------
@@ -105,114 +93,128 @@ _MODEL = f"[^|\\s\\u0000][^|\\u0000]{{0,{MAX_GPU_MODEL - 1}}}"
 WALLTIME_TEXT = duration_pattern(MAX_WALLTIME)
 
 # -- POST api/jobs -------------------------------------------------------------------------------
-JOB_REQUEST = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["gpus"],
-    "properties": {
-        "command": text(MAX_COMMAND, minLength=1),
-        "notebook": text(MAX_PATH, minLength=1),
-        "kind": {"type": "string", "enum": ["batch", "notebook"]},
-        "name": text(MAX_NAME, minLength=1),
-        "gpus": whole(0),
-        "gpu_fraction": {"type": "number", "minimum": MIN_GPU_FRACTION, "maximum": 1},
-        "gpus_per_node": whole(1, null=True),
-        "tier": {"type": ["integer", "null"], "enum": [1, 2, 3, None]},
-        "queue": text(MAX_QUEUE, minLength=1),
-        "gpu_model": {
-            "anyOf": [
-                text(
-                    MAX_GPU_MODELS * (MAX_GPU_MODEL + 1),
-                    f"^{_MODEL}(\\|{_MODEL}){{0,{MAX_GPU_MODELS - 1}}}$",
-                ),
-                {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": MAX_GPU_MODELS,
-                    "items": text(MAX_GPU_MODEL, null=False),
-                },
-            ]
-        },
-        "walltime": {
-            "anyOf": [
-                {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": MAX_WALLTIME},
-                {"type": "string", "maxLength": MAX_DURATION_TEXT, "pattern": WALLTIME_TEXT},
-            ]
-        },
-        "cpus": number(MAX_CPUS),
-        "memory_gb": number(MAX_MEMORY_GB),
-        "labels": {
-            "type": ["object", "null"],
-            "maxProperties": MAX_LABELS,
-            "propertyNames": {"maxLength": MAX_LABEL_KEY, "pattern": NO_NUL},
-            "additionalProperties": text(MAX_LABEL_VALUE, NO_NUL, null=False),
-        },
-        "env": {
-            "type": ["object", "null"],
-            "maxProperties": MAX_ENV_VARS,
-            "propertyNames": {
-                "maxLength": MAX_ENV_NAME,
-                "pattern": ENV_NAME,
-                "not": {"pattern": RESERVED_ENV},
-            },
-            "additionalProperties": text(MAX_ENV_BYTES, NO_NUL, null=False),
-        },
-        "cwd": text(MAX_PATH, "^/[^\\u0000]*$"),
-        "held": {"type": "boolean"},
-        "server_name": text(MAX_SERVER_NAME, NO_NUL),
-        "profile": text(MAX_PROFILE, minLength=1),
+# Each field's schema, by its spec's parse (core/jobspec.py): the plain kinds from its declared
+# bounds, the special cases under their names, as service/requests.py reads them.
+_FIELD_SCHEMAS = {
+    "text": lambda f: text(f.spec.maximum, minLength=1),
+    "whole": lambda f: whole(f.spec.minimum, null=f.spec.null_is_absent),
+    "number": lambda f: number(f.spec.maximum),
+    "choice": lambda f: {"type": "string", "enum": list(f.spec.choices)},
+    "boolean": lambda f: {"type": "boolean"},
+    "strings": lambda f: {
+        "type": ["object", "null"],
+        "maxProperties": f.spec.maximum,
+        "propertyNames": {"maxLength": f.spec.key_length, "pattern": NO_NUL},
+        "additionalProperties": text(f.spec.value_length, NO_NUL, null=False),
     },
-    "allOf": [
-        {  # a notebook server: an allocation, nothing to run
-            "if": {"required": ["kind"], "properties": {"kind": {"const": "notebook"}}},
-            "then": {"properties": {"command": {"type": "null"}, "notebook": {"type": "null"}}},
-            "else": {  # a batch job: exactly one of command and notebook; no server name
-                "properties": {"server_name": {"type": "null"}, "profile": {"type": "null"}},
-                "oneOf": [
-                    {
-                        "required": ["command"],
-                        "properties": {
-                            "command": {"type": "string"},
-                            "notebook": {"type": "null"},
-                        },
-                    },
-                    {
-                        "required": ["notebook"],
-                        "properties": {
-                            "notebook": {"type": "string"},
-                            "command": {"type": "null"},
-                        },
-                    },
-                ],
+    "gpu_fraction": lambda f: {"type": "number", "minimum": f.spec.minimum, "maximum": 1},
+    "tier": lambda f: {"type": ["integer", "null"], "enum": [*f.spec.choices, None]},
+    "gpu_model": lambda f: {
+        "anyOf": [
+            text(
+                MAX_GPU_MODELS * (MAX_GPU_MODEL + 1),
+                f"^{_MODEL}(\\|{_MODEL}){{0,{MAX_GPU_MODELS - 1}}}$",
+            ),
+            {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_GPU_MODELS,
+                "items": text(MAX_GPU_MODEL, null=False),
             },
-        },
-        {  # a share of a GPU is a share of one GPU
-            "if": {
-                "required": ["gpu_fraction"],
-                "properties": {"gpu_fraction": {"exclusiveMaximum": 1}},
-            },
-            "then": {"properties": {"gpus": {"const": 1}}},
-        },
-        {  # a CPU-only job: placed by its CPUs or memory, no GPU shape (core/resources.py)
-            "if": {"properties": {"gpus": {"const": 0}}},
-            "then": {
-                "properties": {"gpus_per_node": {"type": "null"}, "gpu_model": False},
-                "anyOf": [
-                    {
-                        "required": ["cpus"],
-                        "properties": {"cpus": {"type": "number", "exclusiveMinimum": 0}},
-                    },
-                    {
-                        "required": ["memory_gb"],
-                        "properties": {"memory_gb": {"type": "number", "exclusiveMinimum": 0}},
-                    },
-                ],
-            },
-        },
-    ],
+        ]
+    },
+    "walltime": lambda f: {
+        "anyOf": [
+            {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": f.spec.maximum},
+            {"type": "string", "maxLength": MAX_DURATION_TEXT, "pattern": WALLTIME_TEXT},
+        ]
+    },
+    "server_name": lambda f: text(f.spec.maximum, NO_NUL),
+    "profile": lambda f: text(f.spec.maximum, minLength=1),
 }
-for _name, _text in JOB_FIELDS.items():
-    JOB_REQUEST["properties"][_name]["description"] = _text
+# A cross-field check that one field's schema says alone (the others are the allOf below).
+_CHECK_SCHEMAS = {
+    "absolute_cwd": lambda f: text(f.spec.maximum, "^/[^\\u0000]*$"),
+    "env_names": lambda f: {
+        **_FIELD_SCHEMAS["strings"](f),
+        "propertyNames": {
+            "maxLength": f.spec.key_length,
+            "pattern": ENV_NAME,
+            "not": {"pattern": RESERVED_ENV},
+        },
+    },
+}
+
+
+def field_schema(spec_field: SpecField) -> dict:
+    """The request schema of one spec field, with its help as the description."""
+    build = _FIELD_SCHEMAS[spec_field.spec.parse]
+    for check in spec_field.spec.checks:
+        build = _CHECK_SCHEMAS.get(check, build)
+    return {**build(spec_field), "description": spec_field.spec.help}
+
+
+def job_request_schema(fields=REQUEST_FIELDS) -> dict:
+    """The schema of a POST api/jobs body of these spec fields (core/jobspec.py)."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": [f.wire for f in fields if f.default is MISSING],
+        "properties": {f.wire: field_schema(f) for f in fields},
+        "allOf": _JOB_RULES,
+    }
+
+
+# The rules between fields (service/requests.py's checks, and core/resources.py's CPU-only job).
+_JOB_RULES = [
+    {  # a notebook server: an allocation, nothing to run
+        "if": {"required": ["kind"], "properties": {"kind": {"const": "notebook"}}},
+        "then": {"properties": {"command": {"type": "null"}, "notebook": {"type": "null"}}},
+        "else": {  # a batch job: exactly one of command and notebook; no server name
+            "properties": {"server_name": {"type": "null"}, "profile": {"type": "null"}},
+            "oneOf": [
+                {
+                    "required": ["command"],
+                    "properties": {
+                        "command": {"type": "string"},
+                        "notebook": {"type": "null"},
+                    },
+                },
+                {
+                    "required": ["notebook"],
+                    "properties": {
+                        "notebook": {"type": "string"},
+                        "command": {"type": "null"},
+                    },
+                },
+            ],
+        },
+    },
+    {  # a share of a GPU is a share of one GPU
+        "if": {
+            "required": ["gpu_fraction"],
+            "properties": {"gpu_fraction": {"exclusiveMaximum": 1}},
+        },
+        "then": {"properties": {"gpus": {"const": 1}}},
+    },
+    {  # a CPU-only job: placed by its CPUs or memory, no GPU shape (core/resources.py)
+        "if": {"properties": {"gpus": {"const": 0}}},
+        "then": {
+            "properties": {"gpus_per_node": {"type": "null"}, "gpu_model": False},
+            "anyOf": [
+                {
+                    "required": ["cpus"],
+                    "properties": {"cpus": {"type": "number", "exclusiveMinimum": 0}},
+                },
+                {
+                    "required": ["memory_gb"],
+                    "properties": {"memory_gb": {"type": "number", "exclusiveMinimum": 0}},
+                },
+            ],
+        },
+    },
+]
+JOB_REQUEST = job_request_schema()
 
 # -- the other bodies ------------------------------------------------------------------------------
 PRIORITY_REQUEST = {

@@ -9,6 +9,7 @@ handler and this file drift apart. The request schemas are in :mod:`.openapi`.
 from __future__ import annotations
 
 from ..core.jobs import JobState
+from ..core.jobspec import FIELDS, SpecField
 
 
 def ref(name: str) -> dict:
@@ -47,20 +48,46 @@ REASON = nullable(
     )
 )
 
+# The spec's fields in a job view (core/jobspec.py; service/records.py public_job), each as its
+# column holds it: the type its column says, its choices, a whole number's least value.
+_COLUMN_ANSWERS = {"integer": "integer", "double": "number", "boolean": "boolean"}
+_SPECIAL_ANSWERS = {  # by the field's parse
+    "gpu_model": NAMES,
+    "strings": {"type": "object", "additionalProperties": STRING},
+    # a share of a GPU: more than 0 (the request's least share may change; stored jobs stay)
+    "gpu_fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+}
+
+
+def answer_schema(spec_field: SpecField) -> dict:
+    """The response schema of one spec field's value in a job view."""
+    spec, column = spec_field.spec, spec_field.spec.column
+    schema = _SPECIAL_ANSWERS.get(spec.parse) or {
+        "type": _COLUMN_ANSWERS.get(column.type, "string")
+    }
+    if spec.choices:
+        schema = {**schema, "enum": list(spec.choices)}
+    elif spec.parse == "whole" and spec.minimum is not None and not column.nullable:
+        schema = {**schema, "minimum": spec.minimum}
+    if column.nullable or spec.parse == "strings":  # a view of an older row may lack it
+        schema = {**schema, "type": [schema["type"], "null"]}
+    return {**schema, "description": spec.help} if spec.help else schema
+
+
+def view_fields(view: str, fields=FIELDS) -> dict:
+    """The schemas of the spec fields a job view of this kind (public, owner) holds."""
+    return {
+        f.column_name: answer_schema(f)
+        for f in fields
+        if f.spec.column is not None and f.spec.view == view
+    }
+
+
 # service/records.py public_job: always these ...
 _JOB_ALWAYS = {
     "id": {"type": "string", "pattern": "^j-[0-9]+$"},
     "state": {"type": "string", "enum": JOB_STATES},
-    "kind": {"type": "string", "enum": ["batch", "notebook"]},
-    "queue": STRING,
-    "tier": {"type": "integer", "enum": [1, 2, 3]},
-    "gpus": {"type": "integer", "minimum": 0},
-    "gpu_fraction": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-    "gpus_per_node": nullable("integer"),
-    "gpu_models": nullable(NAMES),
-    "walltime": nullable("number"),
-    "priority": INTEGER,
-    "held": BOOLEAN,
+    **view_fields("public"),
     "submit_time": NUMBER,
     "start_time": nullable("number"),
     "end_time": nullable("number"),
@@ -72,18 +99,9 @@ _JOB_ALWAYS = {
 }
 # ... the caller's own job (or any, for an admin) also these ...
 _JOB_FULL = {
-    "user": STRING,
-    "name": nullable("string"),
-    "command": nullable("string"),
-    "notebook": nullable("string"),
-    "env": {"type": ["object", "null"], "additionalProperties": STRING},
-    "cwd": nullable("string"),
+    **view_fields("owner"),
     "exit_code": nullable("integer"),
     "message": nullable("string"),
-    "server_name": nullable("string"),
-    "profile": nullable("string"),
-    "cpus": nullable("number"),
-    "memory_gb": nullable("number"),
 }
 # ... and a running job these (handlers.py APIHandler.view)
 _JOB_RUNNING = {

@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 
 from ..core.cluster import Cluster
 from ..core.jobs import Job, JobState, Reason
+from ..core.jobspec import FIELDS, JobSpec, SpecField
 from ..core.state import Part, Placement
 
 
 @dataclass
 class Extra:
-    """What the service keeps beside an engine job."""
+    """What the service keeps beside an engine job: the spec's fields that are not the engine's
+    (``on_job`` False; ``tests/test_jobspec.py`` checks that they are these), and its run."""
 
     number: int
     command: str | None = None
@@ -31,6 +33,33 @@ class Extra:
     exit_code: int | None = None
     message: str | None = None
 
+    @classmethod
+    def from_spec(cls, number: int, spec: JobSpec) -> Extra:
+        return cls(number, **{f.name: getattr(spec, f.name) for f in _EXTRA_FIELDS})
+
+
+# The spec's stored fields, by where a row's value lives: on the engine's Job or in Extra.
+_STORED = tuple(f for f in FIELDS if f.spec.column is not None)
+_JOB_FIELDS = tuple(f for f in _STORED if f.spec.on_job)
+_EXTRA_FIELDS = tuple(f for f in _STORED if not f.spec.on_job)
+_JOB_STATE_FIELDS = ("queue", "priority", "held")  # change while a job lives (state_fields)
+
+
+def _to_row(spec_field: SpecField, value):
+    """A value as its JSON or SQL column holds it: sets as sorted lists, mappings copied."""
+    if isinstance(value, frozenset):
+        return sorted(value)
+    return dict(value) if isinstance(value, dict) else value
+
+
+def _from_row(spec_field: SpecField, value):
+    """The inverse of :func:`_to_row`; NULL is the field's default (rows of older versions)."""
+    if value is None:
+        return spec_field.default_value()
+    if isinstance(value, list):
+        return frozenset(value)
+    return dict(value) if isinstance(value, dict) else value
+
 
 def job_id_for(number: int) -> str:
     return f"j-{number:06d}"
@@ -38,31 +67,11 @@ def job_id_for(number: int) -> str:
 
 def row_for(job: Job, extra: Extra) -> dict:
     """The whole ``jobs`` row of a job."""
-    return {
-        "id": job.id,
-        "number": extra.number,
-        "user": job.user,
-        "queue": job.queue,
-        "tier": job.tier,
-        "kind": job.kind,
-        "gpus": job.gpus,
-        "gpus_per_node": job.gpus_per_node,
-        "gpu_models": sorted(job.gpu_models) if job.gpu_models is not None else None,
-        "gpu_fraction": job.gpu_fraction,
-        "cpus": job.cpus,
-        "memory_gb": job.memory_gb,
-        "walltime": job.walltime,
-        "labels": dict(job.labels),
-        "command": extra.command,
-        "notebook": extra.notebook,
-        "name": extra.name,
-        "server_name": extra.server_name,
-        "profile": extra.profile,
-        "env": dict(extra.env),
-        "cwd": extra.cwd,
-        "submit_time": job.submit_time,
-        **state_fields(job, extra),
-    }
+    row = {"id": job.id, "number": extra.number, "submit_time": job.submit_time}
+    for spec_field in _STORED:
+        holder = job if spec_field.spec.on_job else extra
+        row[spec_field.column_name] = _to_row(spec_field, getattr(holder, spec_field.name))
+    return {**row, **state_fields(job, extra)}
 
 
 def state_fields(job: Job, extra: Extra) -> dict:
@@ -101,38 +110,23 @@ def reason_dict(reason: Reason | None) -> dict | None:
 
 
 def job_from_row(row: dict) -> tuple[Job, Extra]:
-    models = row.get("gpu_models")
+    def value(spec_field: SpecField):
+        return _from_row(spec_field, row.get(spec_field.column_name))
+
     job = Job(
         id=row["id"],
-        gpus=row["gpus"],
         submit_time=row["submit_time"],
-        tier=row["tier"],
-        queue=row["queue"] or "",
-        user=row["user"] or "",
-        kind=row["kind"],
-        gpus_per_node=row.get("gpus_per_node"),
-        gpu_models=frozenset(models) if models is not None else None,
-        labels=dict(row.get("labels") or {}),
-        cpus=row.get("cpus"),
-        memory_gb=row.get("memory_gb"),
-        walltime=row.get("walltime"),
-        gpu_fraction=row.get("gpu_fraction") or 1.0,
-        priority=row.get("priority") or 0,
-        held=bool(row.get("held")),
+        **{f.name: value(f) for f in _JOB_FIELDS},
     )
+    job.queue, job.user = job.queue or "", job.user or ""  # the Job's "" where a row has None
+    job.held = bool(job.held)
     job.start_time = row.get("start_time")
     job.first_start = row.get("first_start")
     job.runs = row.get("runs") or 0
     job.preemptions = row.get("preemptions") or 0
     extra = Extra(
         number=row["number"],
-        command=row.get("command"),
-        notebook=row.get("notebook"),
-        name=row.get("name"),
-        server_name=row.get("server_name"),
-        profile=row.get("profile"),
-        env=dict(row.get("env") or {}),
-        cwd=row.get("cwd"),
+        **{f.name: value(f) for f in _EXTRA_FIELDS},
         handle=row.get("handle"),
         exit_code=row.get("exit_code"),
         message=row.get("message"),
@@ -195,37 +189,35 @@ def placement_view(placement: Placement, cluster: Cluster) -> list[dict]:
     ]
 
 
+# The job view: the spec's fields everyone sees, and those only the owner (and admins) see.
+def view_columns(view: str, fields=FIELDS) -> tuple[str, ...]:
+    """The columns of the spec's fields a job view of this kind (public, owner) shows."""
+    return tuple(f.column_name for f in fields if f.spec.column and f.spec.view == view)
+
+
+PUBLIC_VIEW, OWNER_VIEW = view_columns("public"), view_columns("owner")
+
+
 def public_job(row: dict, *, mine: bool, full: bool, position: int | None = None) -> dict:
     """A job as a caller sees it. ``full``: the caller's own job, or the caller is an admin;
     otherwise the user, name, command, notebook, environment and directory are left out."""
-    view = {
-        "id": row["id"],
-        "state": row["state"],
-        "kind": row["kind"],
-        "queue": row["queue"],
-        "tier": row["tier"],
-        "gpus": row["gpus"],
-        "gpu_fraction": row["gpu_fraction"],
-        "gpus_per_node": row["gpus_per_node"],
-        "gpu_models": row["gpu_models"],
-        "walltime": row["walltime"],
-        "priority": row["priority"],
-        "held": row["held"],
-        "submit_time": row["submit_time"],
-        "start_time": row["start_time"],
-        "end_time": row["end_time"],
-        "runs": row["runs"],
-        "preemptions": row["preemptions"],
-        "reason": row["reason"],
-        "position": position,
-        "mine": mine,
-    }
+    view = {"id": row["id"], "state": row["state"]}
+    view.update((key, row[key]) for key in PUBLIC_VIEW)
+    view.update(
+        {
+            "submit_time": row["submit_time"],
+            "start_time": row["start_time"],
+            "end_time": row["end_time"],
+            "runs": row["runs"],
+            "preemptions": row["preemptions"],
+            "reason": row["reason"],
+            "position": position,
+            "mine": mine,
+        }
+    )
     if full:
-        for key in ("user", "name", "command", "notebook", "env", "cwd", "exit_code", "message"):
-            view[key] = row.get(key)
-        for key in ("server_name", "profile"):
-            view[key] = row.get(key)
-        view["cpus"], view["memory_gb"] = row.get("cpus"), row.get("memory_gb")
+        view.update((key, row.get(key)) for key in OWNER_VIEW)
+        view["exit_code"], view["message"] = row.get("exit_code"), row.get("message")
     return view
 
 

@@ -5,43 +5,62 @@ The submitting user never comes from the body: it is the hub identity of the cal
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 import re
-from dataclasses import dataclass, field
 
-from ..core.durations import parse_duration
-from ..core.jobs import TIERS
+# The job's bounds are declared with its spec (core/jobspec.py); the service, its tests and tools
+# have always found them here, with the value readers' names (noqa: re-exported).
+from ..core.jobspec import (
+    MAX_COMMAND,  # noqa: F401
+    MAX_CPUS,  # noqa: F401
+    MAX_ENV_BYTES,
+    MAX_ENV_NAME,  # noqa: F401
+    MAX_ENV_VARS,  # noqa: F401
+    MAX_GPU_MODEL,  # noqa: F401
+    MAX_GPU_MODELS,  # noqa: F401
+    MAX_LABEL_KEY,  # noqa: F401
+    MAX_LABEL_VALUE,  # noqa: F401
+    MAX_LABELS,  # noqa: F401
+    MAX_MEMORY_GB,  # noqa: F401
+    MAX_NAME,  # noqa: F401
+    MAX_PATH,  # noqa: F401
+    MAX_PROFILE,
+    MAX_QUEUE,  # noqa: F401
+    MAX_SERVER_NAME,
+    MAX_WALLTIME,  # noqa: F401
+    MIN_GPU_FRACTION,
+    REQUEST_FIELDS,
+    JobSpec,
+    SpecField,
+    spec_fields,
+)
+from .request_values import (
+    MAX_DURATION_TEXT,  # noqa: F401
+    MAX_WHOLE,  # noqa: F401
+    QUOTE,
+    RequestError,
+    quote,
+    read_choice,
+    read_models,
+    read_number,
+    read_strings,
+    read_text,
+    read_walltime,
+    read_whole,
+    whole_number,  # noqa: F401
+)
 
 # -- bounds: what one request may ask for -----------------------------------------------------
 # The server enforces these (RequestError, 400, naming the field) and the OpenAPI document
 # (service/openapi.py) declares the same numbers, so a schema-driven tool sends what we accept.
+# A job's own fields are bounded in core/jobspec.py; these bound the bodies and queries.
 MAX_BODY_BYTES = 1 << 20  # the default of GPUSchedService.max_body_bytes: the whole body
-MAX_NAME = 200  # 'name': characters
-MAX_COMMAND = 65_536  # 'command': characters (a shell command line, not a script file)
-MAX_PATH = 4096  # 'notebook' and 'cwd': characters (PATH_MAX)
-MAX_QUEUE = 500  # 'queue': characters of a queue path
-MAX_SERVER_NAME = 255  # 'server_name': characters, as JupyterHub allows
-MAX_ENV_VARS = 256  # 'env': variables
-MAX_ENV_NAME = 128  # 'env': characters of one name
-MAX_ENV_BYTES = 65_536  # 'env': characters of all names and values together
-MAX_LABELS = 32  # 'labels': entries
-MAX_LABEL_KEY = 63  # 'labels': characters of a key (as Kubernetes label names)
-MAX_LABEL_VALUE = 253  # 'labels': characters of a value
-MAX_GPU_MODELS = 16  # 'gpu_model': alternatives
-MAX_GPU_MODEL = 100  # 'gpu_model': characters of one model name
-MIN_GPU_FRACTION = 0.01  # 'gpu_fraction': the smallest share of a GPU
-MAX_WALLTIME = 365 * 86_400.0  # 'walltime': seconds (one year)
-MAX_CPUS = 65_536.0  # 'cpus' for one job
-MAX_MEMORY_GB = 1_048_576.0  # 'memory_gb' for one job (1 PB)
-QUOTE = 80  # error messages quote at most this many characters of bad input
-MAX_DURATION_TEXT = 64  # 'walltime' as text ('1h30m'): characters
 MAX_LIST_LIMIT = 100_000  # '?limit' of api/queue and api/jobs (and '?offset' stays a whole number)
 MAX_EVENTS_LIMIT = 10_000  # '?limit' of api/events
 MAX_LOG_BYTES = 1 << 20  # '?bytes' of api/jobs/{id}/log: the most one request returns
 MAX_SAMPLE_DEVICES = 64  # POST api/usage-samples: 'devices' entries
 MAX_SAMPLE_KERNELS = 1000  # POST api/usage-samples: 'kernels' entries
-MAX_PROFILE = 200  # 'profile' (a hub profile's slug) of a notebook job and a monitor's report
 MAX_BACKEND = 40  # POST api/usage-samples: characters of 'backend'
 MAX_TELEMETRY_ERROR = 1000  # POST api/usage-samples: characters of 'telemetry_error'
 MAX_REAPER_LIST = 1000  # PUT api/reaper: names in each exempt_* list, and profile_timeouts
@@ -51,39 +70,7 @@ MAX_DOCUMENT_TEXT = 500  # PUT api/quotas, PUT api/reaper: characters of any key
 
 
 # The fields of POST api/jobs, with what each must be (used in messages and in the OpenAPI doc).
-JOB_FIELDS = {
-    "command": f"a shell command to run (string, at most {MAX_COMMAND} characters); exactly one of "
-    "command and notebook",
-    "notebook": f"the path of a notebook to execute with nbclient (at most {MAX_PATH} characters)",
-    "kind": "batch (default) or notebook (a notebook server: allocation only, no command)",
-    "name": f"a label for you (string, at most {MAX_NAME} characters)",
-    "gpus": "how many GPUs (whole number >= 0; 0: a CPU-only job, which must ask for cpus or "
-    "memory_gb)",
-    "gpu_fraction": f"a share of one GPU, from {MIN_GPU_FRACTION} to 1; below 1 only with gpus = 1",
-    "gpus_per_node": "the gang shape: GPUs on each node; must divide gpus",
-    "tier": "1 (never pre-empted, within the queue's guarantee), 2 (default) or 3 (pre-emptible)",
-    "queue": "the queue path, e.g. research/vision (default: your first queue)",
-    "gpu_model": f"a GPU model, or up to {MAX_GPU_MODELS} alternatives as a list or 'A100|H100'",
-    "walltime": "the longest it runs: seconds or 30m, 2h, 1d; more than 0, at most a year",
-    "cpus": f"CPUs for the whole job (number from 0 to {MAX_CPUS:g})",
-    "memory_gb": f"memory for the whole job in GB (number from 0 to {MAX_MEMORY_GB:g})",
-    "labels": f"node labels that must match (object of at most {MAX_LABELS} strings)",
-    "env": f"environment variables for the job (object of at most {MAX_ENV_VARS} strings, "
-    f"{MAX_ENV_BYTES} characters in all)",
-    "cwd": f"working directory: an absolute path of at most {MAX_PATH} characters that you may "
-    "enter (default: your home directory)",
-    "held": "submit on hold (true/false): it waits until released",
-    "server_name": "kind notebook: the hub's name of the server ('' for the default server)",
-    "profile": "kind notebook: the slug of the hub profile the server starts with",
-}
-
-
-def quote(value) -> str:
-    """``repr(value)``, cut to :data:`QUOTE` characters: an error never echoes a whole body."""
-    if isinstance(value, str) and len(value) > QUOTE:
-        value = value[:QUOTE]  # no repr of a megabyte to keep 80 characters of it
-    text = repr(value)
-    return text if len(text) <= QUOTE else text[: QUOTE - 3] + "..."
+JOB_FIELDS = {f.wire: f.spec.help for f in REQUEST_FIELDS}
 
 
 ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"  # an env name, as the OpenAPI document declares it
@@ -91,37 +78,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # the same, with fullmatch: n
 _RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "GPUSCHED_")
 
 
-class RequestError(ValueError):
-    """A bad request: ``message`` says what to fix, ``field`` names the field (or None)."""
-
-    def __init__(self, message: str, field: str | None = None, status: int = 400):
-        super().__init__(message)
-        self.message, self.field, self.status = message, field, status
-
-
-@dataclass
-class JobRequest:
-    """A validated POST api/jobs body (defaults filled in by the service)."""
-
-    gpus: int
-    kind: str = "batch"
-    command: str | None = None
-    notebook: str | None = None
-    name: str | None = None
-    gpu_fraction: float = 1.0
-    gpus_per_node: int | None = None
-    tier: int | None = None
-    queue: str | None = None
-    gpu_models: frozenset[str] | None = None
-    walltime: float | None = None
-    cpus: float | None = None
-    memory_gb: float | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-    held: bool = False
-    server_name: str | None = None
-    profile: str | None = None  # kind notebook: the hub profile (the reaper's timeout)
+JobRequest = JobSpec  # a validated POST api/jobs body (queue, tier, user filled in by the service)
 
 
 def _no_constant(name: str):
@@ -143,225 +100,168 @@ def parse_body(body: bytes) -> dict:
     return data
 
 
-def parse_job_request(data: dict) -> JobRequest:
+def parse_job_request(data: dict, spec_class: type = JobSpec):
     """The job ``data`` asks for, every field within its bound; RequestError names the first
-    field that is not (its message quotes at most :data:`QUOTE` characters of it)."""
+    field that is not (its message quotes at most :data:`QUOTE` characters of it). The fields
+    are checked in the spec's order, each by the parser its ``parse`` names, then by its
+    ``checks`` (the cross-field rules, with what has been read so far). ``spec_class``: the
+    spec the body is read as (another than JobSpec in tests only)."""
+    fields = request_fields(spec_class)
+    known = [f.wire for f in fields]
     if "user" in data:
         raise RequestError("the user is your hub identity; remove 'user' from the body", "user")
     for key in data:
-        if key not in JOB_FIELDS:
+        if key not in known:
             raise RequestError(
-                f"unknown field {quote(key)}; known fields: {', '.join(JOB_FIELDS)}",
+                f"unknown field {quote(key)}; known fields: {', '.join(known)}",
                 str(key)[:QUOTE],
             )
     if "gpus" not in data:
         raise RequestError("'gpus' is required: " + JOB_FIELDS["gpus"], "gpus")
-    request = JobRequest(gpus=_whole(data, "gpus", minimum=0))
-    request.kind = _choice(data, "kind", ("batch", "notebook"), "batch")
-    request.command = _text(data, "command", MAX_COMMAND)
-    request.notebook = _text(data, "notebook", MAX_PATH)
-    request.name = _text(data, "name", MAX_NAME)
-    if request.kind == "batch" and (request.command is None) == (request.notebook is None):
+    values: dict = {}
+    for spec_field in fields:
+        given = spec_field.wire in data
+        if spec_field.spec.null_is_absent:
+            given = data.get(spec_field.wire) is not None
+        if given:
+            values[spec_field.name] = _PARSERS[spec_field.spec.parse](data, spec_field, values)
+        else:
+            values[spec_field.name] = spec_field.default_value()
+        for check in spec_field.spec.checks:
+            _CHECKS[check](values)
+    return spec_class(**values)
+
+
+@functools.cache
+def request_fields(spec_class: type) -> tuple[SpecField, ...]:
+    """The fields of a request body read as ``spec_class``."""
+    if spec_class is JobSpec:
+        return REQUEST_FIELDS
+    return tuple(f for f in spec_fields(spec_class) if f.spec.help is not None)
+
+
+def _plain(parse):
+    """A parser of a plain kind, from the field's declared bounds."""
+    return lambda data, f, values: parse(data, f)
+
+
+_PARSERS = {
+    "text": _plain(lambda data, f: read_text(data, f.wire, f.spec.maximum)),
+    "whole": _plain(lambda data, f: read_whole(data, f.wire, minimum=f.spec.minimum)),
+    "number": _plain(lambda data, f: read_number(data, f.wire, f.spec.maximum)),
+    "choice": _plain(lambda data, f: read_choice(data, f.wire, f.spec.choices, f.default)),
+    "strings": _plain(
+        lambda data, f: read_strings(
+            data, f.wire, f.spec.maximum, f.spec.key_length, f.spec.value_length
+        )
+    ),
+    "boolean": _plain(lambda data, f: _boolean(data, f.wire)),
+    "gpu_model": _plain(lambda data, f: read_models(data.get(f.wire))),
+    "walltime": _plain(lambda data, f: read_walltime(data[f.wire])),
+}
+
+
+def _parser(function):
+    """A special case's parser, under the name a spec field's ``parse`` gives."""
+    _PARSERS[function.__name__.lstrip("_")] = function
+    return function
+
+
+def _check(function):
+    """A cross-field check, under the name a spec field's ``checks`` lists."""
+    _CHECKS[function.__name__.lstrip("_")] = function
+    return function
+
+
+_CHECKS: dict = {}
+
+
+@_parser
+def _gpu_fraction(data, f: SpecField, values) -> float:
+    fraction = read_number(data, f.wire, 1.0)
+    if fraction < MIN_GPU_FRACTION or (fraction < 1 and values["gpus"] != 1):
+        raise RequestError(
+            f"'gpu_fraction' must be from {MIN_GPU_FRACTION} to 1, and below 1 only with "
+            f"gpus = 1; got {quote(data['gpu_fraction'])} with gpus = {values['gpus']}",
+            "gpu_fraction",
+        )
+    return fraction
+
+
+@_parser
+def _tier(data, f: SpecField, values) -> int:
+    tier = read_whole(data, "tier", minimum=1)
+    if tier not in f.spec.choices:
+        raise RequestError(JOB_FIELDS["tier"], "tier")
+    return tier
+
+
+@_parser
+def _server_name(data, f: SpecField, values) -> str:
+    server = data["server_name"]
+    if values["kind"] != "notebook":
+        raise RequestError("'server_name' is for notebook servers (kind notebook)", "server_name")
+    if not isinstance(server, str) or len(server) > MAX_SERVER_NAME or "\x00" in server:
+        raise RequestError(
+            f"'server_name' must be a string of at most {MAX_SERVER_NAME} characters",
+            "server_name",
+        )
+    return server
+
+
+@_parser
+def _profile(data, f: SpecField, values) -> str | None:
+    if values["kind"] != "notebook":
+        raise RequestError("'profile' is for notebook servers (kind notebook)", "profile")
+    return read_text(data, "profile", MAX_PROFILE)
+
+
+@_check
+def _command_or_notebook(values) -> None:
+    kind, command, notebook = values["kind"], values["command"], values["notebook"]
+    if kind == "batch" and (command is None) == (notebook is None):
         raise RequestError("a batch job needs exactly one of 'command' and 'notebook'", "command")
-    if request.kind == "notebook" and (request.command or request.notebook):
-        field_name = "command" if request.command else "notebook"
+    if kind == "notebook" and (command or notebook):
+        field_name = "command" if command else "notebook"
         raise RequestError("a notebook-server job has no command or notebook", field_name)
-    if "gpu_fraction" in data:
-        fraction = _number(data, "gpu_fraction", 1.0)
-        if fraction < MIN_GPU_FRACTION or (fraction < 1 and request.gpus != 1):
-            raise RequestError(
-                f"'gpu_fraction' must be from {MIN_GPU_FRACTION} to 1, and below 1 only with "
-                f"gpus = 1; got {quote(data['gpu_fraction'])} with gpus = {request.gpus}",
-                "gpu_fraction",
-            )
-        request.gpu_fraction = fraction
-    if data.get("gpus_per_node") is not None:
-        per_node = _whole(data, "gpus_per_node", minimum=1)
-        if request.gpus % per_node:
-            raise RequestError(
-                f"'gpus_per_node' ({per_node}) must divide 'gpus' ({request.gpus})",
-                "gpus_per_node",
-            )
-        request.gpus_per_node = per_node
-    if data.get("tier") is not None:
-        tier = _whole(data, "tier", minimum=1)
-        if tier not in TIERS:
-            raise RequestError(JOB_FIELDS["tier"], "tier")
-        request.tier = tier
-    request.queue = _text(data, "queue", MAX_QUEUE)
-    request.gpu_models = _models(data.get("gpu_model"))
-    if data.get("walltime") is not None:
-        request.walltime = _walltime(data["walltime"])
-    request.cpus = _number(data, "cpus", MAX_CPUS) if data.get("cpus") is not None else None
-    if data.get("memory_gb") is not None:
-        request.memory_gb = _number(data, "memory_gb", MAX_MEMORY_GB)
-    request.labels = _strings(data, "labels", MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE)
-    request.env = _strings(data, "env", MAX_ENV_VARS, MAX_ENV_NAME, MAX_ENV_BYTES)
-    size = sum(len(name) + len(value) for name, value in request.env.items())
+
+
+@_check
+def _divides_gpus(values) -> None:
+    per_node = values["gpus_per_node"]
+    if per_node is not None and values["gpus"] % per_node:
+        raise RequestError(
+            f"'gpus_per_node' ({per_node}) must divide 'gpus' ({values['gpus']})",
+            "gpus_per_node",
+        )
+
+
+@_check
+def _env_names(values) -> None:
+    env = values["env"]
+    size = sum(len(name) + len(value) for name, value in env.items())
     if size > MAX_ENV_BYTES:
         raise RequestError(
             f"'env' holds {size} characters of names and values; at most {MAX_ENV_BYTES}", "env"
         )
-    for name in request.env:
+    for name in env:
         if not _ENV_NAME.fullmatch(name):
             raise RequestError(f"environment variable name {quote(name)} is not valid", "env")
         if name.startswith(_RESERVED_ENV):
             raise RequestError(f"{name} is set by the scheduler; remove it from 'env'", "env")
-    request.cwd = _text(data, "cwd", MAX_PATH)
-    if request.cwd is not None and not request.cwd.startswith("/"):
+
+
+@_check
+def _absolute_cwd(values) -> None:
+    cwd = values["cwd"]
+    if cwd is not None and not cwd.startswith("/"):
         raise RequestError("'cwd' must be an absolute path", "cwd")
-    if data.get("server_name") is not None:
-        server = data["server_name"]
-        if request.kind != "notebook":
-            raise RequestError(
-                "'server_name' is for notebook servers (kind notebook)", "server_name"
-            )
-        if not isinstance(server, str) or len(server) > MAX_SERVER_NAME or "\x00" in server:
-            raise RequestError(
-                f"'server_name' must be a string of at most {MAX_SERVER_NAME} characters",
-                "server_name",
-            )
-        request.server_name = server
-    if data.get("profile") is not None:
-        if request.kind != "notebook":
-            raise RequestError("'profile' is for notebook servers (kind notebook)", "profile")
-        request.profile = _text(data, "profile", MAX_PROFILE)
-    if "held" in data:
-        if not isinstance(data["held"], bool):
-            raise RequestError("'held' must be true or false", "held")
-        request.held = data["held"]
-    return request
 
 
-MAX_WHOLE = 2**31 - 1  # what an INTEGER column holds on every database
-
-
-def whole_number(value):
-    """``value`` as an int if it is a whole number (JSON Schema's integer: ``2.0`` is one, as
-    api/openapi.json says), else unchanged."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _whole(data, name, minimum) -> int:
-    value = whole_number(data[name])
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_WHOLE:
-        raise RequestError(
-            f"'{name}' must be a whole number from {minimum} to {MAX_WHOLE}, got {quote(value)}",
-            name,
-        )
-    return value
-
-
-def _number(data, name, maximum: float) -> float:
-    """A number from 0 to ``maximum``."""
-    value = data[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(f"'{name}' must be a number, got {quote(value)}", name)
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond any float, e.g. 10**400
-        number = math.inf
-    if not 0 <= number <= maximum:
-        raise RequestError(
-            f"'{name}' must be a number from 0 to {maximum:g}, got {quote(value)}", name
-        )
-    return number
-
-
-def _walltime(value) -> float:
-    """Seconds in (0, MAX_WALLTIME], from a number or a duration text."""
-    if isinstance(value, str) and len(value) > MAX_DURATION_TEXT:
-        raise RequestError(
-            f"'walltime' must be at most {MAX_DURATION_TEXT} characters, got {quote(value)}",
-            "walltime",
-        )
-    try:
-        seconds = parse_duration(value)
-    except (ValueError, TypeError, OverflowError):
-        seconds = math.nan
-    if not 0 < seconds <= MAX_WALLTIME:  # NaN too
-        raise RequestError(
-            f"'walltime' must be seconds or a duration (30m, 2h, 1d) longer than 0 and at most "
-            f"{MAX_WALLTIME:g} s (one year), got {quote(value)}",
-            "walltime",
-        )
-    return seconds
-
-
-def _text(data, name, max_length: int) -> str | None:
-    value = data.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise RequestError(f"'{name}' must be a non-empty string, got {quote(value)}", name)
-    if len(value) > max_length or "\x00" in value:
-        raise RequestError(
-            f"'{name}' must be at most {max_length} characters, no NUL; got {len(value)} "
-            f"starting {quote(value)}",
-            name,
-        )
-    return value
-
-
-def _choice(data, name, choices, default) -> str:
-    value = data.get(name, default)
-    if not isinstance(value, str) or value not in choices:
-        raise RequestError(
-            f"'{name}' must be one of {', '.join(choices)}, got {quote(value)}", name
-        )
-    return value
-
-
-def _strings(data, name, max_entries: int, max_key: int, max_value: int) -> dict[str, str]:
-    """An object of at most ``max_entries`` strings, keys of at most ``max_key`` and values of
-    at most ``max_value`` characters."""
-    value = data.get(name)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise RequestError(f"'{name}' must be an object of strings, got {quote(value)}", name)
-    if len(value) > max_entries:
-        raise RequestError(f"'{name}' has {len(value)} entries; at most {max_entries}", name)
-    for key, item in value.items():
-        if not isinstance(item, str) or "\x00" in key + item:
-            raise RequestError(
-                f"'{name}' must be an object of strings (no NUL); {quote(key)} is {quote(item)}",
-                name,
-            )
-        if len(key) > max_key or len(item) > max_value:
-            raise RequestError(
-                f"'{name}': keys have at most {max_key} and values at most {max_value} "
-                f"characters; {quote(key)} has {len(key)} and its value {len(item)}",
-                name,
-            )
-    return dict(value)
-
-
-def _models(value) -> frozenset[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, str) and len(value) > MAX_GPU_MODELS * (MAX_GPU_MODEL + 1):
-        raise RequestError(
-            f"'gpu_model' is {len(value)} characters; at most {MAX_GPU_MODELS} models of "
-            f"{MAX_GPU_MODEL} characters each",
-            "gpu_model",
-        )
-    names = value.split("|") if isinstance(value, str) else value
-    if (
-        not isinstance(names, list)
-        or not names
-        or not all(isinstance(n, str) and n.strip() and "\x00" not in n for n in names)
-    ):
-        raise RequestError(f"{JOB_FIELDS['gpu_model']}; got {quote(value)}", "gpu_model")
-    if len(names) > MAX_GPU_MODELS or any(len(n) > MAX_GPU_MODEL for n in names):
-        raise RequestError(
-            f"'gpu_model': at most {MAX_GPU_MODELS} models of at most {MAX_GPU_MODEL} "
-            f"characters each; got {quote(value)}",
-            "gpu_model",
-        )
-    return frozenset(n.strip() for n in names)
+def _boolean(data, name) -> bool:
+    if not isinstance(data[name], bool):
+        raise RequestError(f"'{name}' must be true or false", name)
+    return data[name]
 
 
 # -- the other bodies ------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """The trace file of DESIGN.md: CSV, one job a row, times in seconds from the trace start.
 
 Columns: ``job_id, submit_time, duration, gpus`` (required), then optional ``tier, queue, user,
-kind, gpus_per_node, gpu_model, walltime, gpu_fraction, cpus, memory_gb``. An empty cell means
-"not given"; ``gpu_model`` may list alternatives separated by ``|``. ``gpus`` 0 is a CPU-only
+kind, gpus_per_node, gpu_model, walltime, gpu_fraction, cpus, memory_gb``: besides the three
+of the trace itself, the job spec's fields marked ``trace`` (core/jobspec.py), under their
+request names. An empty cell means "not given"; ``gpu_model`` may list alternatives separated
+by ``|``. ``gpus`` 0 is a CPU-only
 job, which needs ``cpus`` or ``memory_gb`` and no GPU shape (core/resources.py).
 """
 
@@ -16,21 +18,20 @@ from pathlib import Path
 
 from ..core import ConfigError, Job
 from ..core.durations import parse_duration
+from ..core.jobspec import TRACE_FIELDS
 from ..core.resources import cpu_only_problem
 
-REQUIRED = ("job_id", "submit_time", "duration", "gpus")
-OPTIONAL = (
-    "tier",
-    "queue",
-    "user",
-    "kind",
-    "gpus_per_node",
-    "gpu_model",
-    "walltime",
-    "gpu_fraction",
-    "cpus",
-    "memory_gb",
-)
+
+def trace_columns(fields=TRACE_FIELDS) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The required and the optional columns of a trace of these spec fields: the trace's own
+    (job id, submit time, real duration), then the fields, required where they have no
+    default."""
+    required = tuple(f.wire for f in fields if f.default is dataclasses.MISSING)
+    optional = tuple(f.wire for f in fields if f.default is not dataclasses.MISSING)
+    return ("job_id", "submit_time", "duration", *required), optional
+
+
+REQUIRED, OPTIONAL = trace_columns()
 
 
 class TraceError(ConfigError):
@@ -59,19 +60,28 @@ class TraceJob:
     def to_job(self) -> Job:
         return Job(
             id=self.id,
-            gpus=self.gpus,
             submit_time=self.submit_time,
-            tier=self.tier,
-            queue=self.queue,
-            user=self.user,
-            kind=self.kind,
-            gpus_per_node=self.gpus_per_node,
-            gpu_models=self.gpu_models,
-            cpus=self.cpus,
-            memory_gb=self.memory_gb,
-            walltime=self.walltime,
-            gpu_fraction=self.gpu_fraction,
+            **{f.name: getattr(self, f.name) for f in TRACE_FIELDS},
         )
+
+
+def trace_row(job: TraceJob) -> dict[str, str]:
+    """``job`` as a row of the trace file (what :func:`parse_row` reads back)."""
+    row = {"job_id": job.id, "submit_time": f"{job.submit_time!r}", "duration": f"{job.duration!r}"}
+    for spec_field in TRACE_FIELDS:
+        value = getattr(job, spec_field.name)
+        if isinstance(value, frozenset):
+            value = "|".join(sorted(value))
+        row[spec_field.wire] = "" if value is None else str(value)
+    return row
+
+
+def write_trace(path, trace: list[TraceJob]) -> None:
+    """Write ``trace`` as a trace CSV, every column of the contract format."""
+    with Path(path).open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=REQUIRED + OPTIONAL)
+        writer.writeheader()
+        writer.writerows(trace_row(job) for job in trace)
 
 
 def read_trace(path) -> list[TraceJob]:

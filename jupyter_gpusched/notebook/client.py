@@ -32,6 +32,7 @@ from typing import IO, Any
 import requests
 
 from . import payloads
+from .environment import JobEnvironment
 
 __all__ = [
     "Client",
@@ -71,10 +72,6 @@ class JobFailedError(GPUSchedError):
         self.remote_traceback = remote_traceback
 
 
-def _env_token() -> str | None:
-    return os.environ.get("GPUSCHED_SERVICE_TOKEN") or os.environ.get("JUPYTERHUB_API_TOKEN")
-
-
 class Client:
     """Talks to the scheduler service as one user.
 
@@ -83,8 +80,8 @@ class Client:
     """
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
-        url = url or os.environ.get("GPUSCHED_SERVICE_URL")
-        token = token or _env_token()
+        env = JobEnvironment.read()
+        url, token = url or env.service_url, token or env.token
         missing = [name for name, value in (("url", url), ("token", token)) if not value]
         if missing:
             raise GPUSchedError(

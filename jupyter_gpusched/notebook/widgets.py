@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
-import os
 import threading
 import time
 
 import ipywidgets as w
 
 from .client import ACTIVE, FINISHED, Client, GPUSchedError, Job
+from .environment import JobEnvironment
 from .magics import node_usage
 
 TIER_COLOURS = {1: "#1565c0", 2: "#2e7d32", 3: "#ef6c00"}
@@ -234,12 +234,12 @@ def _cancellable(job: Job) -> bool:
 
 def server_hint(job: Job) -> str:
     """What a notebook server's row says instead of a Cancel button."""
-    name = job.data.get("server_name")
-    if job.id == os.environ.get("GPUSCHED_JOB_ID"):  # the spawner sets it in the server
+    name, env = job.data.get("server_name"), JobEnvironment.read()
+    if job.id == env.job_id:  # the spawner sets it in the server
         what = "this notebook server (the one you are working in)"
     else:
         what = f"notebook server {name!r}" if name else "your notebook server"
-    home = os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/home"
+    home = env.hub_base_url.rstrip("/") + "/hub/home"
     return (
         f"<small>{html.escape(what)}: stop it from the "
         f"<a href='{html.escape(home)}' target='_blank'>hub's home page</a></small>"

@@ -38,13 +38,14 @@ import psutil
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from ...backends.gpu.telemetry import BACKEND_ENV, TelemetryUnavailable, configured_backend
+from ..environment import JobEnvironment
 from . import ROUTE_PREFIX
+from .service_client import ServiceClient
 
 SETTINGS_KEY = "gpusched_monitor"
 ACTIVITY_KEY = "gpusched_gpu"
@@ -88,16 +89,14 @@ class GPUMonitor(LoggingConfigurable):
 
     @default("service_url")
     def _service_url_default(self):
-        return os.environ.get("GPUSCHED_SERVICE_URL", "")
+        return JobEnvironment.read().service_url
 
     def __init__(self, serverapp=None, telemetry=None, **kwargs):
         super().__init__(**kwargs)
         self.serverapp = serverapp
         self._telemetry = telemetry
-        self.job_id = os.environ.get("GPUSCHED_JOB_ID", "")
-        self.token = os.environ.get("GPUSCHED_SERVICE_TOKEN") or os.environ.get(
-            "JUPYTERHUB_API_TOKEN", ""
-        )
+        env = JobEnvironment.read()
+        self.job_id, self.token, self.profile = env.job_id, env.token, env.profile
         self.kernels: dict[str, dict] = {}
         self.server = _empty(time.time())
         self.devices: list[dict] = []
@@ -294,32 +293,28 @@ class GPUMonitor(LoggingConfigurable):
                 self._reporting = False
 
     async def send(self, snapshot: dict) -> bool:
-        url = self.service_url.rstrip("/") + "/api/usage-samples"
         body = {
             "job_id": self.job_id,
-            "profile": os.environ.get("GPUSCHED_PROFILE") or None,
+            "profile": self.profile,
             **{k: snapshot[k] for k in ("time", "interval", "server", "kernels", "devices")},
             "backend": snapshot["backend"],
         }
         if snapshot["backend"] is None:  # no telemetry: say so, with no numbers to misread
             body.update(server=None, kernels={}, devices=[])
             body["telemetry_error"] = (snapshot["telemetry_error"] or "no GPU telemetry")[:1000]
-        request = HTTPRequest(
-            url,
-            method="POST",
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
-            body=json.dumps(body),
-            request_timeout=max(2.0, self.interval),
+        client = ServiceClient(self.service_url, self.token)
+        status, _, answer = await client.fetch(
+            "POST", "api/usage-samples", json.dumps(body).encode(), max(2.0, self.interval)
         )
-        try:
-            response = await AsyncHTTPClient().fetch(request)
-        except Exception as exc:
+        if not 200 <= status < 300:
             self.reports_failed += 1
             if self.reports_failed in (1, 10) or self.reports_failed % 100 == 0:
-                self.log.warning("gpusched monitor: report to %s failed: %s", url, exc)
+                why = f"HTTP {status}: {answer[:200].decode(errors='replace')}"
+                url = client.url + "api/usage-samples"
+                self.log.warning("gpusched monitor: report to %s failed: %s", url, why)
             return False
         self.reports_failed = 0
-        self._note_ignored(response.body)
+        self._note_ignored(answer)
         return True
 
     def _note_ignored(self, body: bytes) -> None:
@@ -337,10 +332,10 @@ class GPUMonitor(LoggingConfigurable):
 
 def _visible() -> set[int] | None:
     """The GPUs given to this server (CUDA_VISIBLE_DEVICES indices); None: all."""
-    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    env = JobEnvironment.read()
+    value, node = env.visible_devices, env.node
     if value is None:
         return None
-    node = os.environ.get("GPUSCHED_NODE") or ""
     from ...backends.gpu.simulated import visible_gpus
 
     return set(visible_gpus(node, value))

@@ -29,71 +29,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from urllib.parse import quote
 
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
+from ..environment import JobEnvironment
 from . import ROUTE_PREFIX
 from .monitor import SETTINGS_KEY as MONITOR_KEY
+from .service_client import ServiceClient, error_body
 
-REQUEST_TIMEOUT = 10.0
 _JOB = r"(?P<job_id>[A-Za-z0-9_.:-]+)"
-
-
-class ServiceClient:
-    """Requests to the scheduler service as this server's user."""
-
-    def __init__(self, url: str | None = None, token: str | None = None):
-        if url is None:
-            url = os.environ.get("GPUSCHED_SERVICE_URL", "")
-        if token is None:
-            token = os.environ.get("GPUSCHED_SERVICE_TOKEN") or os.environ.get(
-                "JUPYTERHUB_API_TOKEN", ""
-            )
-        self.url = url.rstrip("/") + "/" if url else ""
-        self.token = token
-
-    @property
-    def configured(self) -> bool:
-        return bool(self.url)
-
-    async def fetch(self, method: str, path: str, body: bytes | None = None):
-        """``(status, content type, body bytes)``; 502 when the service does not answer."""
-        request = HTTPRequest(
-            self.url + path,
-            method=method,
-            headers={"Authorization": f"token {self.token}", "Accept": "application/json"},
-            body=body,
-            request_timeout=REQUEST_TIMEOUT,
-            allow_nonstandard_methods=True,
-        )
-        try:
-            response = await AsyncHTTPClient().fetch(request, raise_error=False)
-        except OSError as exc:
-            return 502, "application/json", _error(f"the scheduler service is unreachable: {exc}")
-        if response.code == 599:
-            return 502, "application/json", _error(f"the scheduler service: {response.error}")
-        kind = response.headers.get("Content-Type", "application/json")
-        return response.code, kind, response.body or b""
-
-    async def json(self, path: str):
-        """The JSON body of a GET, or None when it failed."""
-        status, _, body = await self.fetch("GET", path)
-        if status != 200:
-            return None
-        try:
-            return json.loads(body)
-        except ValueError:
-            return None
-
-
-def _error(message: str) -> bytes:
-    return json.dumps({"error": message}).encode()
 
 
 class _Handler(APIHandler):
@@ -104,7 +52,7 @@ class _Handler(APIHandler):
     async def forward(self, method: str, path: str, body: bytes | None = None) -> None:
         if not self.client.configured:
             self.set_status(503)
-            self.finish(_error("no scheduler service (GPUSCHED_SERVICE_URL is not set)"))
+            self.finish(error_body("no scheduler service (GPUSCHED_SERVICE_URL is not set)"))
             return
         status, kind, body = await self.client.fetch(method, path, body)
         self.set_status(status)
@@ -173,8 +121,8 @@ class StatusHandler(_Handler):
 
 
 async def build_status(client: ServiceClient, monitor=None) -> dict:
-    job_id = os.environ.get("GPUSCHED_JOB_ID") or None
-    gpus = _number(os.environ.get("GPUSCHED_GPUS"))
+    env = JobEnvironment.read()
+    job_id, gpus = env.job_id or None, env.gpus
     snapshot = monitor.snapshot() if monitor is not None else None
     devices = (snapshot or {}).get("devices") or []
     utils = [d["utilization"] for d in devices if d.get("utilization") is not None]
@@ -192,8 +140,8 @@ async def build_status(client: ServiceClient, monitor=None) -> dict:
         "job": None,
         "gpus": gpus,
         "gpu_model": None,
-        "node": os.environ.get("GPUSCHED_NODE") or None,
-        "profile": os.environ.get("GPUSCHED_PROFILE") or None,
+        "node": env.node or None,
+        "profile": env.profile,
         "utilization": utilization,
         "devices": devices,
         # why there is no utilization: the monitor has no GPU telemetry (docs/gpu.md)
@@ -245,13 +193,6 @@ async def build_status(client: ServiceClient, monitor=None) -> dict:
     ]
     out["pending"].sort(key=lambda j: (j["position"] is None, j["position"] or 0))
     return out
-
-
-def _number(value: str | None) -> float | None:
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None
 
 
 SETTINGS_KEY = "gpusched_service_client"

@@ -30,7 +30,7 @@ carries it out:
   ended by the cull). Just before, a notice (``kind: "reaper-cull"``, the cull's message) tells
   the server's open JupyterLab why it is going.
 
-The policy itself (settings, :func:`decide`) is :mod:`.reaper_policy`.
+The policy itself (settings, :func:`decide`) is :mod:`jupyter_gpusched.core.reaper`.
 
 Only trusted measurements count: readings by ``nvml`` or ``dcgm``, or ``simulated`` where the
 service itself runs the simulated cluster (``GPUSchedService.gpu_backend = "simulated"``, as the
@@ -52,11 +52,7 @@ from prometheus_client import Counter, Gauge
 
 from ..core.durations import describe_duration
 from ..core.jobs import JobState
-from .launcher import Exit
-from .profile_claims import applied_profile, check_claimed_profile
-from .profile_claims import profile_shapes as profile_shapes_of
-from .reaper_measure import measure, take_report
-from .reaper_policy import (  # noqa: F401 (the policy's names are importable from here too)
+from ..core.reaper import (  # noqa: F401 (the policy's names are importable from here too)
     DEFAULTS,
     Cull,
     Session,
@@ -73,9 +69,12 @@ from .reaper_policy import (  # noqa: F401 (the policy's names are importable fr
     trusted_backends,
     unmonitored,
     untrusted_reason,
-    validate,
-    with_profile_idle_timeouts,
 )
+from .launcher import Exit
+from .profile_claims import applied_profile, check_claimed_profile
+from .profile_claims import profile_shapes as profile_shapes_of
+from .reaper_measure import measure, take_report
+from .reaper_settings import validate, with_profile_idle_timeouts
 from .requests import RequestError, quote
 
 log = logging.getLogger("jupyter_gpusched.service")

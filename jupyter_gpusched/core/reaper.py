@@ -1,5 +1,7 @@
-"""The reaper's policy, as plain data and functions (no I/O): its settings and their checks,
-what it knows of a session, and :func:`decide`, which says what to do with each session now.
+"""The idle reaper's policy, as plain data and functions (no I/O, the time passed in): its
+settings and their checks (a bad one is a :class:`~.errors.ConfigError` naming the field), what
+it knows of a session, and :func:`decide`, which says what to do with each session now. Nothing
+here needs the service: a replay can feed :func:`decide` sessions, settings and a time.
 
 Two rules hold whatever the settings and whenever they change:
 
@@ -13,10 +15,11 @@ Two rules hold whatever the settings and whenever they change:
   to the service as ``GPUSchedService.profile_idle_timeouts``: what the spawn form shows), else
   its tier's ``timeout_tier_N``.
 
-:class:`~.reaper.Reaper` feeds it the service's own measurements (the GPU samples of
-``service/gpu_sampling.py``; the hub's activity for servers without GPUs: :mod:`.reaper_measure`)
-and carries out its decisions. The monitors' reports inside the users' servers only say which
-kernels hold GPU memory.
+:class:`jupyter_gpusched.service.reaper.Reaper` feeds it the service's own measurements (the GPU
+samples of ``service/gpu_sampling.py``; the hub's activity for servers without GPUs:
+``service/reaper_measure.py``) and carries out its decisions; ``service/reaper_settings.py``
+turns the ConfigError of a bad setting into the REST API's 400. The monitors' reports inside the
+users' servers only say which kernels hold GPU memory.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..core.durations import describe_duration, parse_duration
-from .requests import RequestError
+from .durations import describe_duration, parse_duration
+from .errors import ConfigError
 
 DEFAULTS: dict = {
     "enabled": True,
@@ -68,61 +71,63 @@ def _duration(value, name: str, optional: bool) -> float | None:
     if value is None or (optional and value in ("off", "none", "null", "")):
         if optional:
             return None
-        raise RequestError(f"'{name}' must be a duration (seconds, or 30m, 1h)", name)
+        raise ConfigError(f"'{name}' must be a duration (seconds, or 30m, 1h)", field=name)
     try:
         seconds = parse_duration(value)
     except (ValueError, TypeError, OverflowError):
-        raise RequestError(
+        raise ConfigError(
             f"'{name}' must be a duration (seconds, or 30m, 1h){' or null' if optional else ''}",
-            name,
+            field=name,
         ) from None
     if not math.isfinite(seconds):
-        raise RequestError(f"'{name}' must be a finite duration", name)
+        raise ConfigError(f"'{name}' must be a finite duration", field=name)
     if optional and seconds == 0:
         return None
     return seconds
 
 
 def validate(changes, base: dict | None = None) -> dict:
-    """``base`` (default :data:`DEFAULTS`) with ``changes`` applied, checked; RequestError (400)
-    names the first bad field."""
+    """``base`` (default :data:`DEFAULTS`) with ``changes`` applied, checked; a ConfigError names
+    the first bad field."""
     if not isinstance(changes, dict):
-        raise RequestError("the reaper settings must be a JSON object", None)
+        raise ConfigError("the reaper settings must be a JSON object")
     result = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (base or DEFAULTS).items()}
     for name, value in changes.items():
         if name not in DEFAULTS:
             known = ", ".join(k for k in DEFAULTS if k not in FROM_THE_HUB)
-            raise RequestError(f"unknown reaper setting {name!r}; known: {known}", name)
+            raise ConfigError(f"unknown reaper setting {name!r}; known: {known}", field=name)
         if name in FROM_THE_HUB:
-            raise RequestError(
+            raise ConfigError(
                 f"'{name}' are the idle_timeout of the hub's profiles (GPUSchedSpawner.profiles); "
                 "set profile_timeouts to override one",
-                name,
+                field=name,
             )
         if name in ("enabled", "shutdown_kernels_first"):
             if not isinstance(value, bool):
-                raise RequestError(f"'{name}' must be true or false", name)
+                raise ConfigError(f"'{name}' must be true or false", field=name)
         elif name in ("rogue_processes", "unmonitored"):
             modes = ROGUE_MODES if name == "rogue_processes" else UNMONITORED_MODES
             if value not in modes:
-                raise RequestError(f"'{name}' must be one of {', '.join(modes)}", name)
+                raise ConfigError(f"'{name}' must be one of {', '.join(modes)}", field=name)
         elif name == "idle_threshold":
             if (
                 isinstance(value, bool)
                 or not isinstance(value, (int, float))
                 or not 0 <= value <= 100
             ):
-                raise RequestError("'idle_threshold' must be a percentage from 0 to 100", name)
+                raise ConfigError("'idle_threshold' must be a percentage from 0 to 100", field=name)
             value = float(value)
         elif name in DURATIONS or name in ("max_lifetime", "stale_after", "unmonitored_after"):
             value = _duration(value, name, name in OPTIONAL)
         elif name in LISTS:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise RequestError(f"'{name}' must be a list of names", name)
+                raise ConfigError(f"'{name}' must be a list of names", field=name)
             value = sorted(set(value))
         elif name == "profile_timeouts":
             if not isinstance(value, dict):
-                raise RequestError("'profile_timeouts' must map profile slugs to durations", name)
+                raise ConfigError(
+                    "'profile_timeouts' must map profile slugs to durations", field=name
+                )
             value = {
                 str(slug): _duration(seconds, f"profile_timeouts.{slug}", True)
                 for slug, seconds in value.items()

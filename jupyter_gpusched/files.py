@@ -70,7 +70,7 @@ def load_queues(path, cluster: Cluster) -> QueueTree:
 
 def load_policy(path) -> PolicySettings:
     """The policy file. Its ``reaper:`` section is checked here, by the reaper's own rules
-    (:func:`jupyter_gpusched.core.reaper.validate`, the same as for ``PUT
+    (:func:`jupyter_gpusched.core.reaper_settings.validate`, the same as for ``PUT
     api/reaper``): a bad setting there is a :class:`ConfigError` with file, line and field like
     any other, for ``serve`` and ``replay --config`` alike."""
     data = read_yaml(path)
@@ -82,7 +82,7 @@ def load_policy(path) -> PolicySettings:
 def check_reaper_section(data, source: str) -> None:
     """ConfigError naming ``reaper.<field>`` and its line when the policy document's ``reaper:``
     section has an unknown or invalid setting."""
-    from .core.reaper import validate  # the reaper's rules (no import at start-up)
+    from .core.reaper_settings import validate  # the reaper's rules (no import at start-up)
 
     reaper = data.get("reaper") if isinstance(data, dict) else None
     if not reaper:  # absent or empty (PolicySettings.from_dict refused a non-mapping)

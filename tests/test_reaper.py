@@ -463,9 +463,9 @@ def test_the_hub_home_page_says_a_cpu_only_server_had_no_activity():
 
 
 def test_the_core_rules_name_the_field_in_a_config_error():
-    """core/reaper.py imports nothing of the service: its checks raise the engine's ConfigError,
-    which the REST edge (service/reaper_settings.py) answers as the 400 above."""
-    from jupyter_gpusched.core import reaper as rules
+    """The reaper's rules in core import nothing of the service: its settings' checks raise the
+    engine's ConfigError, which the REST edge (service/reaper_requests.py) answers as a 400."""
+    from jupyter_gpusched.core import reaper_settings as rules
     from jupyter_gpusched.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as raised:

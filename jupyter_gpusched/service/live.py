@@ -125,7 +125,7 @@ class LiveScheduler:
             held=request.held,
         )
         refusal = check_submission(job, self.cluster, tree, self._pending_of)
-        if refusal is not None:  # core/submission.py: a model this cluster lacks, a full queue
+        if refusal is not None:  # core/submission.py: a model the cluster lacks, a pending limit
             raise RequestError(refusal.message, refusal.field, 429 if refusal.limit else 400)
         try:
             self.engine.submit(job, now)

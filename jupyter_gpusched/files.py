@@ -6,7 +6,7 @@ The engine (:mod:`jupyter_gpusched.core`) never touches files; adapters call the
 from __future__ import annotations
 
 from .backends.gpu.discover import expand_discover
-from .core import Cluster, PolicySettings, QueueTree
+from .core import Cluster, ConfigError, PolicySettings, QueueTree
 from .core.settings import policy_error
 from .yaml_lines import LineDict, read_yaml  # noqa: F401 (the service reads YAML from here too)
 
@@ -28,7 +28,7 @@ def load_queues(path, cluster: Cluster) -> QueueTree:
 
 def load_policy(path) -> PolicySettings:
     """The policy file. Its ``reaper:`` section is checked here, by the reaper's own rules
-    (:func:`jupyter_gpusched.service.reaper_policy.validate`, the same as for ``PUT
+    (:func:`jupyter_gpusched.core.reaper_settings.validate`, the same as for ``PUT
     api/reaper``): a bad setting there is a :class:`ConfigError` with file, line and field like
     any other, for ``serve`` and ``replay --config`` alike."""
     data = read_yaml(path)
@@ -40,14 +40,13 @@ def load_policy(path) -> PolicySettings:
 def check_reaper_section(data, source: str) -> None:
     """ConfigError naming ``reaper.<field>`` and its line when the policy document's ``reaper:``
     section has an unknown or invalid setting."""
-    from .service.reaper_policy import validate  # the service's rules (no import at start-up)
-    from .service.requests import RequestError
+    from .core.reaper_settings import validate  # the reaper's rules (no import at start-up)
 
     reaper = data.get("reaper") if isinstance(data, dict) else None
     if not reaper:  # absent or empty (PolicySettings.from_dict refused a non-mapping)
         return
     try:
         validate(dict(reaper))
-    except RequestError as exc:
+    except ConfigError as exc:
         where = f"reaper.{exc.field}" if exc.field else "reaper"
         raise policy_error(data, source, exc.message, where) from None

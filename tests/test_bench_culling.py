@@ -13,8 +13,8 @@ from traitlets.config import Config
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import culling_scenarios as bc
 
+from jupyter_gpusched.core.reaper_settings import validate
 from jupyter_gpusched.files import load_policy, read_yaml
-from jupyter_gpusched.service.reaper_policy import validate
 
 
 def _hub(tool: str, monitor: bool = False) -> Config:

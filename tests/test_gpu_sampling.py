@@ -131,7 +131,7 @@ def test_idle_needs_every_gpu_measured_busy_needs_one():
     ],
 )
 def test_bad_unmonitored_settings_name_the_field(changes, field):
-    from jupyter_gpusched.service.reaper_policy import validate
+    from jupyter_gpusched.service.reaper import validate
     from jupyter_gpusched.service.requests import RequestError
 
     with pytest.raises(RequestError) as raised:

@@ -194,7 +194,7 @@ def test_an_added_field_is_a_column_that_calls_for_a_migration(sqlite_url):
 
 # -- the hub's and the kernel's bodies use the spec's names -----------------------------------
 def test_the_spawners_job_request_asks_only_for_spec_fields():
-    from jupyter_gpusched.spawner import GPUSchedSpawner
+    from jupyter_gpusched.hub.spawner import GPUSchedSpawner
 
     class User:
         name, groups = "carol", ()

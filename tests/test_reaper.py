@@ -412,7 +412,7 @@ async def test_group_exemptions_hold_before_the_first_report(tmp_path):
 def test_the_profiles_own_idle_timeout_between_the_admins_and_the_tiers():
     """Precedence: the admin's profile_timeouts for the profile, else the profile's own
     idle_timeout (the hub's profiles), else the tier's; the hub's values are not set by PUT."""
-    from jupyter_gpusched.service.reaper_policy import timeout_for, with_profile_idle_timeouts
+    from jupyter_gpusched.service.reaper import timeout_for, with_profile_idle_timeouts
 
     hub = with_profile_idle_timeouts(settings(), {"gpu-1": 3600.0, "plain": None})
     assert hub["profile_idle_timeouts"] == {"gpu-1": 3600.0}
@@ -445,7 +445,7 @@ def test_durations_as_people_read_them(seconds, text):
 
 
 def test_the_stop_phrase_says_seconds_and_the_clock():
-    from jupyter_gpusched.service.reaper_policy import stop_phrase
+    from jupyter_gpusched.core.reaper import stop_phrase
 
     deadline = 1_700_000_045.0  # 22:14:05 UTC
     assert stop_phrase(deadline, deadline - 45) == "in 45 s (at 22:14:05 UTC)"
@@ -460,3 +460,15 @@ def test_the_hub_home_page_says_a_cpu_only_server_had_no_activity():
     assert "GPU" not in cpu, cpu
     gpu = sentence({"cpu_only": False, "gpus": "gpu1: 0", "idle_seconds": 6, "timeout": 6})
     assert "its GPUs (gpu1: 0) were idle for 6 s" in gpu, gpu
+
+
+def test_the_core_rules_name_the_field_in_a_config_error():
+    """The reaper's rules in core import nothing of the service: its settings' checks raise the
+    engine's ConfigError, which the REST edge (service/reaper_requests.py) answers as a 400."""
+    from jupyter_gpusched.core import reaper_settings as rules
+    from jupyter_gpusched.core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as raised:
+        rules.validate({"warning_lead": "soon"})
+    assert raised.value.field == "warning_lead"
+    assert raised.value.message == "'warning_lead' must be a duration (seconds, or 30m, 1h)"

@@ -12,6 +12,7 @@ from .errors import ConfigError
 from .jobs import KINDS, TIERS, Job, Reason
 from .quotas import Queue, QueueTree
 from .resources import cpu_only_problem, resource_block, resource_rejection
+from .submission import unknown_gpu_model
 from .wording import gpus_text
 
 #: The smallest share of a GPU the engine places: shares are tracked to six decimals, so a much
@@ -96,10 +97,8 @@ def rejection(
     """Why ``job`` can never run on this cluster under these quotas, and the request field
     that says so (``gpus``, ``gpu_model``, ``labels``, ...), or None."""
     cluster = capacity.cluster
-    if job.gpu_models is not None and not job.gpu_models & set(cluster.gpu_models):
-        known = ", ".join(cluster.gpu_models)
-        wanted = "|".join(sorted(job.gpu_models))
-        return f"no GPU of model {wanted} in this cluster (it has {known})", "gpu_model"
+    if (model := unknown_gpu_model(job, cluster)) is not None:
+        return model
     total, node_sizes, cpus, memory = capacity.of(job)
     if not node_sizes:
         labels = repr(job.labels)

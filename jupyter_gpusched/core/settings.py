@@ -84,6 +84,8 @@ class PolicySettings:
     reaper: dict = field(default_factory=dict)
 
     def default_walltime(self, kind: str) -> float:
+        """What the engine plans with for a job without a walltime; an estimate, never enforced
+        (a notebook server's lifetime: ``core/reaper.py``)."""
         return self.walltime_notebook if kind == "notebook" else self.walltime_batch
 
     def replace(self, **changes) -> PolicySettings:

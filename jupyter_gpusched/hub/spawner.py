@@ -361,7 +361,7 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         args = list(super().get_args())
         if self.enable_server_extension:
             args.append(f"--ServerApp.jpserver_extensions={SERVER_EXTENSION}=True")
-        # The profile's idle_timeout is the idle reaper's (service/reaper_policy.py), which warns
+        # The profile's idle_timeout is the idle reaper's (core/reaper.py), which warns
         # first and records why: no culling of jupyter-server's own, unannounced, beside it.
         return args
 

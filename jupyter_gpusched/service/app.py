@@ -49,9 +49,8 @@ from .hubclient import HubClient
 from .live import LiveScheduler
 from .metrics import Metrics
 from .profile_claims import profile_shapes
-from .reaper import Reaper
+from .reaper import Reaper, trusted_backends, with_profile_idle_timeouts
 from .reaper_handlers import ReaperHandler, UsageSamplesHandler
-from .reaper_policy import trusted_backends, with_profile_idle_timeouts
 from .recovery import recover
 from .requests import MAX_BODY_BYTES, RequestError
 from .rogue import SYSTEM_PROCESSES, RogueWatch

@@ -20,7 +20,7 @@ engine allocated to a job; :meth:`GPUSampler.why_unmeasured` says why a GPU of i
 
 Trust: readings measured by ``nvml`` or ``dcgm`` always count; ``simulated`` ones only where the
 service runs the simulated cluster (``GPUSchedService.gpu_backend = "simulated"``), see
-:func:`.reaper_policy.trusted_backends`.
+:func:`jupyter_gpusched.core.reaper.trusted_backends`.
 
 A fractional allocation shares its device with other jobs: the reading is the device's, so
 another job's use of the device keeps the server (conservative, never a cull on a guess).

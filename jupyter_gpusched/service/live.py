@@ -28,6 +28,7 @@ from ..core.decisions import Preempt, Start, Stop
 from ..core.errors import ConfigError
 from ..core.jobs import Job, JobState
 from ..core.scheduler import Scheduler
+from ..core.submission import check_submission
 from ..core.wording import gpus_text
 from .records import Extra, allocation_rows, job_id_for, row_for, state_fields
 from .requests import JobRequest, RequestError
@@ -105,27 +106,15 @@ class LiveScheduler:
             raise RequestError(f"no queue {queue_path!r}; yours: {known}", "queue")
         if queue not in allowed and not who.admin:
             raise RequestError(f"{who.name} may not submit to queue {queue.path}", "queue", 403)
-        models = self.cluster.gpu_models
-        if request.gpu_models is not None and not request.gpu_models & set(models):
-            wanted = "|".join(sorted(request.gpu_models))
-            raise RequestError(
-                f"no GPU of model {wanted} in this cluster (it has {', '.join(models)})",
-                "gpu_model",
-            )
-        limit = tree.user_limit(who.name)
-        waiting = self._pending_by_user.get(who.name, 0)
-        if limit is not None and limit.pending_jobs is not None and waiting >= limit.pending_jobs:
-            raise RequestError(
-                f"{who.name} already has {waiting} pending jobs; the limit is {limit.pending_jobs}",
-                None,
-                status=429,
-            )
         now = self.clock()
         job_id = job_id_for(self._number)
         filled = replace(
             request, queue=queue.path, tier=request.tier or self.default_tier, user=who.name
         )
         job = Job.from_spec(filled, job_id, now)
+        refusal = check_submission(job, self.cluster, tree, self._pending_of)
+        if refusal is not None:  # core/submission.py: a model the cluster lacks, a pending limit
+            raise RequestError(refusal.message, refusal.field, 429 if refusal.limit else 400)
         try:
             self.engine.submit(job, now)
         except ConfigError as exc:
@@ -548,6 +537,9 @@ class LiveScheduler:
 
     def _count_pending(self, job: Job, sign: int) -> None:
         self._pending_by_user[job.user] = self._pending_by_user.get(job.user, 0) + sign
+
+    def _pending_of(self, user: str) -> int:
+        return self._pending_by_user.get(user, 0)
 
     def _event(self, kind: str, job: Job | None, actor: str | None, message: str) -> dict:
         return {

@@ -1,5 +1,5 @@
 """The hub profile a notebook job names, and what the reaper makes of it: the profile decides the
-reaper's timeout and exemptions (:func:`.reaper_policy.timeout_for`), so it is the spawner's word
+reaper's timeout and exemptions (:func:`..core.reaper.timeout_for`), so it is the spawner's word
 (the job's ``profile``), checked against the hub's profiles, never the server's
 ``GPUSCHED_PROFILE``, which the user can change. Plain functions, no I/O."""
 

@@ -30,7 +30,8 @@ carries it out:
   ended by the cull). Just before, a notice (``kind: "reaper-cull"``, the cull's message) tells
   the server's open JupyterLab why it is going.
 
-The policy itself (settings, :func:`decide`) is :mod:`.reaper_policy`.
+The policy itself is in core: :func:`decide` in :mod:`jupyter_gpusched.core.reaper`, the
+settings' defaults and checks in :mod:`jupyter_gpusched.core.reaper_settings`.
 
 Only trusted measurements count: readings by ``nvml`` or ``dcgm``, or ``simulated`` where the
 service itself runs the simulated cluster (``GPUSchedService.gpu_backend = "simulated"``, as the
@@ -53,11 +54,7 @@ from prometheus_client import Counter, Gauge
 from ..backends.local.launcher import Exit
 from ..core.durations import describe_duration
 from ..core.jobs import JobState
-from .profile_claims import applied_profile, check_claimed_profile
-from .profile_claims import profile_shapes as profile_shapes_of
-from .reaper_measure import measure, take_report
-from .reaper_policy import (  # noqa: F401 (the policy's names are importable from here too)
-    DEFAULTS,
+from ..core.reaper import (  # noqa: F401 (the policy's names are importable from here too)
     Cull,
     Session,
     ShutdownKernels,
@@ -73,9 +70,12 @@ from .reaper_policy import (  # noqa: F401 (the policy's names are importable fr
     trusted_backends,
     unmonitored,
     untrusted_reason,
-    validate,
-    with_profile_idle_timeouts,
 )
+from ..core.reaper_settings import DEFAULTS  # noqa: F401 (importable from here too)
+from .profile_claims import applied_profile, check_claimed_profile
+from .profile_claims import profile_shapes as profile_shapes_of
+from .reaper_measure import measure, take_report
+from .reaper_requests import validate, with_profile_idle_timeouts
 from .requests import RequestError, quote
 
 log = logging.getLogger("jupyter_gpusched.service")

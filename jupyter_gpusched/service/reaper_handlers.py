@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
+from ..core.reaper import timeout_for, untrusted_reason
 from .handlers import APIHandler, api
 from .reaper import Reaper
-from .reaper_policy import timeout_for, untrusted_reason
 from .requests import check_reaper_changes, check_usage_report
 
 

@@ -9,12 +9,12 @@
 
 The monitor inside the user's server is not a measurement: its reports only say which kernels
 hold GPU memory (:func:`take_report`). A session without a trusted measurement is left alone
-until it is *unmonitored* (:func:`.reaper_policy.unmonitored`); ``unmonitored_reason`` says why.
+until it is *unmonitored* (:func:`~..core.reaper.unmonitored`); ``unmonitored_reason`` says why.
 """
 
 from __future__ import annotations
 
-from .reaper_policy import Session, as_dict, as_number
+from ..core.reaper import Session, as_dict, as_number
 
 NO_SOURCES = (
     "the service samples no GPUs (GPUSchedService.local_gpu_nodes, node_agents, gpu_metrics_url)"

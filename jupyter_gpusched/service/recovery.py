@@ -3,7 +3,8 @@
 Order matters: the admin's settings first (quota edits, drained nodes, maintenance windows), then
 the jobs that were running (re-attached to their processes where those still live), then the
 pending queue in submit order. What cannot be put back is finished with a message saying why;
-nothing is dropped silently.
+nothing is dropped silently. What becomes of a job that was running is core/recovery.py's rule:
+this module reads the store and the launcher, asks it, and writes the answer back.
 """
 
 from __future__ import annotations
@@ -14,6 +15,14 @@ from ..backends.local.launcher import Exit
 from ..core.errors import ConfigError
 from ..core.jobs import JobState
 from ..core.quotas import QueueTree
+from ..core.recovery import (
+    End,
+    Requeue,
+    after_restart,
+    ended_state,
+    interrupted_stop,
+    waiting_since,
+)
 from .records import job_from_row, placement_from_rows
 
 log = logging.getLogger("jupyter_gpusched.service")
@@ -53,42 +62,34 @@ def recover(live) -> dict:
     for row in running:
         job, extra = job_from_row(row)
         live.extras[job.id] = extra
-        if job.kind == "batch" and extra.handle is None:
-            # marked running, but the service stopped before the launch: it never ran
-            fields = {"state": "pending", "runs": job.runs - 1, "start_time": None}
-            message = "requeued: the service stopped before launching it"
-            event = live._event("requeued", job, None, message)
+        batch, launched = job.kind == "batch", extra.handle is not None
+        stopping = interrupted_stop(_latest_event(store, job.id))  # a pre-emption or a cancel
+        alive = batch and launched and live.launcher.alive(extra.handle)
+        verdict = after_restart(job, launched=launched, stopping=stopping, alive=alive, now=now)
+        if isinstance(verdict, Requeue):
+            fields = {"state": "pending", **verdict.changes, "handle": None}
+            event = live._event("requeued", job, None, verdict.message)
             store.apply([(job.id, fields)], [], [(job.id, job.runs, now)], [event])
             rows.append({**row, **fields})  # queued with the pending ones below
             counts["requeued"] += 1
             continue
-        stopping = _stopping(store, job.id)  # a pre-emption or cancel the crash interrupted
-        if job.kind == "batch" and stopping == "cancelling":
-            if live.launcher.alive(extra.handle):
+        if isinstance(verdict, End):
+            if verdict.kill:
                 live.launcher.signal(extra.handle, "SIGKILL")
-            _ended_while_down(live, job, extra, Exit(None, "killed", "cancelled"), now, stopping)
-            counts["ended-while-down"] += 1
-            continue
-        if job.kind == "batch" and not live.launcher.alive(extra.handle):
-            result = live.launcher.poll(extra.handle) or Exit(
-                None, "lost", "its processes vanished while the service was down"
-            )
-            if stopping == "preempted":  # it left after its pre-emption signal: requeue it
-                fields = {"state": "pending", "preemptions": job.preemptions + 1}
-                fields.update(handle=None, end_time=now)
-                event = live._event("requeued", job, None, "requeued after pre-emption")
-                store.apply([(job.id, fields)], [], [(job.id, job.runs, now)], [event])
-                rows.append({**row, **fields})
-                counts["requeued"] += 1
-                continue
-            _ended_while_down(live, job, extra, result, now)
+            if verdict.cancelled:
+                result = Exit(None, "killed", "cancelled")
+            else:
+                result = live.launcher.poll(extra.handle) or Exit(
+                    None, "lost", "its processes vanished while the service was down"
+                )
+            _ended_while_down(live, job, extra, result, now, ended_state(verdict, result.outcome))
             counts["ended-while-down"] += 1
             continue
         try:
             placement = placement_from_rows(store.open_allocations(job.id), engine.cluster)
             engine.restore(job, placement, now)
         except (ConfigError, ValueError) as exc:
-            if job.kind == "batch":  # its GPUs are no longer held: it must not keep running
+            if batch:  # its GPUs are no longer held: it must not keep running
                 try:
                     live.launcher.signal(extra.handle, "SIGKILL")
                 except Exception:
@@ -118,27 +119,19 @@ def recover(live) -> dict:
             engine.forget(job.id)
             counts["failed"] += 1
             continue
-        job.pending_since = row.get("end_time") or row["submit_time"]
+        job.pending_since = waiting_since(row.get("end_time"), row["submit_time"])
         live._count_pending(job, +1)
         counts["pending"] += 1
     return counts
 
 
-def _stopping(store, job_id: str) -> str | None:
-    """``preempted`` or ``cancelling`` when that is the latest event of a running job: the
-    service was stopping it when it went down."""
+def _latest_event(store, job_id: str) -> str | None:
     latest = store.events(job_id=job_id, limit=1)
-    kind = latest[0]["kind"] if latest else None
-    return kind if kind in ("preempted", "cancelling") else None
+    return latest[0]["kind"] if latest else None
 
 
-def _ended_while_down(live, job, extra, result: Exit, now: float, stopping=None) -> None:
-    if stopping == "cancelling":
-        outcome, state = "cancelled", JobState.CANCELLED
-    elif result.outcome == "completed":
-        outcome, state = "completed", JobState.COMPLETED
-    else:
-        outcome, state = "failed", JobState.FAILED
+def _ended_while_down(live, job, extra, result: Exit, now: float, state: JobState) -> None:
+    outcome = state.value  # the event: completed, failed or cancelled
     job.state, job.end_time = state, now
     extra.exit_code, extra.handle = result.code, None
     extra.message = f"{result.message} (noticed after a restart)"

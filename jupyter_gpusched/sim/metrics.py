@@ -63,7 +63,7 @@ def _number(value):
 def job_rows(result: ReplayResult):
     cluster = result.scheduler.cluster
     for trace_job in result.trace:
-        job = result.scheduler.jobs[trace_job.id]
+        job = result.job(trace_job.id)
         nodes = result.placements.get(job.id, ())
         wait = None if job.first_start is None else job.first_start - job.submit_time
         yield {
@@ -97,7 +97,7 @@ def write_jobs_csv(results: list[ReplayResult], path) -> None:
 
 def metrics(result: ReplayResult) -> dict:
     scheduler = result.scheduler
-    jobs = [scheduler.jobs[t.id] for t in result.trace]
+    jobs = [result.job(t.id) for t in result.trace]
     started = [j for j in jobs if j.first_start is not None]
     completed = [j for j in jobs if j.state == JobState.COMPLETED]
     makespan = max(result.last_end - result.first_submit, 0.0)

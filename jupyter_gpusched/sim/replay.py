@@ -6,6 +6,8 @@ pass runs, so a job that fits starts at the instant it is submitted. A pre-empte
 from its last checkpoint (``checkpoint`` in the policy file): with ``on_signal`` it saves at the
 kill and loses nothing, otherwise it keeps only whole checkpoint intervals.
 Walltimes are estimates: a job that outruns its walltime is not killed.
+A submission the live service would refuse at the door (:func:`~..core.submission.check_submission`:
+a GPU model the cluster lacks, the user's ``pending_jobs`` limit) is a rejected job here.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from dataclasses import dataclass, field
 
 from ..core import Cluster, Preempt, QueueTree, Scheduler, Start, Stop
 from ..core.errors import ConfigError
+from ..core.jobs import Job, JobState
 from ..core.policies import Policy
 from ..core.settings import PolicySettings
+from ..core.submission import check_submission
 from .trace import TraceJob
 
 END, KILL, WAKE, SUBMIT = 0, 1, 2, 3  # at one instant: ends and kills, then submissions
@@ -54,6 +58,13 @@ class ReplayResult:
     timeline: list[tuple] = field(default_factory=list)
     # queue path -> [(time, running GPUs)], sampled every QUEUE_SAMPLE_S
     queue_usage: dict[str, list] = field(default_factory=dict)
+    # jobs refused at submission (core/submission.py), which never reached the engine
+    refused: dict[str, Job] = field(default_factory=dict)
+
+    def job(self, job_id: str) -> Job:
+        """The engine's job, or the refused one."""
+        refused = self.refused.get(job_id)
+        return refused if refused is not None else self.scheduler.jobs[job_id]
 
 
 def replay(
@@ -88,6 +99,13 @@ def replay(
     queues_tracked = [q for q in scheduler.tree.by_path.values() if q.parent is not None]
     queue_usage: dict[str, list] = {q.path: [] for q in queues_tracked}
     next_sample = now
+    refused: dict[str, Job] = {}
+
+    def pending_of(user: str) -> int:  # only asked for users with a pending_jobs limit
+        return sum(
+            1 for j in scheduler.jobs.values() if j.user == user and j.state is JobState.PENDING
+        )
+
     while heap:
         moment = heap[0][0]
         elapsed = moment - now
@@ -105,8 +123,15 @@ def replay(
                 continue  # the pass below runs anyway
             record = records[job_id]
             if kind == SUBMIT:
+                job = by_id[job_id].to_job()
+                refusal = check_submission(job, cluster, scheduler.tree, pending_of)
+                if refusal is not None:  # the service would answer 400 or 429: rejected
+                    job.state, job.end_time = JobState.REJECTED, now
+                    job.reject_reason, job.reject_field = refusal.message, refusal.field
+                    refused[job_id] = job
+                    continue
                 try:
-                    scheduler.submit(by_id[job_id].to_job(), now)
+                    scheduler.submit(job, now)
                 except ConfigError as exc:
                     raise ConfigError(f"job {job_id}: {exc}") from None
                 continue
@@ -178,4 +203,5 @@ def replay(
         placements=placements,
         timeline=timeline,
         queue_usage=queue_usage,
+        refused=refused,
     )

@@ -65,7 +65,10 @@ class GPUMonitor(LoggingConfigurable):
         config=True
     )
     busy_threshold = Float(
-        5.0, help="Utilization (percent) at or above which a kernel or the server is GPU-busy."
+        5.0,
+        help="Utilization (percent) at or above which a kernel or the server is GPU-busy, and "
+        "marked active for JupyterHub and the kernel culler. The idle reaper does not read it: "
+        "it decides from the service's own samples with its idle_threshold.",
     ).tag(config=True)
     service_url = Unicode(
         help="The scheduler service's URL (up to its prefix); default $GPUSCHED_SERVICE_URL. "

@@ -1,5 +1,7 @@
-"""The reaper's policy, as plain data and functions (no I/O): its settings and their checks,
-what it knows of a session, and :func:`decide`, which says what to do with each session now.
+"""The idle reaper's policy, as plain data and functions (no I/O, the time passed in): what it
+knows of a session, and :func:`decide`, which says what to do with each session now, under the
+settings :mod:`.reaper_settings` checks. Nothing here needs the service: a replay can feed
+:func:`decide` sessions, settings and a time.
 
 Two rules hold whatever the settings and whenever they change:
 
@@ -13,10 +15,28 @@ Two rules hold whatever the settings and whenever they change:
   to the service as ``GPUSchedService.profile_idle_timeouts``: what the spawn form shows), else
   its tier's ``timeout_tier_N``.
 
-:class:`~.reaper.Reaper` feeds it the service's own measurements (the GPU samples of
-``service/gpu_sampling.py``; the hub's activity for servers without GPUs: :mod:`.reaper_measure`)
-and carries out its decisions. The monitors' reports inside the users' servers only say which
-kernels hold GPU memory.
+**The idle threshold** is ``idle_threshold`` here, the one the culls and kernel shutdowns use,
+applied to the service's own GPU samples (an admin changes it at run time). The monitor inside
+the user's server has its own ``GPUMonitor.busy_threshold`` (the same 5 % by default) for another
+purpose: marking the server and its kernels active for JupyterHub and the kernel culler. The
+reaper never reads it (it would let a user decide their own idleness), and the monitor does not
+import this module (it would load the engine into every notebook server).
+
+**A notebook server's lifetime** (:func:`lifetime_end`), which of three settings applies:
+
+* its profile's ``max_lifetime`` (``GPUSchedSpawner.profiles``) is its job's walltime; the hub's
+  spawner stops the server once it has run that long (``spawner.py``, ``poll``);
+* the reaper's ``max_lifetime`` is a cap on every server its exemptions do not cover, counted
+  from its allocation: :func:`decide` culls it then (``max-lifetime``), whatever its profile says;
+  so the server ends at the sooner of the two;
+* the policy file's ``walltime.notebook`` is not a lifetime: it is only what the engine plans
+  with (backfill, maintenance) for a notebook job without a walltime
+  (:meth:`.settings.PolicySettings.default_walltime`), and nothing stops a server then.
+
+:class:`jupyter_gpusched.service.reaper.Reaper` feeds it the service's own measurements (the GPU
+samples of ``service/gpu_sampling.py``; the hub's activity for servers without GPUs:
+``service/reaper_measure.py``) and carries out its decisions. The monitors' reports inside the
+users' servers only say which kernels hold GPU memory.
 """
 
 from __future__ import annotations
@@ -26,109 +46,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..core.durations import describe_duration, parse_duration
-from .requests import RequestError
+from .durations import describe_duration
 
-DEFAULTS: dict = {
-    "enabled": True,
-    "idle_threshold": 5.0,  # percent
-    "warning_lead": 600.0,  # seconds before the timeout
-    "timeout_tier_1": None,  # None (or 0): never culled for idleness
-    "timeout_tier_2": 2700.0,
-    "timeout_tier_3": 1800.0,
-    "profile_timeouts": {},  # profile slug -> seconds or None; wins over the two below
-    # profile slug -> the profile's own idle_timeout (the hub's profiles; not set through PUT)
-    "profile_idle_timeouts": {},
-    "exempt_users": [],
-    "exempt_groups": [],
-    "exempt_profiles": [],
-    "max_lifetime": None,  # seconds a notebook server may run at all; None: no limit
-    "stale_after": 120.0,  # a session without a measurement this recent is not decided on
-    # a session without a trusted measurement for this long (since its start or its last one)
-    # is unmonitored: reported to admins, then "warn" (its owner is told, it keeps running),
-    # "cull" (its unmeasured time counts as idle: warned, then culled) or "keep" (reported only)
-    "unmonitored": "warn",
-    "unmonitored_after": 300.0,
-    # at the timeout, first shut down only the GPU-idle kernels that hold GPU memory; the
-    # server is stopped if it stays GPU-idle for warning_lead more
-    "shutdown_kernels_first": False,
-    # GPU processes no allocation accounts for (service/rogue.py): "report", "kill" or "off"
-    "rogue_processes": "report",
-}
-ROGUE_MODES = ("report", "kill", "off")
-UNMONITORED_MODES = ("warn", "cull", "keep")
-DURATIONS = ("warning_lead", "timeout_tier_1", "timeout_tier_2", "timeout_tier_3")
-OPTIONAL = ("timeout_tier_1", "timeout_tier_2", "timeout_tier_3", "max_lifetime")
-LISTS = ("exempt_users", "exempt_groups", "exempt_profiles")
-FROM_THE_HUB = ("profile_idle_timeouts",)  # settings the hub's configuration gives, read-only
 SAMPLES_KEPT = 60  # per session, the evidence of a cull
-
-
-def _duration(value, name: str, optional: bool) -> float | None:
-    if value is None or (optional and value in ("off", "none", "null", "")):
-        if optional:
-            return None
-        raise RequestError(f"'{name}' must be a duration (seconds, or 30m, 1h)", name)
-    try:
-        seconds = parse_duration(value)
-    except (ValueError, TypeError, OverflowError):
-        raise RequestError(
-            f"'{name}' must be a duration (seconds, or 30m, 1h){' or null' if optional else ''}",
-            name,
-        ) from None
-    if not math.isfinite(seconds):
-        raise RequestError(f"'{name}' must be a finite duration", name)
-    if optional and seconds == 0:
-        return None
-    return seconds
-
-
-def validate(changes, base: dict | None = None) -> dict:
-    """``base`` (default :data:`DEFAULTS`) with ``changes`` applied, checked; RequestError (400)
-    names the first bad field."""
-    if not isinstance(changes, dict):
-        raise RequestError("the reaper settings must be a JSON object", None)
-    result = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (base or DEFAULTS).items()}
-    for name, value in changes.items():
-        if name not in DEFAULTS:
-            known = ", ".join(k for k in DEFAULTS if k not in FROM_THE_HUB)
-            raise RequestError(f"unknown reaper setting {name!r}; known: {known}", name)
-        if name in FROM_THE_HUB:
-            raise RequestError(
-                f"'{name}' are the idle_timeout of the hub's profiles (GPUSchedSpawner.profiles); "
-                "set profile_timeouts to override one",
-                name,
-            )
-        if name in ("enabled", "shutdown_kernels_first"):
-            if not isinstance(value, bool):
-                raise RequestError(f"'{name}' must be true or false", name)
-        elif name in ("rogue_processes", "unmonitored"):
-            modes = ROGUE_MODES if name == "rogue_processes" else UNMONITORED_MODES
-            if value not in modes:
-                raise RequestError(f"'{name}' must be one of {', '.join(modes)}", name)
-        elif name == "idle_threshold":
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not 0 <= value <= 100
-            ):
-                raise RequestError("'idle_threshold' must be a percentage from 0 to 100", name)
-            value = float(value)
-        elif name in DURATIONS or name in ("max_lifetime", "stale_after", "unmonitored_after"):
-            value = _duration(value, name, name in OPTIONAL)
-        elif name in LISTS:
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise RequestError(f"'{name}' must be a list of names", name)
-            value = sorted(set(value))
-        elif name == "profile_timeouts":
-            if not isinstance(value, dict):
-                raise RequestError("'profile_timeouts' must map profile slugs to durations", name)
-            value = {
-                str(slug): _duration(seconds, f"profile_timeouts.{slug}", True)
-                for slug, seconds in value.items()
-            }
-        result[name] = value
-    return result
 
 
 @dataclass
@@ -252,17 +172,6 @@ def untrusted_reason(report: dict, trusted: frozenset[str]) -> str | None:
     return f"unknown GPU backend {str(backend)[:40]!r}"
 
 
-def with_profile_idle_timeouts(settings: dict, profiles: dict) -> dict:
-    """``settings`` with the hub profiles' own idle timeouts (slug -> seconds; None or 0: the
-    profile has none and its tier's applies)."""
-    timeouts = {}
-    for slug, seconds in (profiles or {}).items():
-        value = _duration(seconds, f"profile_idle_timeouts.{slug}", True)
-        if value is not None:
-            timeouts[str(slug)] = value
-    return {**settings, "profile_idle_timeouts": timeouts}
-
-
 def timeout_for(session: Session, settings: dict) -> float | None:
     """The idle timeout of this server: the admin's ``profile_timeouts`` for its profile, else
     the profile's own ``idle_timeout``, else its tier's (None: never culled for idleness)."""
@@ -273,6 +182,13 @@ def timeout_for(session: Session, settings: dict) -> float | None:
         if profile in settings.get("profile_idle_timeouts", {}):
             return settings["profile_idle_timeouts"][profile]
     return settings.get(f"timeout_tier_{session.tier}")
+
+
+def lifetime_end(session: Session, settings: dict) -> float | None:
+    """When the reaper culls ``session`` for its age: ``max_lifetime`` after its allocation
+    (None: no cap). Its profile's own ``max_lifetime`` is the hub's to enforce (module doc)."""
+    lifetime = settings["max_lifetime"]
+    return None if lifetime is None else session.started + lifetime
 
 
 def stop_due(session: Session, timeout: float, settings: dict) -> float:
@@ -327,9 +243,9 @@ def decide(sessions, settings: dict, now: float) -> list:
     for s in sessions:
         if exempt(s, settings):
             continue
-        lifetime = settings["max_lifetime"]
-        if lifetime is not None and now - s.started >= lifetime:
-            actions.append(Cull(s.job_id, "max-lifetime", lifetime, s.idle_since))
+        end = lifetime_end(s, settings)
+        if end is not None and now >= end:
+            actions.append(Cull(s.job_id, "max-lifetime", settings["max_lifetime"], s.idle_since))
             continue
         reason = "idle"
         if unmonitored(s, settings, now):
@@ -378,11 +294,12 @@ def next_moment(sessions, settings: dict, now: float) -> float | None:
     reaper acts then rather than at its next periodic tick."""
     if not settings["enabled"]:
         return None
-    lead, lifetime = settings["warning_lead"], settings["max_lifetime"]
+    lead = settings["warning_lead"]
     moments = []
     for s in sessions:
-        if lifetime is not None:
-            moments.append(s.started + lifetime)
+        end = lifetime_end(s, settings)
+        if end is not None:
+            moments.append(end)
         timeout = timeout_for(s, settings)
         if timeout is not None:
             moments += [s.idle_since + timeout - lead, s.idle_since + timeout]

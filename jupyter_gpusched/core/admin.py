@@ -7,13 +7,14 @@ stops anything itself (the next :meth:`Scheduler.schedule` does)."""
 
 from __future__ import annotations
 
+from . import reasons
 from .admission import validate
 from .errors import ConfigError
-from .jobs import Job, JobState, Reason
+from .jobs import Job, JobState
 from .quotas import QueueTree
 from .state import Placement
 
-HELD = Reason("policy", "held", "held by an admin; it waits until released")
+HELD = reasons.HELD.reason()
 
 
 class AdminSteps:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from . import reasons
 from .cluster import Cluster
 from .errors import ConfigError
 from .jobs import KINDS, TIERS, Job, Reason
@@ -170,11 +171,8 @@ def policy_block(
     """
     if guarantees and job.tier == 1 and queue.tier1_running + job.amount > queue.guaranteed + 1e-9:
         return (
-            Reason(
-                "policy",
-                "tier1-guarantee",
-                f"tier-1 jobs of {queue.label()} already use {queue.tier1_running:g} of its "
-                f"{queue.guaranteed:g} guaranteed GPUs",
+            reasons.TIER1_GUARANTEE.reason(
+                queue=queue.label(), used=queue.tier1_running, guaranteed=queue.guaranteed
             ),
             None,
         )
@@ -186,11 +184,8 @@ def policy_block(
     for node in queue.chain():
         if node.running + node.claimed + job.amount > node.limit + 1e-9:
             return (
-                Reason(
-                    "policy",
-                    "queue-limit",
-                    f"queue {node.label()} is at its limit of {gpus_text(node.limit)} "
-                    f"({node.running + node.claimed:g} in use)",
+                reasons.QUEUE_LIMIT.reason(
+                    queue=node.label(), limit=node.limit, used=node.running + node.claimed
                 ),
                 node,
             )

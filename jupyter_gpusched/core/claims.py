@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import reasons
 from .decisions import Preempt
-from .jobs import Job, JobState, Reason
+from .jobs import Job, JobState
 from .preemption import find_victims
 from .state import Part, Placement
 
@@ -99,12 +100,7 @@ class PreemptionSteps:
         names = ", ".join(v.id for v in victims)
         self._set_reason(
             job,
-            Reason(
-                "capacity",
-                "preempting",
-                f"pre-empting {names}; starts once they have checkpointed",
-                now + grace,
-            ),
+            reasons.PREEMPTING.reason(now + grace, victims=names),
         )
         return True
 
@@ -151,14 +147,7 @@ class PreemptionSteps:
         if claim is None:
             return
         if job.state == JobState.PENDING and job.reason and job.reason.detail == "preempting":
-            self._set_reason(
-                job,
-                Reason(
-                    "capacity",
-                    "preemption-dropped",
-                    "its pre-emption was called off; it waits again",
-                ),
-            )
+            self._set_reason(job, reasons.PREEMPTION_DROPPED.reason())
             self._new.append(job.id)  # examine it again at the next pass
         if holder(job.id) in self.state.allocations:
             self.state.release(holder(job.id))

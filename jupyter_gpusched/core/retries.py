@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import time
 
-from .jobs import Job, JobState, Reason
+from . import reasons
+from .jobs import Job, JobState
 
 
 class RetrySteps:
@@ -44,12 +45,8 @@ class RetrySteps:
         when = time.strftime("%H:%M:%S", time.gmtime(job.retry_at))
         self._set_reason(
             job,
-            Reason(
-                "placement",
-                "launch-refused",
-                f"the launcher refused its placement ({message}); retried at {when} UTC "
-                f"(refusal {job.refusals} in a row)",
-                job.retry_at,
+            reasons.LAUNCH_REFUSED.reason(
+                job.retry_at, message=message, when=when, refusals=job.refusals
             ),
         )
         self._backing_off[job.id] = job

@@ -23,6 +23,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
 
+from . import reasons
 from .admin import HELD, AdminSteps
 from .admission import Capacity, policy_block, rejection, under_guarantee, validate
 from .claims import Claim, PreemptionSteps
@@ -42,7 +43,6 @@ from .resources import place_cpu_only_or_reason
 from .retries import RetrySteps
 from .settings import PolicySettings
 from .state import ClusterState, Placement
-from .wording import gpus_text
 from .workload import Workload
 
 PREEMPTION_TRIES_PER_PASS = 8  # successful pre-emptions per pass; the first failure ends them
@@ -188,7 +188,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             self._back_off(job, now, message)
         elif outcome == "preempted" and job.kind == "batch":
             job.preemptions += 1
-            self._requeue(job, Reason("capacity", "preempted", "requeued after pre-emption"))
+            self._requeue(job, reasons.PREEMPTED.reason())
         elif outcome == "preempted":
             job.preemptions += 1
             job.state = JobState.PREEMPTED
@@ -219,7 +219,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             self._outbox.append(Stop(job_id, f"node {name} is down", ended=True))
             self.job_ended(job_id, now, "failed")
             if job.kind == "batch" and job.state == JobState.FAILED:
-                self._requeue(job, Reason("capacity", "node-down", f"requeued: {name} went down"))
+                self._requeue(job, reasons.NODE_DOWN.reason(node=name))
 
     # -- the pass ----------------------------------------------------------------------------
     def schedule(self, now: float) -> list:
@@ -313,9 +313,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
                     self.reservation = previous  # a quick pass keeps the last one's estimate
                     pass_.reserved_key = self._key(job_id)
                     pass_.failed.clear()  # the reserved nodes changed
-                    outcome = Reason(
-                        outcome.family, outcome.detail, outcome.message, self.reservation.start
-                    )
+                    outcome = outcome.with_eta(self.reservation.start)
                 if full and not deep:
                     self._set_reason(job, outcome)
                     stopped = True
@@ -366,7 +364,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             )
         free = self._free_for(job)
         if free < job.amount - 1e-9:
-            return Reason("capacity", "gpus-busy", f"needs {gpus_text(job.amount)}; {free:g} free")
+            return reasons.GPUS_BUSY.reason(gpus=job.amount, free=free)
         exclude = self._maintenance_excluded(job, now)
         if reservation is not None and not may_backfill(reservation, self._walltime(job), now):
             exclude = exclude | reservation.nodes
@@ -395,31 +393,17 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             if job.one_leaf_since is None:  # its patience runs from now
                 job.one_leaf_since = now
             self._wake = min(self._wake, job.one_leaf_since + self.settings.leaf_patience)
-            reason = Reason(
-                "placement",
-                "one-leaf",
-                f"{gpus_text(free)} free, but not under one leaf switch; it waits for one for "
-                f"{self.settings.leaf_patience / 60:g} min, then may span leaves",
-            )
+            patience = self.settings.leaf_patience / 60
+            reason = reasons.ONE_LEAF.reason(free=free, patience_min=patience)
             pass_.failed[shape], pass_.reasons[shape] = job.amount, reason
             return reason
         maintenance = self._maintenance_excluded(job, now)
         if maintenance and find_placement(self.state, job, exclude=exclude - maintenance):
-            reason = Reason(
-                "policy",
-                "maintenance",
-                f"the GPUs free for it are on nodes going into maintenance before its walltime "
-                f"of {self._walltime(job) / 3600:g} h would end",
-            )
+            reason = reasons.MAINTENANCE.reason(walltime_h=self._walltime(job) / 3600)
         elif reservation is not None and exclude and any(self.state.free[n] for n in exclude):
-            reason = Reason(
-                "policy",
-                "reservation",
-                f"the free GPUs it could use are reserved for job {reservation.job_id}, which "
-                "has priority; it would not end before that job starts",
-            )
+            reason = reasons.RESERVATION.reason(job=reservation.job_id)
         else:
-            reason = Reason("placement", *self._placement_message(job, free))
+            reason = self._placement_reason(job, free)
         pass_.failed[shape] = job.amount
         pass_.reasons[shape] = reason
         return reason
@@ -434,16 +418,10 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             if claimant.user == job.user and owner != job.id:
                 gpus, count = gpus + claimant.amount, count + 1
         if limit.gpus is not None and gpus + job.amount > limit.gpus + 1e-9:
-            return Reason(
-                "policy",
-                "user-limit",
-                f"{job.user} already runs {gpus_text(gpus)}; the limit per user is {limit.gpus:g}",
-            )
+            return reasons.USER_LIMIT_GPUS.reason(user=job.user, gpus=gpus, limit=limit.gpus)
         if limit.running_jobs is not None and count + 1 > limit.running_jobs:
-            return Reason(
-                "policy",
-                "user-limit",
-                f"{job.user} already runs {count} jobs; the limit per user is {limit.running_jobs}",
+            return reasons.USER_LIMIT_JOBS.reason(
+                user=job.user, count=count, limit=limit.running_jobs
             )
         return None
 
@@ -585,19 +563,13 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             free += sum(r for model, r in state.shared_room.items() if model in job.gpu_models)
         return free
 
-    def _placement_message(self, job: Job, free: int) -> tuple[str, str]:
+    def _placement_reason(self, job: Job, free: int) -> Reason:
         if job.gpus_per_node and job.gpus_per_node < job.gpus:
             n = job.gpus // job.gpus_per_node
-            return (
-                "gang-shape",
-                f"{gpus_text(free)} free, but not {n} nodes with {job.gpus_per_node} each",
-            )
+            return reasons.GANG_SHAPE.reason(free=free, nodes=n, per_node=job.gpus_per_node)
         if job.gpus <= self.cluster.max_node_gpus:
-            return "fragmented", f"{gpus_text(free)} free, but no single node has {job.gpus} free"
-        return (
-            "constraints",
-            f"{gpus_text(free)} free, but none in a shape that meets its constraints",
-        )
+            return reasons.FRAGMENTED.reason(free=free, gpus=job.gpus)
+        return reasons.CONSTRAINTS.reason(free=free)
 
     def next_wakeup(self) -> float | None:
         """When the adapter should call :meth:`schedule` even if nothing happens: a pre-emption

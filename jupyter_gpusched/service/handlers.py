@@ -377,9 +377,8 @@ class QueueHandler(APIHandler):
     def _entry(self, job, position, me) -> dict:
         visible = self.admin or job.user == me
         extra = self.live.extras.get(job.id)
-        reason = reason_dict(job.reason)
-        if reason and not visible and job.user:  # e.g. "alice already runs 8 GPUs"
-            reason["message"] = reason["message"].replace(job.user, "its owner")
+        # "alice already runs 8 GPUs" reads "its owner already runs 8 GPUs" to others
+        reason = reason_dict(job.reason, hide_users=not visible and bool(job.user))
         return {
             "position": position,
             "id": job.id,

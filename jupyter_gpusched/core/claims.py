@@ -40,6 +40,30 @@ def held_for(name: str) -> tuple[str, bool]:
     return job_id, bool(claim)
 
 
+@dataclass(frozen=True)
+class Holding:
+    """What one job holds on one node: ``reserved`` when it is a claim (freed by a victim for
+    the pre-empting job ``job_id``, which starts once its other victims have gone)."""
+
+    job_id: str
+    reserved: bool
+    part: Part
+
+
+def holdings(state, node: int) -> list[Holding]:
+    """Who holds GPUs, CPUs or memory on ``node`` (an index), by job id (a job's claim after
+    what it runs): for adapters, which need not know how claims are named."""
+    found = []
+    for name in sorted(state.holders[node]):
+        job_id, reserved = held_for(name)
+        found.extend(
+            Holding(job_id, reserved, part)
+            for part in state.allocations[name].parts
+            if part.node == node
+        )
+    return found
+
+
 class PreemptionSteps:
     def _try_preempt(self, job: Job, now: float, pass_, limit_node=None) -> bool:
         """Pre-emption is tried in priority order and stops for the rest of the pass (``pass_``,

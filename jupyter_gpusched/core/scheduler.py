@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from . import reasons
 from .admin import HELD, AdminSteps
 from .admission import Capacity, policy_block, rejection, under_guarantee, validate
-from .claims import Claim, PreemptionSteps
+from .claims import Claim, Holding, PreemptionSteps, holdings
 from .cluster import Cluster
 from .decisions import Start, Stop
 from .errors import ConfigError
@@ -575,6 +575,10 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         """When the adapter should call :meth:`schedule` even if nothing happens: a pre-emption
         victim passes its minimum run time then."""
         return None if self._wake == math.inf else self._wake
+
+    def holdings(self, node: int) -> list[Holding]:
+        """Who holds what on node ``node`` (an index): running jobs and pre-emption claims."""
+        return holdings(self.state, node)
 
     def pending_jobs(self, now: float) -> list[Job]:
         """Pending jobs in priority order."""

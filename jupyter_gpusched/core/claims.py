@@ -4,7 +4,7 @@ have gone. Victim choice itself is :mod:`.preemption`.
 
 :class:`PreemptionSteps` is part of :class:`~jupyter_gpusched.core.scheduler.Scheduler` (a mixin,
 to keep each module short); it uses the scheduler's state: ``state``, ``tree``, ``settings``,
-``policy``, ``jobs``, ``running``, ``_claims``, ``_on_node``, ``_recent_starts``, ``_wake``.
+``policy``, ``jobs``, ``running``, ``ledger``, ``_claims``, ``_wake``.
 """
 
 from __future__ import annotations
@@ -82,21 +82,20 @@ class PreemptionSteps:
             return None  # fractional and CPU-only jobs neither pre-empt nor are pre-empted
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
         reclaim = self.policy.quotas and self._reclaims(job)
-        pool_gpus = self._tier_gpus[3] + (self._tier_gpus[2] if reclaim else 0)
-        if pool_gpus + self._free_for(job) < job.gpus:
+        if self.ledger.preemptible_gpus(reclaim) + self._free_for(job) < job.gpus:
             return None
         # tier-3 victims first (shorter grace, no guarantee touched); reclaim from tier 2 only
         # when tier 3 cannot make room
         found = None
-        for tiers in (3, 23) if reclaim else (3,):
+        for reclaiming in (False, True) if reclaim else (False,):
             found = find_victims(
                 self._victims,
                 job,
                 queue,
                 self.running,
-                self._on_node[tiers],
+                self.ledger.victim_room(reclaiming),
                 now,
-                reclaim=tiers == 23,
+                reclaim=reclaiming,
                 limit_node=limit_node,
                 one_leaf=self._patient(job, now),
             )
@@ -132,7 +131,7 @@ class PreemptionSteps:
         """Ask to be called when the next possible victim passes its minimum run time."""
         for tier in (3, 2) if reclaim else (3,):
             minimum = self.settings.tiers[tier].minimum_run_time
-            starts = self._recent_starts[tier]
+            starts = self.ledger.recent_starts[tier]
             # started in time order: drop those past their minimum (for good: time only grows)
             while starts and (starts[0][0] + minimum <= now or starts[0][1] not in self.running):
                 starts.popleft()

@@ -19,8 +19,6 @@ examines the new jobs (nothing else can have become startable).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
-from collections import deque
 from dataclasses import dataclass, field
 
 from . import reasons
@@ -33,6 +31,7 @@ from .errors import ConfigError
 from .fairshare import fair_share_factors
 from .fragmentation import Fragmentation
 from .jobs import Job, JobState, Reason
+from .ledger import RunningLedger
 from .ordering import PendingQueue
 from .placement import find_placement
 from .policies import SLURM_WEIGHTS, Policy, get_policy
@@ -77,19 +76,12 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         self.half_life = self.tree.half_life or self.settings.fair_share_half_life
         self.jobs: dict[str, Job] = {}
         self.running: dict[str, Job] = {}
-        self._by_tier: dict[int, dict[str, Job]] = {1: {}, 2: {}, 3: {}}
-        self._recent_starts = {2: deque(), 3: deque()}  # (start, id) inside a minimum run time
-        self._tier_gpus = {1: 0, 2: 0, 3: 0}  # GPUs held by running jobs of each tier
-        # ... on each node, by tier; key 23 holds tiers 2 and 3 together (what reclaim may take)
-        self._on_node = {t: [0.0] * len(cluster.nodes) for t in (1, 2, 3, 23)}
-        self._by_queue: dict[str, dict[str, Job]] = {}  # running jobs of each leaf queue
-        self._by_user: dict[str, list] = {}  # user -> [running GPUs, running jobs]
+        self.ledger = RunningLedger(len(cluster.nodes))  # what the running jobs hold
         self.maintenance: dict[int, float] = {}  # node index -> when it is drained
         self.pending = PendingQueue(self._key, by_queue_and_tier=self.policy.order != "arrival")
         self.pending_gpus_by_reason = {"capacity": 0, "placement": 0, "policy": 0}
         self.reservation: Reservation | None = None
         self.passes = 0
-        self._ends: list[tuple[float, str]] = []  # running jobs by estimated end
         self._claims: dict[str, Claim] = {}
         self._stopping: set[str] = set()
         self._backing_off: dict[str, Job] = {}  # refused launches waiting to be retried
@@ -164,18 +156,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         if job_id not in self.running:
             return  # already ended (e.g. by a node going down): nothing to do
         job = self.running.pop(job_id)
-        for part in self.state.allocations[job_id].parts:
-            self._on_node[job.tier][part.node] -= part.gpus * part.fraction
-            if job.tier > 1:
-                self._on_node[23][part.node] -= part.gpus * part.fraction
-        del self._by_tier[job.tier][job_id]
-        self._tier_gpus[job.tier] -= job.amount
-        del self._by_queue[job.queue][job_id]
-        used = self._by_user[job.user]
-        used[0] -= job.amount
-        used[1] -= 1
-        self.state.release(job_id)
-        del self._ends[bisect_left(self._ends, (self._estimated_end(job), job_id))]
+        self.ledger.ended(job, self.state.release(job_id), self._estimated_end(job))
         self._account(job, -1, now)
         job.end_time = now
         self._freed = True
@@ -309,7 +290,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
                 pass_.blocked += 1
                 if self.policy.backfill and (self.reservation is None or not behind):
                     if deep or previous is None or previous.job_id != job_id:
-                        previous = reserve(self.state, job, self._ends, self.jobs, now)
+                        previous = reserve(self.state, job, self.ledger.ends, self.jobs, now)
                     self.reservation = previous  # a quick pass keeps the last one's estimate
                     pass_.reserved_key = self._key(job_id)
                     pass_.failed.clear()  # the reserved nodes changed
@@ -412,7 +393,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         limit = self.tree.user_limit(job.user)
         if limit is None:
             return None
-        gpus, count = self._by_user.get(job.user, (0.0, 0))
+        gpus, count = self.ledger.by_user.get(job.user, (0.0, 0))
         for owner in self._claims:  # jobs waiting for their pre-emption victims to leave
             claimant = self.jobs[owner]
             if claimant.user == job.user and owner != job.id:
@@ -454,10 +435,6 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         """Give ``placement`` to ``job``; ``restored``: it already runs there (see
         :meth:`restore`), so keep its run count and start time and emit no Start."""
         self.state.take(job.id, placement)
-        for part in placement.parts:
-            self._on_node[job.tier][part.node] += part.gpus * part.fraction
-            if job.tier > 1:
-                self._on_node[23][part.node] += part.gpus * part.fraction
         self._set_reason(job, None)
         if not restored:
             job.start_time, job.runs = now, job.runs + 1
@@ -465,18 +442,10 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         if job.first_start is None:
             job.first_start = job.start_time
         self.running[job.id] = job
-        self._by_tier[job.tier][job.id] = job
         minimum = self.settings.tiers[job.tier].minimum_run_time if job.tier > 1 else 0
-        if minimum > 0 and job.start_time + minimum > now:
-            starts = self._recent_starts[job.tier]
-            insort(starts, (job.start_time, job.id))
-        self._tier_gpus[job.tier] += job.amount
-        self._by_queue.setdefault(job.queue, {})[job.id] = job
-        insort(self._ends, (self._estimated_end(job), job.id))
+        protected = minimum > 0 and job.start_time + minimum > now
+        self.ledger.started(job, placement, self._estimated_end(job), protected)
         self._account(job, +1, now)
-        used = self._by_user.setdefault(job.user, [0.0, 0])
-        used[0] += job.amount
-        used[1] += 1
         if not restored:
             self._outbox.append(Start(job.id, placement))
 

@@ -28,14 +28,14 @@ from .claims import Claim, Holding, PreemptionSteps, holdings
 from .cluster import Cluster
 from .decisions import Start, Stop
 from .errors import ConfigError
-from .fairshare import fair_share_factors
 from .fragmentation import Fragmentation
 from .jobs import Job, JobState, Reason
 from .ledger import RunningLedger
 from .ordering import PendingQueue
 from .placement import find_placement
-from .policies import SLURM_WEIGHTS, Policy, get_policy
+from .policies import Policy, get_policy
 from .preemption import VictimSearch
+from .priority import PriorityKeys
 from .quotas import QueueTree
 from .reservation import Reservation, may_backfill, reserve
 from .resources import place_cpu_only_or_reason
@@ -78,6 +78,8 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         self.running: dict[str, Job] = {}
         self.ledger = RunningLedger(len(cluster.nodes))  # what the running jobs hold
         self.maintenance: dict[int, float] = {}  # node index -> when it is drained
+        self.priorities = PriorityKeys(self.jobs, self.tree, self.settings, self.policy)
+        self._key = self.priorities.key
         self.pending = PendingQueue(self._key, by_queue_and_tier=self.policy.order != "arrival")
         self.pending_gpus_by_reason = {"capacity": 0, "placement": 0, "policy": 0}
         self.reservation: Reservation | None = None
@@ -88,9 +90,6 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         self._outbox: list = []
         self._new: list[str] = []
         self._freed = False
-        self._fair: dict[str, float] = {}
-        self._keys: dict[str, tuple] = {}  # priority keys, until fair share is recomputed
-        self._fair_time = -math.inf  # the time the factors (and the static keys) were computed
         self._wake = math.inf  # when a victim passes its minimum run time, or a deep pass is due
         self._last_deep = -math.inf
         self._deep_due = False
@@ -217,7 +216,8 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             full, new = self._freed, self._new
             self._freed, self._new = False, []
             self.passes += 1
-            self._refresh_fair_share(now)
+            if self.priorities.refresh(now, self.half_life):
+                self.pending.refresh()
             previous = self.reservation
             if previous is not None and (
                 full or self.jobs[previous.job_id].state != JobState.PENDING
@@ -481,40 +481,6 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
 
     def _estimated_end(self, job: Job) -> float:
         return job.start_time + self._walltime(job)
-
-    def _refresh_fair_share(self, now: float) -> None:
-        if now - self._fair_time >= self.settings.fair_share_recalc_interval:
-            self._fair = fair_share_factors(self.tree, now, self.half_life)
-            self._fair_time = now
-            self._keys.clear()
-            self.pending.refresh()
-
-    def _key(self, job_id: str) -> tuple:
-        """Priority key (smaller first); see :mod:`.ordering` for why it is time-invariant.
-        Cached until the fair-share factors change."""
-        key = self._keys.get(job_id)
-        if key is None:
-            key = self._keys[job_id] = self._compute_key(job_id)
-        return key
-
-    def _compute_key(self, job_id: str) -> tuple:
-        job = self.jobs[job_id]
-        order = self.policy.order
-        if order == "arrival":
-            return (-job.priority, job.submit_time, job_id)
-        if order == "tier":
-            return (job.tier, -job.priority, job.submit_time, job_id)
-        s, t = self.settings, self._fair_time
-        fair = self._fair.get(job.queue, 1.0)
-        age = 0.0
-        if t > -math.inf:  # time-invariant form of age / max_age (see .ordering)
-            age = (min(t - job.submit_time, s.max_age) - t) / s.max_age
-        if order == "multifactor":
-            w = SLURM_WEIGHTS
-            score = w["qos"] * (3 - job.tier) / 2 + w["fairshare"] * fair + w["age"] * age
-            return (-job.priority, -score, job.submit_time, job_id)
-        score = s.fair_share_weight * fair + s.age_weight * age
-        return (job.tier, -job.priority, -score, job.submit_time, job_id)
 
     def _reclaims(self, job: Job) -> bool:
         """May ``job`` take back borrowed GPUs (pre-empt tier 2 of other queues)? Only while its

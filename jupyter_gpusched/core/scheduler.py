@@ -39,7 +39,7 @@ from .priority import PriorityKeys
 from .quotas import QueueTree
 from .reservation import Reservation, may_backfill, reserve
 from .resources import place_cpu_only_or_reason
-from .retries import RetrySteps
+from .retries import LaunchRetries
 from .settings import PolicySettings
 from .state import ClusterState, Placement
 from .workload import Workload
@@ -60,7 +60,7 @@ class _Pass:
     reasons: dict = field(default_factory=dict)
 
 
-class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
+class Scheduler(PreemptionSteps, AdminSteps):
     def __init__(
         self,
         cluster: Cluster,
@@ -86,7 +86,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         self.passes = 0
         self._claims: dict[str, Claim] = {}
         self._stopping: set[str] = set()
-        self._backing_off: dict[str, Job] = {}  # refused launches waiting to be retried
+        self.retries = LaunchRetries(self.settings)  # refused launches waiting to be retried
         self._outbox: list = []
         self._new: list[str] = []
         self._freed = False
@@ -165,7 +165,10 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             self._stopping.discard(job_id)
             job.state = JobState.CANCELLED
         elif outcome == "refused" and job.kind == "batch":
-            self._back_off(job, now, message)
+            reason = self.retries.back_off(job, now, message)
+            if reason is not None:
+                self._set_reason(job, reason)
+                self._wake = min(self._wake, job.retry_at)
         elif outcome == "preempted" and job.kind == "batch":
             job.preemptions += 1
             self._requeue(job, reasons.PREEMPTED.reason())
@@ -210,8 +213,13 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             if self.maintenance:
                 self._start_maintenance(now)
                 self._wake = min([self._wake, *self.maintenance.values()])
-            if self._backing_off:
-                self._retry_due(now)
+            if self.retries.backing_off:
+                due, later = self.retries.due(now)
+                for job in due:
+                    self._set_reason(job, None)
+                    self.pending.add(job, self._walltime(job))
+                    self._new.append(job.id)
+                self._wake = min(self._wake, later)
         if self._freed or self._new:
             full, new = self._freed, self._new
             self._freed, self._new = False, []
@@ -514,6 +522,10 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
     def holdings(self, node: int) -> list[Holding]:
         """Who holds what on node ``node`` (an index): running jobs and pre-emption claims."""
         return holdings(self.state, node)
+
+    def retrying_jobs(self) -> list[Job]:
+        """Pending jobs waiting out a back-off after a refused launch (see :mod:`.retries`)."""
+        return self.retries.waiting()
 
     def pending_jobs(self, now: float) -> list[Job]:
         """Pending jobs in priority order."""

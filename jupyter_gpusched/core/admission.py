@@ -200,3 +200,29 @@ def under_guarantee(job: Job, queue: Queue) -> bool:
         for node in queue.chain()
         if node.parent is not None
     )
+
+
+def headroom(job: Job, queue: Queue, guarantees: bool) -> float:
+    """GPUs the quotas let the (queue, tier) list of ``job`` start now."""
+    room = min(node.limit - node.running - node.claimed for node in queue.chain())
+    if job.tier == 1 and guarantees:
+        room = min(room, queue.guaranteed - queue.tier1_running)
+    return room
+
+
+def user_block(job: Job, tree: QueueTree, running_by_user: dict, claimants) -> Reason | None:
+    """The per-user limit that keeps ``job`` waiting, or None. ``running_by_user``: user ->
+    (running GPUs, running jobs); ``claimants``: the jobs waiting for their pre-emption victims
+    to leave (they count as running)."""
+    limit = tree.user_limit(job.user)
+    if limit is None:
+        return None
+    gpus, count = running_by_user.get(job.user, (0.0, 0))
+    for claimant in claimants:
+        if claimant.user == job.user and claimant.id != job.id:
+            gpus, count = gpus + claimant.amount, count + 1
+    if limit.gpus is not None and gpus + job.amount > limit.gpus + 1e-9:
+        return reasons.USER_LIMIT_GPUS.reason(user=job.user, gpus=gpus, limit=limit.gpus)
+    if limit.running_jobs is not None and count + 1 > limit.running_jobs:
+        return reasons.USER_LIMIT_JOBS.reason(user=job.user, count=count, limit=limit.running_jobs)
+    return None

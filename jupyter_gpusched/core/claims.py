@@ -82,7 +82,7 @@ class PreemptionSteps:
             return None  # fractional and CPU-only jobs neither pre-empt nor are pre-empted
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
         reclaim = self.policy.quotas and self._reclaims(job)
-        if self.ledger.preemptible_gpus(reclaim) + self._free_for(job) < job.gpus:
+        if self.ledger.preemptible_gpus(reclaim) + self.state.free_for(job) < job.gpus:
             return None
         # tier-3 victims first (shorter grace, no guarantee touched); reclaim from tier 2 only
         # when tier 3 cannot make room

@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 
 from . import reasons
 from .admin import HELD, AdminSteps
-from .admission import Capacity, policy_block, rejection, under_guarantee, validate
+from .admission import (
+    Capacity,
+    headroom,
+    policy_block,
+    rejection,
+    under_guarantee,
+    user_block,
+    validate,
+)
 from .claims import Claim, Holding, PreemptionSteps, holdings
 from .cluster import Cluster
 from .decisions import Start, Stop
@@ -32,7 +40,7 @@ from .fragmentation import Fragmentation
 from .jobs import Job, JobState, Reason
 from .ledger import RunningLedger
 from .ordering import PendingQueue
-from .placement import find_placement
+from .placement import find_placement, shape_reason
 from .policies import Policy, get_policy
 from .preemption import VictimSearch
 from .priority import PriorityKeys
@@ -288,9 +296,10 @@ class Scheduler(PreemptionSteps, AdminSteps):
             if job.gpus == 0:  # CPU-only: no pre-emption, no reservation, no stop (.resources)
                 self._set_reason(job, outcome)
                 continue
-            if full and outcome.family == "policy":
+            if full and outcome.family == "policy" and self.policy.quotas:
                 list_key = self.pending.list_of(job)
-                if self._headroom(job) < self.pending.smallest_in(list_key) - 1e-9:
+                room = headroom(job, self.tree.get(job.queue), self.policy.guarantees)
+                if room < self.pending.smallest_in(list_key) - 1e-9:
                     skip.add(list_key)  # no job of its list fits under the same quota
             if outcome.family in ("capacity", "placement"):
                 if self._try_preempt(job, now, pass_):
@@ -341,7 +350,8 @@ class Scheduler(PreemptionSteps, AdminSteps):
                         return None
                 return reason
         if self.tree.user_limits:
-            block = self._user_block(job)
+            claimants = (self.jobs[owner] for owner in self._claims)
+            block = user_block(job, self.tree, self.ledger.by_user, claimants)
             if block is not None:
                 return block
         if job.gpus == 0:  # CPU-only: one node with the CPUs and memory (see .resources)
@@ -351,7 +361,7 @@ class Scheduler(PreemptionSteps, AdminSteps):
             return place_cpu_only_or_reason(
                 self.state, job, exclude, reservation, self.jobs, pass_.reasons
             )
-        free = self._free_for(job)
+        free = self.state.free_for(job)
         if free < job.amount - 1e-9:
             return reasons.GPUS_BUSY.reason(gpus=job.amount, free=free)
         exclude = self._maintenance_excluded(job, now)
@@ -392,37 +402,10 @@ class Scheduler(PreemptionSteps, AdminSteps):
         elif reservation is not None and exclude and any(self.state.free[n] for n in exclude):
             reason = reasons.RESERVATION.reason(job=reservation.job_id)
         else:
-            reason = self._placement_reason(job, free)
+            reason = shape_reason(self.cluster, job, free)
         pass_.failed[shape] = job.amount
         pass_.reasons[shape] = reason
         return reason
-
-    def _user_block(self, job: Job) -> Reason | None:
-        limit = self.tree.user_limit(job.user)
-        if limit is None:
-            return None
-        gpus, count = self.ledger.by_user.get(job.user, (0.0, 0))
-        for owner in self._claims:  # jobs waiting for their pre-emption victims to leave
-            claimant = self.jobs[owner]
-            if claimant.user == job.user and owner != job.id:
-                gpus, count = gpus + claimant.amount, count + 1
-        if limit.gpus is not None and gpus + job.amount > limit.gpus + 1e-9:
-            return reasons.USER_LIMIT_GPUS.reason(user=job.user, gpus=gpus, limit=limit.gpus)
-        if limit.running_jobs is not None and count + 1 > limit.running_jobs:
-            return reasons.USER_LIMIT_JOBS.reason(
-                user=job.user, count=count, limit=limit.running_jobs
-            )
-        return None
-
-    def _headroom(self, job: Job) -> float:
-        """GPUs the quotas let this job's (queue, tier) list start now (inf without quotas)."""
-        if not self.policy.quotas:
-            return math.inf
-        queue = self.tree.get(job.queue)
-        room = min(node.limit - node.running - node.claimed for node in queue.chain())
-        if job.tier == 1 and self.policy.guarantees:
-            room = min(room, queue.guaranteed - queue.tier1_running)
-        return room
 
     def _patient(self, job: Job, now: float) -> bool:
         """A gang that fits one leaf switch waits a while for one before it spans leaves: for
@@ -494,25 +477,6 @@ class Scheduler(PreemptionSteps, AdminSteps):
         """May ``job`` take back borrowed GPUs (pre-empt tier 2 of other queues)? Only while its
         queue, and every ancestor, stays within its guarantee (invariant 4)."""
         return self.policy.guarantees and under_guarantee(job, self.tree.get(job.queue))
-
-    def _free_for(self, job: Job) -> float:
-        """Free GPUs of the models the job accepts (for a fractional job, with the room left
-        on shared GPUs)."""
-        state = self.state
-        if job.gpu_models is None:
-            return state.free_total + (state.shared_room_total if job.fractional else 0.0)
-        free = sum(f for model, f in state.model_free.items() if model in job.gpu_models)
-        if job.fractional:
-            free += sum(r for model, r in state.shared_room.items() if model in job.gpu_models)
-        return free
-
-    def _placement_reason(self, job: Job, free: int) -> Reason:
-        if job.gpus_per_node and job.gpus_per_node < job.gpus:
-            n = job.gpus // job.gpus_per_node
-            return reasons.GANG_SHAPE.reason(free=free, nodes=n, per_node=job.gpus_per_node)
-        if job.gpus <= self.cluster.max_node_gpus:
-            return reasons.FRAGMENTED.reason(free=free, gpus=job.gpus)
-        return reasons.CONSTRAINTS.reason(free=free)
 
     def next_wakeup(self) -> float | None:
         """When the adapter should call :meth:`schedule` even if nothing happens: a pre-emption

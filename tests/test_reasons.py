@@ -296,3 +296,17 @@ def test_the_reasons_of_a_replay_come_from_the_catalogue():
     assert len({r.detail for r in waited}) >= 3, waited
     for reason in waited:
         assert reasons.entry_of(reason).render(dict(reason.args)) == reason.message
+
+
+def test_a_reused_reason_reads_as_its_arguments_do():
+    """Entries reuse the Reason built for the same arguments; 8 and 8.0 are equal, yet read
+    differently where the template has no number format."""
+    assert reasons.FRAGMENTED.reason(free=8, gpus=8) is reasons.FRAGMENTED.reason(free=8, gpus=8)
+    whole, real = (
+        reasons.FRAGMENTED.reason(free=8, gpus=8),
+        reasons.FRAGMENTED.reason(free=8, gpus=8.0),
+    )
+    assert (whole.message, real.message) == (
+        "8 GPUs free, but no single node has 8 free",
+        "8 GPUs free, but no single node has 8.0 free",
+    )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import string
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from .wording import gpus_text
 
@@ -54,7 +55,7 @@ class Reason:
         return entry_of(self).render(dict(self.args), hide_users=True)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared (and hashed: see _build) by identity
 class Entry:
     family: str
     detail: str
@@ -74,7 +75,15 @@ class Entry:
         return self.template.format_map(args)
 
     def reason(self, eta: float | None = None, **args) -> Reason:
-        return Reason(self.family, self.detail, self.render(args), eta, tuple(args.items()))
+        return _build(self, eta, tuple(args.items()), tuple(map(type, args.values())))
+
+
+# A pass gives the same jobs the same reasons again and again: reasons are immutable, so one
+# instance serves (this keeps the catalogue as fast as the f-strings it replaced). The types
+# are part of the key: 8 and 8.0 are equal but do not read the same.
+@lru_cache(maxsize=4096)
+def _build(entry: Entry, eta: float | None, args: tuple, _types: tuple) -> Reason:
+    return Reason(entry.family, entry.detail, entry.render(dict(args)), eta, args)
 
 
 # -- policy: a quota, a limit, a reservation, maintenance or an admin keeps it waiting ----------

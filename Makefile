@@ -129,6 +129,12 @@ pytest: $(STAMP) $(NODE_STAMP) $(LAB_STAMP) | system
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_engine.py
 
+## make docs: rewrite the generated parts of docs/ (the reason table of docs/engine.md).
+.PHONY: docs
+docs: $(STAMP)
+	$(BIN)/python -c 'import pathlib; from jupyter_gpusched.core.reasons import with_table; \
+		p = pathlib.Path("docs/engine.md"); p.write_text(with_table(p.read_text()))'
+
 clean:
 	rm -rf $(VENV) $(STAMPS) node_modules labextension/node_modules labextension/lib \
 		jupyter_gpusched/labextension test-output demo-out hub-state hub-state-sim-gpus .pytest_cache .ruff_cache .hypothesis

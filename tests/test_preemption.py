@@ -1,8 +1,8 @@
 """Borrowing, reclaim and tier pre-emption, end to end through the replay."""
 
-from helpers import cluster, queues, run_replay, trace_job
+from helpers import cluster, job, queues, run_replay, trace_job
 
-from jupyter_gpusched.core import PolicySettings
+from jupyter_gpusched.core import PolicySettings, Preempt, Scheduler
 
 
 def test_borrowed_guarantee_is_reclaimed_after_minimum_run_time_and_grace():
@@ -94,3 +94,22 @@ def test_tier2_jobs_of_the_same_queue_never_preempt_each_other():
     result, rows = run_replay(trace, c)  # no queue file: one root queue
     assert result.preemptions == 0
     assert rows["second"]["start_time"] == 5000
+
+
+def test_holdings_name_running_jobs_and_the_claims_their_victims_freed():
+    """Scheduler.holdings: what an adapter shows per node, a claim marked reserved."""
+    c = cluster(("n1", 8, "leaf"))
+    scheduler = Scheduler(c)
+    for name in ("v1", "v2"):
+        scheduler.submit(job(name, 4, tier=3), 0)
+    scheduler.schedule(0)
+    assert [(h.job_id, h.reserved, h.part.gpus) for h in scheduler.holdings(0)] == [
+        ("v1", False, 4),
+        ("v2", False, 4),
+    ]
+    scheduler.submit(job("big", 8, tier=1, t=3600), 3600)
+    preempts = [d for d in scheduler.schedule(3600) if isinstance(d, Preempt)]
+    assert sorted(d.job_id for d in preempts) == ["v1", "v2"]
+    scheduler.job_ended("v1", 3700, "preempted")
+    held = [(h.job_id, h.reserved, h.part.gpus) for h in scheduler.holdings(0)]
+    assert held == [("big", True, 4), ("v2", False, 4)]

@@ -339,6 +339,31 @@ async def test_other_users_jobs_are_hidden_or_anonymised(service_factory):
     assert "secret" not in str(await bob.get("api/cluster")) + str(await bob.get("api/queue"))
 
 
+async def test_a_reason_naming_its_user_reads_its_owner_to_others(service_factory):
+    """The queue hides the user a reason names (the catalogue's user arguments, core/reasons.py)
+    from other users, not from the owner or an admin."""
+    service = await service_factory()
+    alice, bob, admin = (service.client(u) for u in ("alice", "bob", "admin"))
+    limited = copy.deepcopy(QUEUES)
+    limited["user_limits"]["alice"] = {"gpus": 1}
+    status, quotas = await admin.put("api/quotas", limited)
+    assert status == 200, quotas
+    assert (await submit(alice, {"gpus": 1, "command": SLEEP}))["state"] == "running"
+    waiting = await submit(alice, {"gpus": 1, "command": SLEEP})
+    assert waiting["reason"]["detail"] == "user-limit", waiting["reason"]
+
+    async def message(client):
+        _, queue = await client.get("api/queue")
+        [entry] = queue["jobs"]
+        assert entry["id"] == waiting["id"]
+        return entry["reason"]["message"]
+
+    named = "alice already runs 1 GPU; the limit per user is 1"
+    assert await message(alice) == named
+    assert await message(admin) == named
+    assert await message(bob) == "its owner already runs 1 GPU; the limit per user is 1"
+
+
 # -- cancelling -------------------------------------------------------------------------------
 async def test_cancelling_a_pending_job(service_factory):
     service = await service_factory()

@@ -7,13 +7,14 @@ stops anything itself (the next :meth:`Scheduler.schedule` does)."""
 
 from __future__ import annotations
 
+from . import reasons
 from .admission import validate
 from .errors import ConfigError
-from .jobs import Job, JobState, Reason
+from .jobs import Job, JobState
 from .quotas import QueueTree
 from .state import Placement
 
-HELD = Reason("policy", "held", "held by an admin; it waits until released")
+HELD = reasons.HELD.reason()
 
 
 class AdminSteps:
@@ -52,12 +53,12 @@ class AdminSteps:
             raise KeyError(job_id)
         if job.state != JobState.PENDING or job.held or job.retry_at is not None:
             job.priority = priority  # takes effect if it is requeued or released
-            self._keys.pop(job_id, None)
+            self.priorities.forget(job_id)
             return job
         self._drop_claim(job)
         self.pending.remove(job, self._walltime(job))
         job.priority = priority
-        self._keys.pop(job_id, None)
+        self.priorities.forget(job_id)
         self.pending.add(job, self._walltime(job))
         self._set_reason(job, None)
         self._new.append(job_id)
@@ -94,7 +95,7 @@ class AdminSteps:
         figures apply from the next pass."""
         self.tree.adopt(tree)
         self.half_life = self.tree.half_life or self.settings.fair_share_half_life
-        self._fair_time = float("-inf")  # recompute fair share (and the keys) next pass
+        self.priorities.recompute_soon()  # fair share (and the keys) at the next pass
         self.reservation = None
         self._freed = True
 
@@ -135,7 +136,7 @@ class AdminSteps:
         job = self.jobs.get(job_id)
         if job is not None and job.state.finished:
             del self.jobs[job_id]
-            self._keys.pop(job_id, None)
+            self.priorities.forget(job_id)
 
     def position(self, job_id: str) -> int | None:
         """How many pending jobs are ahead of ``job_id`` (None if it is not waiting in line)."""

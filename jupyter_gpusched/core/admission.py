@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from . import reasons
 from .cluster import Cluster
 from .errors import ConfigError
 from .jobs import KINDS, TIERS, Job, Reason
@@ -169,11 +170,8 @@ def policy_block(
     """
     if guarantees and job.tier == 1 and queue.tier1_running + job.amount > queue.guaranteed + 1e-9:
         return (
-            Reason(
-                "policy",
-                "tier1-guarantee",
-                f"tier-1 jobs of {queue.label()} already use {queue.tier1_running:g} of its "
-                f"{queue.guaranteed:g} guaranteed GPUs",
+            reasons.TIER1_GUARANTEE.reason(
+                queue=queue.label(), used=queue.tier1_running, guaranteed=queue.guaranteed
             ),
             None,
         )
@@ -185,11 +183,8 @@ def policy_block(
     for node in queue.chain():
         if node.running + node.claimed + job.amount > node.limit + 1e-9:
             return (
-                Reason(
-                    "policy",
-                    "queue-limit",
-                    f"queue {node.label()} is at its limit of {gpus_text(node.limit)} "
-                    f"({node.running + node.claimed:g} in use)",
+                reasons.QUEUE_LIMIT.reason(
+                    queue=node.label(), limit=node.limit, used=node.running + node.claimed
                 ),
                 node,
             )
@@ -204,3 +199,29 @@ def under_guarantee(job: Job, queue: Queue) -> bool:
         for node in queue.chain()
         if node.parent is not None
     )
+
+
+def headroom(job: Job, queue: Queue, guarantees: bool) -> float:
+    """GPUs the quotas let the (queue, tier) list of ``job`` start now."""
+    room = min(node.limit - node.running - node.claimed for node in queue.chain())
+    if job.tier == 1 and guarantees:
+        room = min(room, queue.guaranteed - queue.tier1_running)
+    return room
+
+
+def user_block(job: Job, tree: QueueTree, running_by_user: dict, claimants) -> Reason | None:
+    """The per-user limit that keeps ``job`` waiting, or None. ``running_by_user``: user ->
+    (running GPUs, running jobs); ``claimants``: the jobs waiting for their pre-emption victims
+    to leave (they count as running)."""
+    limit = tree.user_limit(job.user)
+    if limit is None:
+        return None
+    gpus, count = running_by_user.get(job.user, (0.0, 0))
+    for claimant in claimants:
+        if claimant.user == job.user and claimant.id != job.id:
+            gpus, count = gpus + claimant.amount, count + 1
+    if limit.gpus is not None and gpus + job.amount > limit.gpus + 1e-9:
+        return reasons.USER_LIMIT_GPUS.reason(user=job.user, gpus=gpus, limit=limit.gpus)
+    if limit.running_jobs is not None and count + 1 > limit.running_jobs:
+        return reasons.USER_LIMIT_JOBS.reason(user=job.user, count=count, limit=limit.running_jobs)
+    return None

@@ -4,15 +4,16 @@ have gone. Victim choice itself is :mod:`.preemption`.
 
 :class:`PreemptionSteps` is part of :class:`~jupyter_gpusched.core.scheduler.Scheduler` (a mixin,
 to keep each module short); it uses the scheduler's state: ``state``, ``tree``, ``settings``,
-``policy``, ``jobs``, ``running``, ``_claims``, ``_on_node``, ``_recent_starts``, ``_wake``.
+``policy``, ``jobs``, ``running``, ``ledger``, ``_claims``, ``_wake``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import reasons
 from .decisions import Preempt
-from .jobs import Job, JobState, Reason
+from .jobs import Job, JobState
 from .preemption import find_victims
 from .state import Part, Placement
 
@@ -39,6 +40,30 @@ def held_for(name: str) -> tuple[str, bool]:
     return job_id, bool(claim)
 
 
+@dataclass(frozen=True)
+class Holding:
+    """What one job holds on one node: ``reserved`` when it is a claim (freed by a victim for
+    the pre-empting job ``job_id``, which starts once its other victims have gone)."""
+
+    job_id: str
+    reserved: bool
+    part: Part
+
+
+def holdings(state, node: int) -> list[Holding]:
+    """Who holds GPUs, CPUs or memory on ``node`` (an index), by job id (a job's claim after
+    what it runs): for adapters, which need not know how claims are named."""
+    found = []
+    for name in sorted(state.holders[node]):
+        job_id, reserved = held_for(name)
+        found.extend(
+            Holding(job_id, reserved, part)
+            for part in state.allocations[name].parts
+            if part.node == node
+        )
+    return found
+
+
 class PreemptionSteps:
     def _try_preempt(self, job: Job, now: float, pass_, limit_node=None) -> bool:
         """Pre-emption is tried in priority order and stops for the rest of the pass (``pass_``,
@@ -57,21 +82,20 @@ class PreemptionSteps:
             return None  # fractional and CPU-only jobs neither pre-empt nor are pre-empted
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
         reclaim = self.policy.quotas and self._reclaims(job)
-        pool_gpus = self._tier_gpus[3] + (self._tier_gpus[2] if reclaim else 0)
-        if pool_gpus + self._free_for(job) < job.gpus:
+        if self.ledger.preemptible_gpus(reclaim) + self.state.free_for(job) < job.gpus:
             return None
         # tier-3 victims first (shorter grace, no guarantee touched); reclaim from tier 2 only
         # when tier 3 cannot make room
         found = None
-        for tiers in (3, 23) if reclaim else (3,):
+        for reclaiming in (False, True) if reclaim else (False,):
             found = find_victims(
                 self._victims,
                 job,
                 queue,
                 self.running,
-                self._on_node[tiers],
+                self.ledger.victim_room(reclaiming),
                 now,
-                reclaim=tiers == 23,
+                reclaim=reclaiming,
                 limit_node=limit_node,
                 one_leaf=self._patient(job, now),
             )
@@ -99,12 +123,7 @@ class PreemptionSteps:
         names = ", ".join(v.id for v in victims)
         self._set_reason(
             job,
-            Reason(
-                "capacity",
-                "preempting",
-                f"pre-empting {names}; starts once they have checkpointed",
-                now + grace,
-            ),
+            reasons.PREEMPTING.reason(now + grace, victims=names),
         )
         return True
 
@@ -112,7 +131,7 @@ class PreemptionSteps:
         """Ask to be called when the next possible victim passes its minimum run time."""
         for tier in (3, 2) if reclaim else (3,):
             minimum = self.settings.tiers[tier].minimum_run_time
-            starts = self._recent_starts[tier]
+            starts = self.ledger.recent_starts[tier]
             # started in time order: drop those past their minimum (for good: time only grows)
             while starts and (starts[0][0] + minimum <= now or starts[0][1] not in self.running):
                 starts.popleft()
@@ -151,14 +170,7 @@ class PreemptionSteps:
         if claim is None:
             return
         if job.state == JobState.PENDING and job.reason and job.reason.detail == "preempting":
-            self._set_reason(
-                job,
-                Reason(
-                    "capacity",
-                    "preemption-dropped",
-                    "its pre-emption was called off; it waits again",
-                ),
-            )
+            self._set_reason(job, reasons.PREEMPTION_DROPPED.reason())
             self._new.append(job.id)  # examine it again at the next pass
         if holder(job.id) in self.state.allocations:
             self.state.release(holder(job.id))

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from .jobspec import JOB_ATTRIBUTES, KINDS, TIERS, JobSpec
+from .reasons import Reason  # defined with its catalogue; imported from here too
 
 __all__ = ["KINDS", "TIERS", "Job", "JobState", "Reason"]
 
@@ -31,17 +32,6 @@ _FINISHED = {
     JobState.PREEMPTED,
     JobState.REJECTED,
 }
-
-
-@dataclass(frozen=True)
-class Reason:
-    """Why a job is pending: one ``family`` (capacity | placement | policy), a finer ``detail``
-    (e.g. ``queue-limit``, ``reservation``) and a message a user understands."""
-
-    family: str
-    detail: str
-    message: str
-    eta: float | None = None  # estimated start (engine time), where the reservation gives one
 
 
 @dataclass(eq=False)

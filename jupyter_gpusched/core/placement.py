@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
+from . import reasons
 from .fragmentation import place_fractional
-from .jobs import Job
+from .jobs import Job, Reason
 from .resources import place_cpu_only
 from .state import ClusterState, Part, Placement
 
@@ -289,3 +290,13 @@ def _gather(state, job, cands, shape, count) -> Placement | None:
 
 def _pick(state, idx: int, k: int) -> int:
     return pick_gpus(state.cluster.nodes[idx], state.free_mask[idx], k)[0]
+
+
+def shape_reason(cluster, job: Job, free: float) -> Reason:
+    """Why ``job`` found no placement although ``free`` GPUs of its models are free."""
+    if job.gpus_per_node and job.gpus_per_node < job.gpus:
+        n = job.gpus // job.gpus_per_node
+        return reasons.GANG_SHAPE.reason(free=free, nodes=n, per_node=job.gpus_per_node)
+    if job.gpus <= cluster.max_node_gpus:
+        return reasons.FRAGMENTED.reason(free=free, gpus=job.gpus)
+    return reasons.CONSTRAINTS.reason(free=free)

@@ -27,6 +27,7 @@ than the limit alone.
 
 from __future__ import annotations
 
+from . import reasons
 from .jobs import Job, Reason
 from .state import Part, Placement
 
@@ -76,7 +77,7 @@ def resource_block(job: Job, queue) -> Reason | None:
     """The policy reason a CPU or memory limit on ``queue``'s chain keeps ``job`` waiting."""
     asks = _asks(job)
     for node in queue.chain():
-        for key, (limit_name, unit) in QUEUE_RESOURCES.items():
+        for key, (limit_name, _unit) in QUEUE_RESOURCES.items():
             limit = getattr(node, limit_name)
             # what runs, and what jobs waiting for their pre-emption victims will take
             if key == "cpus":
@@ -84,13 +85,8 @@ def resource_block(job: Job, queue) -> Reason | None:
             else:
                 used = node.memory_running + node.memory_claimed
             if asks[key] and used + asks[key] > limit + 1e-9:
-                detail = "queue-cpu-limit" if key == "cpus" else "queue-memory-limit"
-                return Reason(
-                    "policy",
-                    detail,
-                    f"queue {node.label()} is at its limit of {limit:g} {unit} ({used:g} in "
-                    f"use, the job asks for {asks[key]:g})",
-                )
+                entry = reasons.QUEUE_CPU_LIMIT if key == "cpus" else reasons.QUEUE_MEMORY_LIMIT
+                return entry.reason(queue=node.label(), limit=limit, used=used, asks=asks[key])
     return None
 
 
@@ -126,15 +122,12 @@ def place_cpu_only(state, job: Job, exclude, reserved=None):
 def cpu_only_reason(job: Job, blocked_by_reservation: str | None) -> Reason:
     """Why a 0-GPU job found no node (``blocked_by_reservation``: the job holding the
     reservation, when only its nodes would have had room)."""
-    wants = f"{job.cpus or 0:g} CPUs and {job.memory_gb or 0:g} GB of memory"
+    cpus, memory = job.cpus or 0, job.memory_gb or 0
     if blocked_by_reservation is not None:
-        return Reason(
-            "policy",
-            "reservation",
-            f"the nodes with {wants} free for it are reserved for job {blocked_by_reservation}, "
-            "which needs them when it starts",
+        return reasons.RESERVATION_CPUS.reason(
+            cpus=cpus, memory_gb=memory, job=blocked_by_reservation
         )
-    return Reason("capacity", "cpus-busy", f"needs {wants} on one node; no node has them free")
+    return reasons.CPUS_BUSY.reason(cpus=cpus, memory_gb=memory)
 
 
 def place_cpu_only_or_reason(state, job: Job, exclude, reservation, jobs: dict, failed: dict):

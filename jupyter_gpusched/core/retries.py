@@ -12,27 +12,33 @@ account, a QOS or partition limit), not a passing disagreement. A job that was r
 pre-empt others (each retry would stop them again). A notebook job fails at once: the spawner
 that asked for it reports the error to its user.
 
-:class:`RetrySteps` is part of :class:`~jupyter_gpusched.core.scheduler.Scheduler` (a mixin);
-it uses the scheduler's ``pending``, ``settings``, ``_backing_off``, ``_new`` and ``_wake``.
+:class:`LaunchRetries` keeps the jobs backing off; the :class:`~.scheduler.Scheduler` gives it
+the settings, hands it each refused batch job and, when it wakes, takes back the jobs that are
+due and puts them in the queue.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
+from . import reasons
 from .jobs import Job, JobState, Reason
+from .settings import PolicySettings
 
 
-class RetrySteps:
-    """Mixed into :class:`~.scheduler.Scheduler`."""
+class LaunchRetries:
+    def __init__(self, settings: PolicySettings):
+        self.settings = settings
+        self.backing_off: dict[str, Job] = {}  # job id -> the job, until its retry is due
 
-    def _back_off(self, job: Job, now: float, message: str) -> None:
-        """Put ``job`` (just ended with outcome ``refused``) back to pending, out of the queue
-        until its retry time."""
+    def back_off(self, job: Job, now: float, message: str) -> Reason | None:
+        """``job`` just ended with outcome ``refused``: back to pending, out of the queue until
+        its ``retry_at``, with the returned reason; or failed (None) after too many refusals."""
         job.refusals += 1
         if job.refusals > self.settings.launch_max_refusals:  # not a passing disagreement
             job.state = JobState.FAILED
-            return
+            return None
         delay = min(
             self.settings.launch_retry_delay * 2 ** (job.refusals - 1),
             self.settings.launch_max_retry_delay,
@@ -41,45 +47,35 @@ class RetrySteps:
         job.pending_since = job.end_time
         job.one_leaf_since = None
         job.retry_at = now + delay
+        self.backing_off[job.id] = job
         when = time.strftime("%H:%M:%S", time.gmtime(job.retry_at))
-        self._set_reason(
-            job,
-            Reason(
-                "placement",
-                "launch-refused",
-                f"the launcher refused its placement ({message}); retried at {when} UTC "
-                f"(refusal {job.refusals} in a row)",
-                job.retry_at,
-            ),
+        return reasons.LAUNCH_REFUSED.reason(
+            job.retry_at, message=message, when=when, refusals=job.refusals
         )
-        self._backing_off[job.id] = job
-        self._wake = min(self._wake, job.retry_at)
 
-    def retrying_jobs(self) -> list[Job]:
-        """Pending jobs waiting out a back-off after a refused launch (not in the queue's
-        order until then), soonest retry first."""
+    def waiting(self) -> list[Job]:
+        """Pending jobs waiting out a back-off (not in the queue's order until then), soonest
+        retry first."""
         jobs = [
             job
-            for job in self._backing_off.values()
+            for job in self.backing_off.values()
             if job.state == JobState.PENDING and not job.held and job.retry_at is not None
         ]
         return sorted(jobs, key=lambda job: (job.retry_at, job.id))
 
-    def _retry_due(self, now: float) -> None:
-        """Put back in the queue the jobs whose back-off is over (when the engine wakes)."""
-        later = []
-        for job_id, job in list(self._backing_off.items()):
+    def due(self, now: float) -> tuple[list[Job], float]:
+        """The jobs whose back-off is over (``retry_at`` cleared: they go back in the queue),
+        and when the next one is due (inf: none)."""
+        ready, later = [], math.inf
+        for job_id, job in list(self.backing_off.items()):
             if job.state != JobState.PENDING or job.retry_at is None:
-                del self._backing_off[job_id]  # cancelled, or released by an admin
+                del self.backing_off[job_id]  # cancelled, or released by an admin
             elif job.held:
                 continue  # an admin's release puts it back
             elif job.retry_at <= now:
-                del self._backing_off[job_id]
+                del self.backing_off[job_id]
                 job.retry_at = None
-                self._set_reason(job, None)
-                self.pending.add(job, self._walltime(job))
-                self._new.append(job_id)
+                ready.append(job)
             else:
-                later.append(job.retry_at)
-        if later:
-            self._wake = min(self._wake, *later)
+                later = min(later, job.retry_at)
+        return ready, later

@@ -19,30 +19,37 @@ examines the new jobs (nothing else can have become startable).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
-from collections import deque
 from dataclasses import dataclass, field
 
+from . import reasons
 from .admin import HELD, AdminSteps
-from .admission import Capacity, policy_block, rejection, under_guarantee, validate
-from .claims import Claim, PreemptionSteps
+from .admission import (
+    Capacity,
+    headroom,
+    policy_block,
+    rejection,
+    under_guarantee,
+    user_block,
+    validate,
+)
+from .claims import Claim, Holding, PreemptionSteps, holdings
 from .cluster import Cluster
 from .decisions import Start, Stop
 from .errors import ConfigError
-from .fairshare import fair_share_factors
 from .fragmentation import Fragmentation
 from .jobs import Job, JobState, Reason
+from .ledger import RunningLedger
 from .ordering import PendingQueue
-from .placement import find_placement
-from .policies import SLURM_WEIGHTS, Policy, get_policy
+from .placement import find_placement, shape_reason
+from .policies import Policy, get_policy
 from .preemption import VictimSearch
+from .priority import PriorityKeys
 from .quotas import QueueTree
 from .reservation import Reservation, may_backfill, reserve
 from .resources import place_cpu_only_or_reason
-from .retries import RetrySteps
+from .retries import LaunchRetries
 from .settings import PolicySettings
 from .state import ClusterState, Placement
-from .wording import gpus_text
 from .workload import Workload
 
 PREEMPTION_TRIES_PER_PASS = 8  # successful pre-emptions per pass; the first failure ends them
@@ -61,7 +68,7 @@ class _Pass:
     reasons: dict = field(default_factory=dict)
 
 
-class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
+class Scheduler(PreemptionSteps, AdminSteps):
     def __init__(
         self,
         cluster: Cluster,
@@ -77,28 +84,20 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         self.half_life = self.tree.half_life or self.settings.fair_share_half_life
         self.jobs: dict[str, Job] = {}
         self.running: dict[str, Job] = {}
-        self._by_tier: dict[int, dict[str, Job]] = {1: {}, 2: {}, 3: {}}
-        self._recent_starts = {2: deque(), 3: deque()}  # (start, id) inside a minimum run time
-        self._tier_gpus = {1: 0, 2: 0, 3: 0}  # GPUs held by running jobs of each tier
-        # ... on each node, by tier; key 23 holds tiers 2 and 3 together (what reclaim may take)
-        self._on_node = {t: [0.0] * len(cluster.nodes) for t in (1, 2, 3, 23)}
-        self._by_queue: dict[str, dict[str, Job]] = {}  # running jobs of each leaf queue
-        self._by_user: dict[str, list] = {}  # user -> [running GPUs, running jobs]
+        self.ledger = RunningLedger(len(cluster.nodes))  # what the running jobs hold
         self.maintenance: dict[int, float] = {}  # node index -> when it is drained
+        self.priorities = PriorityKeys(self.jobs, self.tree, self.settings, self.policy)
+        self._key = self.priorities.key
         self.pending = PendingQueue(self._key, by_queue_and_tier=self.policy.order != "arrival")
         self.pending_gpus_by_reason = {"capacity": 0, "placement": 0, "policy": 0}
         self.reservation: Reservation | None = None
         self.passes = 0
-        self._ends: list[tuple[float, str]] = []  # running jobs by estimated end
         self._claims: dict[str, Claim] = {}
         self._stopping: set[str] = set()
-        self._backing_off: dict[str, Job] = {}  # refused launches waiting to be retried
+        self.retries = LaunchRetries(self.settings)  # refused launches waiting to be retried
         self._outbox: list = []
         self._new: list[str] = []
         self._freed = False
-        self._fair: dict[str, float] = {}
-        self._keys: dict[str, tuple] = {}  # priority keys, until fair share is recomputed
-        self._fair_time = -math.inf  # the time the factors (and the static keys) were computed
         self._wake = math.inf  # when a victim passes its minimum run time, or a deep pass is due
         self._last_deep = -math.inf
         self._deep_due = False
@@ -164,18 +163,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         if job_id not in self.running:
             return  # already ended (e.g. by a node going down): nothing to do
         job = self.running.pop(job_id)
-        for part in self.state.allocations[job_id].parts:
-            self._on_node[job.tier][part.node] -= part.gpus * part.fraction
-            if job.tier > 1:
-                self._on_node[23][part.node] -= part.gpus * part.fraction
-        del self._by_tier[job.tier][job_id]
-        self._tier_gpus[job.tier] -= job.amount
-        del self._by_queue[job.queue][job_id]
-        used = self._by_user[job.user]
-        used[0] -= job.amount
-        used[1] -= 1
-        self.state.release(job_id)
-        del self._ends[bisect_left(self._ends, (self._estimated_end(job), job_id))]
+        self.ledger.ended(job, self.state.release(job_id), self._estimated_end(job))
         self._account(job, -1, now)
         job.end_time = now
         self._freed = True
@@ -185,10 +173,13 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             self._stopping.discard(job_id)
             job.state = JobState.CANCELLED
         elif outcome == "refused" and job.kind == "batch":
-            self._back_off(job, now, message)
+            reason = self.retries.back_off(job, now, message)
+            if reason is not None:
+                self._set_reason(job, reason)
+                self._wake = min(self._wake, job.retry_at)
         elif outcome == "preempted" and job.kind == "batch":
             job.preemptions += 1
-            self._requeue(job, Reason("capacity", "preempted", "requeued after pre-emption"))
+            self._requeue(job, reasons.PREEMPTED.reason())
         elif outcome == "preempted":
             job.preemptions += 1
             job.state = JobState.PREEMPTED
@@ -219,7 +210,7 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             self._outbox.append(Stop(job_id, f"node {name} is down", ended=True))
             self.job_ended(job_id, now, "failed")
             if job.kind == "batch" and job.state == JobState.FAILED:
-                self._requeue(job, Reason("capacity", "node-down", f"requeued: {name} went down"))
+                self._requeue(job, reasons.NODE_DOWN.reason(node=name))
 
     # -- the pass ----------------------------------------------------------------------------
     def schedule(self, now: float) -> list:
@@ -230,13 +221,19 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             if self.maintenance:
                 self._start_maintenance(now)
                 self._wake = min([self._wake, *self.maintenance.values()])
-            if self._backing_off:
-                self._retry_due(now)
+            if self.retries.backing_off:
+                due, later = self.retries.due(now)
+                for job in due:
+                    self._set_reason(job, None)
+                    self.pending.add(job, self._walltime(job))
+                    self._new.append(job.id)
+                self._wake = min(self._wake, later)
         if self._freed or self._new:
             full, new = self._freed, self._new
             self._freed, self._new = False, []
             self.passes += 1
-            self._refresh_fair_share(now)
+            if self.priorities.refresh(now, self.half_life):
+                self.pending.refresh()
             previous = self.reservation
             if previous is not None and (
                 full or self.jobs[previous.job_id].state != JobState.PENDING
@@ -299,9 +296,10 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             if job.gpus == 0:  # CPU-only: no pre-emption, no reservation, no stop (.resources)
                 self._set_reason(job, outcome)
                 continue
-            if full and outcome.family == "policy":
+            if full and outcome.family == "policy" and self.policy.quotas:
                 list_key = self.pending.list_of(job)
-                if self._headroom(job) < self.pending.smallest_in(list_key) - 1e-9:
+                room = headroom(job, self.tree.get(job.queue), self.policy.guarantees)
+                if room < self.pending.smallest_in(list_key) - 1e-9:
                     skip.add(list_key)  # no job of its list fits under the same quota
             if outcome.family in ("capacity", "placement"):
                 if self._try_preempt(job, now, pass_):
@@ -309,13 +307,11 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
                 pass_.blocked += 1
                 if self.policy.backfill and (self.reservation is None or not behind):
                     if deep or previous is None or previous.job_id != job_id:
-                        previous = reserve(self.state, job, self._ends, self.jobs, now)
+                        previous = reserve(self.state, job, self.ledger.ends, self.jobs, now)
                     self.reservation = previous  # a quick pass keeps the last one's estimate
                     pass_.reserved_key = self._key(job_id)
                     pass_.failed.clear()  # the reserved nodes changed
-                    outcome = Reason(
-                        outcome.family, outcome.detail, outcome.message, self.reservation.start
-                    )
+                    outcome = outcome.with_eta(self.reservation.start)
                 if full and not deep:
                     self._set_reason(job, outcome)
                     stopped = True
@@ -354,7 +350,8 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
                         return None
                 return reason
         if self.tree.user_limits:
-            block = self._user_block(job)
+            claimants = (self.jobs[owner] for owner in self._claims)
+            block = user_block(job, self.tree, self.ledger.by_user, claimants)
             if block is not None:
                 return block
         if job.gpus == 0:  # CPU-only: one node with the CPUs and memory (see .resources)
@@ -364,9 +361,9 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             return place_cpu_only_or_reason(
                 self.state, job, exclude, reservation, self.jobs, pass_.reasons
             )
-        free = self._free_for(job)
+        free = self.state.free_for(job)
         if free < job.amount - 1e-9:
-            return Reason("capacity", "gpus-busy", f"needs {gpus_text(job.amount)}; {free:g} free")
+            return reasons.GPUS_BUSY.reason(gpus=job.amount, free=free)
         exclude = self._maintenance_excluded(job, now)
         if reservation is not None and not may_backfill(reservation, self._walltime(job), now):
             exclude = exclude | reservation.nodes
@@ -395,67 +392,20 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
             if job.one_leaf_since is None:  # its patience runs from now
                 job.one_leaf_since = now
             self._wake = min(self._wake, job.one_leaf_since + self.settings.leaf_patience)
-            reason = Reason(
-                "placement",
-                "one-leaf",
-                f"{gpus_text(free)} free, but not under one leaf switch; it waits for one for "
-                f"{self.settings.leaf_patience / 60:g} min, then may span leaves",
-            )
+            patience = self.settings.leaf_patience / 60
+            reason = reasons.ONE_LEAF.reason(free=free, patience_min=patience)
             pass_.failed[shape], pass_.reasons[shape] = job.amount, reason
             return reason
         maintenance = self._maintenance_excluded(job, now)
         if maintenance and find_placement(self.state, job, exclude=exclude - maintenance):
-            reason = Reason(
-                "policy",
-                "maintenance",
-                f"the GPUs free for it are on nodes going into maintenance before its walltime "
-                f"of {self._walltime(job) / 3600:g} h would end",
-            )
+            reason = reasons.MAINTENANCE.reason(walltime_h=self._walltime(job) / 3600)
         elif reservation is not None and exclude and any(self.state.free[n] for n in exclude):
-            reason = Reason(
-                "policy",
-                "reservation",
-                f"the free GPUs it could use are reserved for job {reservation.job_id}, which "
-                "has priority; it would not end before that job starts",
-            )
+            reason = reasons.RESERVATION.reason(job=reservation.job_id)
         else:
-            reason = Reason("placement", *self._placement_message(job, free))
+            reason = shape_reason(self.cluster, job, free)
         pass_.failed[shape] = job.amount
         pass_.reasons[shape] = reason
         return reason
-
-    def _user_block(self, job: Job) -> Reason | None:
-        limit = self.tree.user_limit(job.user)
-        if limit is None:
-            return None
-        gpus, count = self._by_user.get(job.user, (0.0, 0))
-        for owner in self._claims:  # jobs waiting for their pre-emption victims to leave
-            claimant = self.jobs[owner]
-            if claimant.user == job.user and owner != job.id:
-                gpus, count = gpus + claimant.amount, count + 1
-        if limit.gpus is not None and gpus + job.amount > limit.gpus + 1e-9:
-            return Reason(
-                "policy",
-                "user-limit",
-                f"{job.user} already runs {gpus_text(gpus)}; the limit per user is {limit.gpus:g}",
-            )
-        if limit.running_jobs is not None and count + 1 > limit.running_jobs:
-            return Reason(
-                "policy",
-                "user-limit",
-                f"{job.user} already runs {count} jobs; the limit per user is {limit.running_jobs}",
-            )
-        return None
-
-    def _headroom(self, job: Job) -> float:
-        """GPUs the quotas let this job's (queue, tier) list start now (inf without quotas)."""
-        if not self.policy.quotas:
-            return math.inf
-        queue = self.tree.get(job.queue)
-        room = min(node.limit - node.running - node.claimed for node in queue.chain())
-        if job.tier == 1 and self.policy.guarantees:
-            room = min(room, queue.guaranteed - queue.tier1_running)
-        return room
 
     def _patient(self, job: Job, now: float) -> bool:
         """A gang that fits one leaf switch waits a while for one before it spans leaves: for
@@ -476,10 +426,6 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         """Give ``placement`` to ``job``; ``restored``: it already runs there (see
         :meth:`restore`), so keep its run count and start time and emit no Start."""
         self.state.take(job.id, placement)
-        for part in placement.parts:
-            self._on_node[job.tier][part.node] += part.gpus * part.fraction
-            if job.tier > 1:
-                self._on_node[23][part.node] += part.gpus * part.fraction
         self._set_reason(job, None)
         if not restored:
             job.start_time, job.runs = now, job.runs + 1
@@ -487,18 +433,10 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
         if job.first_start is None:
             job.first_start = job.start_time
         self.running[job.id] = job
-        self._by_tier[job.tier][job.id] = job
         minimum = self.settings.tiers[job.tier].minimum_run_time if job.tier > 1 else 0
-        if minimum > 0 and job.start_time + minimum > now:
-            starts = self._recent_starts[job.tier]
-            insort(starts, (job.start_time, job.id))
-        self._tier_gpus[job.tier] += job.amount
-        self._by_queue.setdefault(job.queue, {})[job.id] = job
-        insort(self._ends, (self._estimated_end(job), job.id))
+        protected = minimum > 0 and job.start_time + minimum > now
+        self.ledger.started(job, placement, self._estimated_end(job), protected)
         self._account(job, +1, now)
-        used = self._by_user.setdefault(job.user, [0.0, 0])
-        used[0] += job.amount
-        used[1] += 1
         if not restored:
             self._outbox.append(Start(job.id, placement))
 
@@ -535,74 +473,23 @@ class Scheduler(PreemptionSteps, AdminSteps, RetrySteps):
     def _estimated_end(self, job: Job) -> float:
         return job.start_time + self._walltime(job)
 
-    def _refresh_fair_share(self, now: float) -> None:
-        if now - self._fair_time >= self.settings.fair_share_recalc_interval:
-            self._fair = fair_share_factors(self.tree, now, self.half_life)
-            self._fair_time = now
-            self._keys.clear()
-            self.pending.refresh()
-
-    def _key(self, job_id: str) -> tuple:
-        """Priority key (smaller first); see :mod:`.ordering` for why it is time-invariant.
-        Cached until the fair-share factors change."""
-        key = self._keys.get(job_id)
-        if key is None:
-            key = self._keys[job_id] = self._compute_key(job_id)
-        return key
-
-    def _compute_key(self, job_id: str) -> tuple:
-        job = self.jobs[job_id]
-        order = self.policy.order
-        if order == "arrival":
-            return (-job.priority, job.submit_time, job_id)
-        if order == "tier":
-            return (job.tier, -job.priority, job.submit_time, job_id)
-        s, t = self.settings, self._fair_time
-        fair = self._fair.get(job.queue, 1.0)
-        age = 0.0
-        if t > -math.inf:  # time-invariant form of age / max_age (see .ordering)
-            age = (min(t - job.submit_time, s.max_age) - t) / s.max_age
-        if order == "multifactor":
-            w = SLURM_WEIGHTS
-            score = w["qos"] * (3 - job.tier) / 2 + w["fairshare"] * fair + w["age"] * age
-            return (-job.priority, -score, job.submit_time, job_id)
-        score = s.fair_share_weight * fair + s.age_weight * age
-        return (job.tier, -job.priority, -score, job.submit_time, job_id)
-
     def _reclaims(self, job: Job) -> bool:
         """May ``job`` take back borrowed GPUs (pre-empt tier 2 of other queues)? Only while its
         queue, and every ancestor, stays within its guarantee (invariant 4)."""
         return self.policy.guarantees and under_guarantee(job, self.tree.get(job.queue))
 
-    def _free_for(self, job: Job) -> float:
-        """Free GPUs of the models the job accepts (for a fractional job, with the room left
-        on shared GPUs)."""
-        state = self.state
-        if job.gpu_models is None:
-            return state.free_total + (state.shared_room_total if job.fractional else 0.0)
-        free = sum(f for model, f in state.model_free.items() if model in job.gpu_models)
-        if job.fractional:
-            free += sum(r for model, r in state.shared_room.items() if model in job.gpu_models)
-        return free
-
-    def _placement_message(self, job: Job, free: int) -> tuple[str, str]:
-        if job.gpus_per_node and job.gpus_per_node < job.gpus:
-            n = job.gpus // job.gpus_per_node
-            return (
-                "gang-shape",
-                f"{gpus_text(free)} free, but not {n} nodes with {job.gpus_per_node} each",
-            )
-        if job.gpus <= self.cluster.max_node_gpus:
-            return "fragmented", f"{gpus_text(free)} free, but no single node has {job.gpus} free"
-        return (
-            "constraints",
-            f"{gpus_text(free)} free, but none in a shape that meets its constraints",
-        )
-
     def next_wakeup(self) -> float | None:
         """When the adapter should call :meth:`schedule` even if nothing happens: a pre-emption
         victim passes its minimum run time then."""
         return None if self._wake == math.inf else self._wake
+
+    def holdings(self, node: int) -> list[Holding]:
+        """Who holds what on node ``node`` (an index): running jobs and pre-emption claims."""
+        return holdings(self.state, node)
+
+    def retrying_jobs(self) -> list[Job]:
+        """Pending jobs waiting out a back-off after a refused launch (see :mod:`.retries`)."""
+        return self.retries.waiting()
 
     def pending_jobs(self, now: float) -> list[Job]:
         """Pending jobs in priority order."""

@@ -202,6 +202,16 @@ class ClusterState:
             self.shared_room[model] -= room
             self.shared_room_total -= room
 
+    def free_for(self, job) -> float:
+        """Free GPUs of the models ``job`` accepts (for a fractional job, with the room left on
+        shared GPUs)."""
+        if job.gpu_models is None:
+            return self.free_total + (self.shared_room_total if job.fractional else 0.0)
+        free = sum(f for model, f in self.model_free.items() if model in job.gpu_models)
+        if job.fractional:
+            free += sum(r for model, r in self.shared_room.items() if model in job.gpu_models)
+        return free
+
     def set_node_state(self, idx: int, state: str) -> None:
         self.touched.add(idx)
         on_node = list(self.shared[idx].items())

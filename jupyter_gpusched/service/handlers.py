@@ -25,7 +25,6 @@ from functools import wraps
 
 from tornado import web
 
-from ..core.claims import held_for
 from ..core.errors import ConfigError
 from ..core.jobs import JobState
 from .records import placement_view, public_job, reason_dict, utilization_view
@@ -316,22 +315,19 @@ class ClusterHandler(APIHandler):
         nodes = []
         for node in live.cluster.nodes:
             gpus = [{"index": i, "jobs": []} for i in range(node.gpus)]
-            for holder_id in sorted(state.holders[node.index]):
-                job_id, reserved = held_for(holder_id)  # reserved: freed for a pre-emptor
+            for holding in engine.holdings(node.index):  # reserved: freed for a pre-emptor
+                job_id, part = holding.job_id, holding.part
                 job = engine.jobs.get(job_id)
                 if job is None:
                     continue
                 visible = self.admin or job.user == me
-                for part in state.allocations[holder_id].parts:
-                    if part.node != node.index:
-                        continue
-                    for i in range(node.gpus):
-                        if part.mask >> i & 1:
-                            holder = {"job": job_id if visible else None, "fraction": part.fraction}
-                            holder["user"] = job.user if visible else None
-                            holder["tier"] = job.tier
-                            holder["reserved"] = reserved
-                            gpus[i]["jobs"].append(holder)
+                for i in range(node.gpus):
+                    if part.mask >> i & 1:
+                        holder = {"job": job_id if visible else None, "fraction": part.fraction}
+                        holder["user"] = job.user if visible else None
+                        holder["tier"] = job.tier
+                        holder["reserved"] = holding.reserved
+                        gpus[i]["jobs"].append(holder)
             nodes.append(
                 {
                     "name": node.name,
@@ -377,9 +373,8 @@ class QueueHandler(APIHandler):
     def _entry(self, job, position, me) -> dict:
         visible = self.admin or job.user == me
         extra = self.live.extras.get(job.id)
-        reason = reason_dict(job.reason)
-        if reason and not visible and job.user:  # e.g. "alice already runs 8 GPUs"
-            reason["message"] = reason["message"].replace(job.user, "its owner")
+        # "alice already runs 8 GPUs" reads "its owner already runs 8 GPUs" to others
+        reason = reason_dict(job.reason, hide_users=not visible and bool(job.user))
         return {
             "position": position,
             "id": job.id,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..core import reasons
 from ..core.cluster import Cluster
 from ..core.jobs import Job, JobState, Reason
 from ..core.jobspec import FIELDS, JobSpec, SpecField
@@ -78,7 +79,7 @@ def state_fields(job: Job, extra: Extra) -> dict:
     """The columns that change while a job lives."""
     reason = job.reason
     if job.state == JobState.REJECTED:
-        reason = Reason("rejected", "cannot-run", job.reject_reason or "")
+        reason = reasons.CANNOT_RUN.reason(message=job.reject_reason or "")
     return {
         "queue": job.queue,
         "state": job.state.value,
@@ -98,13 +99,15 @@ def state_fields(job: Job, extra: Extra) -> dict:
     }
 
 
-def reason_dict(reason: Reason | None) -> dict | None:
+def reason_dict(reason: Reason | None, hide_users: bool = False) -> dict | None:
+    """The wire and database form of a reason; ``hide_users``: "its owner" in the message
+    where it names a user (the catalogue, core/reasons.py, says which arguments do)."""
     if reason is None:
         return None
     return {
         "family": reason.family,
         "detail": reason.detail,
-        "message": reason.message,
+        "message": reason.render(hide_users),
         "eta": reason.eta,
     }
 

@@ -1,0 +1,66 @@
+"""What the running jobs hold, counted the ways the engine asks about them: GPUs by tier
+(what pre-emption could take), by node and tier (where), by user (per-user limits), by
+estimated end (reservations) and the recent starts still inside their minimum run time.
+
+The :class:`~.scheduler.Scheduler` records each start and end here; pre-emption
+(:mod:`.claims`) and the pass read it. Pure bookkeeping: it decides nothing.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import deque
+
+from .jobs import Job
+from .state import Placement
+
+
+class RunningLedger:
+    def __init__(self, nodes: int):
+        self.tier_gpus = {1: 0, 2: 0, 3: 0}  # GPUs held by running jobs of each tier
+        # GPUs held on each node by tier-3 jobs (what any pre-emption may take), and by tier-2
+        # and tier-3 jobs together (what a reclaim of borrowed GPUs may take)
+        self.tier3_on_node = [0.0] * nodes
+        self.tiers23_on_node = [0.0] * nodes
+        self.by_user: dict[str, list] = {}  # user -> [running GPUs, running jobs]
+        self.ends: list[tuple[float, str]] = []  # (estimated end, job id), soonest first
+        # (start, job id) of the tier-2 and tier-3 jobs started inside their minimum run time
+        self.recent_starts = {2: deque(), 3: deque()}
+
+    def victim_room(self, reclaim: bool) -> list[float]:
+        """Per node, the GPUs pre-emption could free: tier 3, or tiers 2 and 3 to reclaim."""
+        return self.tiers23_on_node if reclaim else self.tier3_on_node
+
+    def preemptible_gpus(self, reclaim: bool) -> float:
+        """GPUs held by the jobs pre-emption may take (tier 3; tier 2 too to reclaim)."""
+        return self.tier_gpus[3] + (self.tier_gpus[2] if reclaim else 0)
+
+    def started(self, job: Job, placement: Placement, end: float, protected: bool) -> None:
+        """``job`` runs on ``placement`` until about ``end``; ``protected``: it is still inside
+        its minimum run time (no pre-emption may take it yet)."""
+        self._on_nodes(job, placement, +1)
+        if protected:
+            insort(self.recent_starts[job.tier], (job.start_time, job.id))
+        self.tier_gpus[job.tier] += job.amount
+        insort(self.ends, (end, job.id))
+        used = self.by_user.setdefault(job.user, [0.0, 0])
+        used[0] += job.amount
+        used[1] += 1
+
+    def ended(self, job: Job, placement: Placement, end: float) -> None:
+        """``job`` has stopped (``end``: the estimated end it was recorded with)."""
+        self._on_nodes(job, placement, -1)
+        self.tier_gpus[job.tier] -= job.amount
+        used = self.by_user[job.user]
+        used[0] -= job.amount
+        used[1] -= 1
+        del self.ends[bisect_left(self.ends, (end, job.id))]
+
+    def _on_nodes(self, job: Job, placement: Placement, sign: int) -> None:
+        if job.tier == 1:
+            return  # tier 1 is never pre-empted: no one needs its GPUs by node
+        for part in placement.parts:
+            gpus = sign * part.gpus * part.fraction
+            if job.tier == 3:
+                self.tier3_on_node[part.node] += gpus
+            self.tiers23_on_node[part.node] += gpus

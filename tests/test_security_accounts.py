@@ -23,7 +23,7 @@ from service_helpers import services, start_service, wait_job
 from jupyter_gpusched.backends.accounts import AccountPolicy, AccountRefused, cwd_problem_for
 from jupyter_gpusched.backends.local.launcher import LocalLauncher
 from jupyter_gpusched.service.app import GPUSchedService
-from jupyter_gpusched.service.live import Identity
+from jupyter_gpusched.service.identity import Identity
 from jupyter_gpusched.service.requests import RequestError, parse_job_request
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="jobs switch users only as root")

@@ -33,7 +33,7 @@ from tornado.httpclient import AsyncHTTPClient
 from jupyter_gpusched.core import Scheduler
 from jupyter_gpusched.service import app as service_app
 from jupyter_gpusched.service import openapi
-from jupyter_gpusched.service.live import Identity
+from jupyter_gpusched.service.identity import Identity
 from jupyter_gpusched.service.requests import parse_job_request
 
 SLEEP = "sleep 60"

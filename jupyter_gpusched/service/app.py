@@ -330,6 +330,8 @@ class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sourc
         self._private_dir(os.path.abspath(self.log_dir), launcher.log_dir_mode, "the job logs")
         self.store = Store(self.db_url)
         self.metrics = Metrics()
+        hub = HubClient.from_environment(self.proxy_url)
+        slurm = launcher.reports_node_states  # a Slurm launcher: follow Slurm's nodes
         live = LiveScheduler(
             engine,
             self.store,
@@ -338,33 +340,32 @@ class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sourc
             default_tier=self.default_tier,
             cancel_grace=self.cancel_grace,
             metrics=self.metrics,
+            hub=hub,
+            server_stop_wait=self.notebook_stop_wait,
+            quota_document=_plain(document),
+            # where the service sees notebook servers' processes (service/server_stops.py)
+            local_nodes=() if slurm else self._local_nodes(cluster),
         )
         self.metrics.live = live
-        live.hub = HubClient.from_environment(self.proxy_url)
-        if live.hub is not None:
-            live.hub_activity = HubActivity(live, self.hub_activity_interval)
-        if launcher.reports_node_states:  # a Slurm launcher: follow Slurm's nodes
-            from ..backends.slurm.inventory import SlurmNodeSync
-
-            live.node_sync = SlurmNodeSync(live, interval=self.slurm_node_interval)
-        live.server_stop_wait = self.notebook_stop_wait
-        live.quota_document = _plain(document)
-        live.reaper = Reaper(
-            live,
-            _plain(settings.reaper),
-            self.metrics,
-            self.gpu_backend,
-            profile_idle_timeouts=self.profile_idle_timeouts,
-            profile_shapes=self.profile_shapes,
-        )
-        telemetries = self._telemetries(live, cluster)  # one each, for the two that sample
+        telemetries = self._telemetries(slurm, cluster)  # one each, for the two that sample
         sources = [LocalSource(telemetries), *gpu_sources.configured_sources(self, cluster)]
         backends = trusted_backends(self.gpu_backend)
         sampler = GPUSampler(live, sources, self.gpu_sample_interval, backends)
-        live.reaper.sampler = sampler
-        live.rogue_watch = self._rogue_watch(live, telemetries)
-        # where the service sees notebook servers' processes (service/server_stops.py)
-        live.server_stops.local_nodes = set() if live.node_sync else set(self._local_nodes(cluster))
+        # The second step, here only: each of these is given the live scheduler it reads
+        live.attach(
+            reaper=Reaper(
+                live,
+                _plain(settings.reaper),
+                self.metrics,
+                self.gpu_backend,
+                profile_idle_timeouts=self.profile_idle_timeouts,
+                sampler=sampler,
+                profile_shapes=self.profile_shapes,
+            ),
+            hub_activity=None if hub is None else HubActivity(live, self.hub_activity_interval),
+            node_sync=self._node_sync(live) if slurm else None,
+            rogue_watch=self._rogue_watch(live, telemetries),
+        )
         counts = recover(live)
         self.log.info("recovered from the database: %s", counts)
         return live
@@ -399,10 +400,15 @@ class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sourc
         host = short_hostname()
         return [host] if any(node.name == host for node in cluster.nodes) else []
 
-    def _telemetries(self, live, cluster) -> dict:
+    def _node_sync(self, live):
+        from ..backends.slurm.inventory import SlurmNodeSync
+
+        return SlurmNodeSync(live, interval=self.slurm_node_interval)
+
+    def _telemetries(self, slurm: bool, cluster) -> dict:
         """Node name -> the service's telemetry of it, for local_gpu_nodes (none with Slurm:
         the GPU indices of Slurm jobs are Slurm's, not the engine's)."""
-        if live.node_sync is not None:  # the Slurm launcher
+        if slurm:
             if self.local_gpu_nodes:
                 self.log.warning(
                     "not sampling local GPUs (rogue processes, the reaper's samples): the GPU "

@@ -35,7 +35,7 @@ from ..core.errors import ConfigError
 from ..files import read_yaml
 from ..scopes import ADMIN_SCOPE
 from .handlers import APIError
-from .live import Identity
+from .identity import Identity
 
 
 class Auth(LoggingConfigurable):

@@ -274,7 +274,7 @@ def latest_utilization(live, job_id: str) -> dict | None:
     """The GPU utilization a running notebook server last reported to the idle reaper (its
     GPU monitor's sample; :func:`.records.utilization_view`), or None: a batch job, or a server
     that has not reported since it (or the service) started."""
-    reaper = getattr(live, "reaper", None)
+    reaper = live.reaper
     latest = reaper.latest_sample(job_id) if reaper is not None else None
     return utilization_view(*latest) if latest is not None else None
 

@@ -102,7 +102,7 @@ def measure(live, sampler, session: Session, threshold: float, now: float) -> No
     """Bring ``session``'s measurements up to date (each reaper tick), and say why it has none
     where it has none."""
     if session.gpus == 0:
-        activity = getattr(live, "hub_activity", None)
+        activity = live.hub_activity
         latest = activity.latest(session.job_id) if activity is not None else None
         if not take_activity(session, latest, now):
             session.unmonitored_reason = (

@@ -120,7 +120,7 @@ def recover(live) -> dict:
             counts["failed"] += 1
             continue
         job.pending_since = waiting_since(row.get("end_time"), row["submit_time"])
-        live._count_pending(job, +1)
+        live.submissions.count_pending(job, +1)
         counts["pending"] += 1
     return counts
 

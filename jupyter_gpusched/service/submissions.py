@@ -1,0 +1,153 @@
+"""A user's request becoming a pending job, committed before it is acknowledged.
+
+:class:`Submissions` is the part of :class:`.live.LiveScheduler` that takes a request in: it
+resolves the queue (the user's team queue when none is named), checks the account the job
+would run as, asks core (``core/submission.py``) whether it may be queued at all, numbers it,
+and commits it together with the other submissions of the same turn of the event loop (a group
+commit) before the 201 goes out. Apart from live.py because none of it is the pass: it only
+adds pending jobs, then asks the live scheduler for one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+
+from ..backends.accounts import AccountRefused
+from ..core.errors import ConfigError
+from ..core.jobs import Job, JobState
+from ..core.submission import check_submission
+from ..core.wording import gpus_text
+from .identity import Identity
+from .records import Extra, job_id_for, row_for
+from .requests import JobRequest, RequestError
+
+log = logging.getLogger("jupyter_gpusched.service")
+
+
+class Submissions:
+    """The requests side of ``live`` (a :class:`.live.LiveScheduler`, which makes it)."""
+
+    def __init__(self, live, first_number: int):
+        self.live = live
+        self.number = first_number  # the next job's (job_id_for)
+        self._unsaved: list[tuple[Job, dict]] = []  # submissions not yet committed
+        self._saved: asyncio.Future | None = None  # resolved when they are
+        self._batch_of: dict[str, asyncio.Future] = {}  # job -> its batch, until awaited
+        self._pending_by_user: dict[str, int] = {}  # what core's pending limits count
+
+    def count_pending(self, job: Job, sign: int) -> None:
+        """``job`` became pending (+1: submitted, requeued) or stopped being (-1)."""
+        self._pending_by_user[job.user] = self._pending_by_user.get(job.user, 0) + sign
+
+    def pending_of(self, user: str) -> int:
+        return self._pending_by_user.get(user, 0)
+
+    def submit(self, who: Identity, request: JobRequest) -> Job:
+        live = self.live
+        self._check_account(who, request)
+        tree = live.engine.tree
+        allowed = tree.queues_for(who.name, who.groups)
+        queue_path = request.queue
+        if queue_path is None:  # the user's team queue (core/quotas.py: default_for)
+            default = tree.default_for(who.name, who.groups)
+            if default is None:
+                raise RequestError(f"{who.name} belongs to no queue", "queue", status=403)
+            queue_path = default.path
+        queue = tree.get(queue_path)
+        if queue is None:
+            known = ", ".join(q.path for q in allowed) or "none"
+            raise RequestError(f"no queue {queue_path!r}; yours: {known}", "queue")
+        if queue not in allowed and not who.admin:
+            raise RequestError(f"{who.name} may not submit to queue {queue.path}", "queue", 403)
+        now = live.clock()
+        job_id = job_id_for(self.number)
+        filled = replace(
+            request, queue=queue.path, tier=request.tier or live.default_tier, user=who.name
+        )
+        job = Job.from_spec(filled, job_id, now)
+        refusal = check_submission(job, live.cluster, tree, self.pending_of)
+        if refusal is not None:  # core/submission.py: a model the cluster lacks, a pending limit
+            raise RequestError(refusal.message, refusal.field, 429 if refusal.limit else 400)
+        try:
+            live.engine.submit(job, now)
+        except ConfigError as exc:
+            raise RequestError(exc.message, exc.field) from None
+        if job.state == JobState.REJECTED:  # it could never run here: a 400, nothing stored
+            # Counted, not audited: a refused request stores nothing (a user sending bad
+            # requests in a loop must not grow the database).
+            live.engine.forget(job.id)
+            if live.metrics is not None:
+                live.metrics.refused(job.reject_field)
+            raise RequestError(
+                f"this job can never run here: {job.reject_reason}",
+                job.reject_field,
+            )
+        self.number += 1
+        extra = Extra.from_spec(self.number - 1, request)
+        message = f"{gpus_text(job.gpus)}, tier {job.tier}"
+        event = live._event("submitted", job, who.name, message)
+        live.extras[job.id] = extra
+        self.count_pending(job, +1)
+        self._unsaved.append((job, event))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside the service's loop (tests, tools): save now
+            self.save()
+        else:
+            if self._saved is None:
+                self._saved = loop.create_future()
+                loop.call_soon(self.save)
+            self._batch_of[job.id] = self._saved
+        live.run_pass()
+        return job
+
+    def _check_account(self, who: Identity, request: JobRequest) -> None:
+        """The account ``who``'s work would run as may be used (a 403 if not: AccountPolicy),
+        and a batch job's working directory is one that account may enter (a 400)."""
+        launcher = self.live.launcher
+        try:
+            account = launcher.job_account(who.name)
+        except AccountRefused as exc:
+            raise RequestError(exc.message, "user", status=403) from None
+        if request.kind == "batch" and request.cwd is not None:
+            problem = launcher.cwd_problem(account, request.cwd)
+            if problem is not None:
+                raise RequestError(problem, "cwd")
+
+    async def saved(self, job_id: str) -> None:
+        """Wait until the submission of ``job_id`` is committed (raises if it was not).
+        Submissions that arrive in the same turn of the event loop are written in one
+        transaction (a group commit): the 201 goes out only after it, so a job acknowledged
+        is never lost, and the commit cost is shared under load."""
+        batch = self._batch_of.pop(job_id, None)
+        if batch is not None:
+            await asyncio.shield(batch)
+
+    def save(self) -> None:
+        """Commit the pending submissions (before anything else is written about them)."""
+        live = self.live
+        batch, self._unsaved = self._unsaved, []
+        future, self._saved = self._saved, None
+        if not batch:
+            if future is not None and not future.done():
+                future.set_result(None)
+            return
+        try:
+            live.store.add_jobs(
+                [row_for(job, live.extras[job.id]) for job, _ in batch],
+                [event for _, event in batch],
+            )
+        except Exception as exc:
+            log.exception("the database did not take %d submissions", len(batch))
+            for job, _ in batch:  # undo: the callers get an error, not a 201
+                if job.state == JobState.PENDING:
+                    live.engine.cancel(job.id, live.clock())
+                    self.count_pending(job, -1)
+                    live._forget(job)
+            if future is not None and not future.done():
+                future.set_exception(exc)
+            return
+        if future is not None and not future.done():
+            future.set_result(None)

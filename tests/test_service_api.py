@@ -31,8 +31,8 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient
 
 from jupyter_gpusched.core import Scheduler
-from jupyter_gpusched.service import app as service_app
 from jupyter_gpusched.service import openapi
+from jupyter_gpusched.service import routes as service_routes
 from jupyter_gpusched.service.identity import Identity
 from jupyter_gpusched.service.requests import parse_job_request
 
@@ -706,10 +706,10 @@ _PARAM = {"job_id": "id"}
 
 
 def served_operations() -> set[tuple[str, str]]:
-    """(path, method) of every operation ``app.ROUTES`` serves: alternations of literal words
+    """(path, method) of every operation ``routes.ROUTES`` serves: alternations of literal words
     become one path each; other groups become ``{param}``."""
     operations = set()
-    for pattern, handler in service_app.ROUTES:
+    for pattern, handler in service_routes.ROUTES:
         methods = {
             m
             for m in ("get", "post", "put", "delete", "patch")

@@ -16,30 +16,26 @@ mode), and the database file 0600 (``store.py``). Which accounts jobs run as is
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import stat
 import sys
 from urllib.parse import urlparse
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 from tornado.ioloop import PeriodicCallback
-from traitlets import Bool, Dict, Float, Integer, List, Type, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, Type, Unicode, default
 from traitlets.config import Application
 
 from ..backends.accounts import AccountPolicy
-from ..backends.gpu.telemetry import BACKENDS, configured_backend, short_hostname
+from ..backends.gpu.telemetry import BACKENDS, short_hostname
 from ..backends.local.launcher import Launcher, LocalLauncher
 from ..core.errors import ConfigError
 from ..core.quotas import QueueTree
 from ..core.scheduler import Scheduler
 from ..core.settings import PolicySettings
 from ..files import load_cluster, load_policy, read_yaml
-from . import admin_handlers as admin
 from . import gpu_sources
-from . import handlers as user
 from .auth import HubAuthenticated, TokenFileAuth
 from .exit_stop import stop_everything
 from .gpu_sampling import GPUSampler, LocalSource, local_telemetries
@@ -48,51 +44,18 @@ from .hub_activity import HubActivity
 from .hubclient import HubClient
 from .live import LiveScheduler
 from .metrics import Metrics
+from .notebook_settings import NotebookServerSettings
 from .profile_claims import profile_shapes
 from .reaper import Reaper, trusted_backends, with_profile_idle_timeouts
-from .reaper_handlers import ReaperHandler, UsageSamplesHandler
 from .recovery import recover
 from .requests import MAX_BODY_BYTES, RequestError
-from .rogue import SYSTEM_PROCESSES, RogueWatch
+from .rogue import RogueWatch
+from .routes import web_app
 from .store import Store, sqlite_file
 
-_JOB = r"(?P<job_id>j-[0-9]+)"
-_NODE = r"(?P<name>[^/]+)"
 
-
-class MetricsHandler(user.APIHandler):
-    @property
-    def authenticated(self) -> bool:
-        return self.settings["gpusched_authenticate_metrics"]
-
-    def get(self):
-        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(generate_latest(self.settings["gpusched_metrics"].registry))
-
-
-ROUTES = [
-    (r"api/me", user.MeHandler),
-    (r"api/cluster", user.ClusterHandler),
-    (r"api/queue", user.QueueHandler),
-    (r"api/jobs", user.JobsHandler),
-    (rf"api/jobs/{_JOB}", user.JobHandler),
-    (rf"api/jobs/{_JOB}/log", user.JobLogHandler),
-    (rf"api/jobs/{_JOB}/(?P<action>hold|release)", admin.HoldHandler),
-    (rf"api/jobs/{_JOB}/priority", admin.PriorityHandler),
-    (r"api/quotas", admin.QuotasHandler),
-    (rf"api/nodes/{_NODE}/(?P<action>drain|resume)", admin.NodeHandler),
-    (rf"api/nodes/{_NODE}/maintenance", admin.MaintenanceHandler),
-    (r"api/events", admin.EventsHandler),
-    (r"api/usage", admin.UsageHandler),
-    (r"api/reaper", ReaperHandler),
-    (r"api/usage-samples", UsageSamplesHandler),
-    (r"api/rogue-processes", admin.RogueProcessesHandler),
-    (r"api/openapi.json", admin.OpenAPIHandler),
-    (r"metrics", MetricsHandler),
-]
-
-
-class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sources.py
+# the settings of notebook servers: notebook_settings.py; of GPU sources: gpu_sources.py
+class GPUSchedService(NotebookServerSettings, GPUSourceSettings, Application):
     name = "jupyter-gpusched-serve"
     description = "The GPU scheduler service: queue, engine, launcher and REST API."
     # Configurables the service creates: listed so that --help-all shows them and config and
@@ -153,31 +116,10 @@ class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sourc
         help="Showback: price of one GPU-hour per GPU model, e.g. {'H100': 2.5}; api/usage "
         "?by=gpu_model then reports a cost.",
     ).tag(config=True)
-    profile_idle_timeouts = Dict(
-        {},
-        help="The idle_timeout of each of the hub's GPU profiles (slug -> seconds), which the "
-        "spawn form promises: the reaper applies it to that profile's servers, unless an admin "
-        "sets profile_timeouts for the profile. hub_config/jupyterhub_config.py passes it from "
-        "GPUSchedSpawner.profiles (jupyter_gpusched.hub.profiles.pass_idle_timeouts_to_service).",
-    ).tag(config=True)
-    profile_shapes = Dict(
-        {},
-        help="""The GPUs and tier of each of the hub's profiles (slug -> {"gpus": N, "tier": T},
-        or that as JSON on the command line): a notebook job that names a profile must match
-        it (400 otherwise), so that nobody claims a profile's idle timeout or exemption by hand.
-        Passed by jupyter_gpusched.hub.profiles.pass_idle_timeouts_to_service; empty: not
-    checked.""",
-    ).tag(config=True)
     proxy_url = Unicode(
         help="The hub's public URL (its proxy), through which the service posts pre-emption "
         "notices to notebook servers. Default: $JUPYTERHUB_PUBLIC_URL, else "
         "http://127.0.0.1:8000.",
-    ).tag(config=True)
-    notebook_stop_wait = Float(
-        30.0,
-        help="After asking the hub to stop a notebook server (cancelled, pre-empted, culled), "
-        "how long to wait for its spawner's release; then the service kills what is left of "
-        "the server on this machine and ends its job (service/server_stops.py).",
     ).tag(config=True)
     cancel_jobs_at_exit = Bool(
         False,
@@ -205,48 +147,6 @@ class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sourc
         help="With the Slurm launcher: seconds between reads of Slurm's node states (DRAIN "
         "and DOWN in Slurm drain or down the node here).",
     ).tag(config=True)
-    gpu_backend = Unicode(
-        help="""The service's own GPU telemetry: 'auto' or 'nvml' (NVIDIA's NVML), or
-        'simulated': the cluster's GPUs are the simulated ones (the demo, the tests). Default
-        $GPUSCHED_GPU_BACKEND, else 'auto'. The reaper acts on GPU samples measured by NVML or
-        DCGM, and on simulated ones only when this is 'simulated' (docs/gpu.md).""",
-    ).tag(config=True)
-    local_gpu_nodes = List(
-        Unicode(),
-        default_value=None,
-        allow_none=True,
-        help="""Nodes of the cluster file whose GPUs this machine sees (through gpu_backend):
-        the idle reaper's GPU samples of them are taken here (service/gpu_sampling.py), the
-        service checks them for rogue GPU processes every
-        rogue_check_interval (see service/rogue.py; the reaper setting rogue_processes says
-        report, kill or off), and a notebook server placed on them is over only when its
-        processes are gone here (service/server_stops.py). Default: the node named like
-        this host, if the cluster has one; [] turns the checks off.""",
-    ).tag(config=True)
-    gpu_sample_interval = Float(
-        10.0,
-        min=0.1,
-        help="""Seconds between the service's GPU samples of the nodes of running notebook
-        servers, which the idle reaper decides on (service/gpu_sampling.py).""",
-    ).tag(config=True)
-    rogue_check_interval = Float(
-        30.0, help="Seconds between checks of the local GPUs for rogue processes."
-    ).tag(config=True)
-    rogue_ignore_processes = List(
-        Unicode(),
-        default_value=list(SYSTEM_PROCESSES),
-        help="""Names of GPU processes that are the machine's, not a user's, and never reported
-        or killed as rogue (a display server, DCGM, the MPS daemon ...).""",
-    ).tag(config=True)
-    hub_activity_interval = Float(
-        60.0,
-        help="""Seconds between reads of the hub's last_activity of the users' servers, by which
-        the reaper judges servers without GPUs (service/hub_activity.py).""",
-    ).tag(config=True)
-    rogue_kill_grace = Float(
-        10.0,
-        help="With rogue_processes=kill: seconds between SIGTERM and SIGKILL of a rogue process.",
-    ).tag(config=True)
     authenticate_metrics = Bool(
         True, help="Require a token for /metrics (turn off for an unauthenticated scraper)."
     ).tag(config=True)
@@ -273,10 +173,6 @@ class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sourc
     @default("proxy_url")
     def _proxy_url_default(self):
         return os.environ.get("JUPYTERHUB_PUBLIC_URL") or "http://127.0.0.1:8000"
-
-    @default("gpu_backend")
-    def _gpu_backend_default(self):
-        return configured_backend()
 
     @default("bind_url")
     def _bind_url_default(self):
@@ -435,21 +331,14 @@ class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sourc
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", prefix)
         if not prefix.endswith("/"):
             prefix += "/"
-        auth = self.auth
-        routes = [(prefix + pattern, handler) for pattern, handler in ROUTES]
-        routes += auth.handlers(prefix)
-        return web.Application(
-            routes,
-            gpusched_live=self.live,
-            gpusched_auth=auth,
-            gpusched_metrics=self.metrics,
-            gpusched_prices=dict(self.gpu_hour_prices),
-            gpusched_prefix=prefix,
-            gpusched_authenticate_metrics=self.authenticate_metrics,
-            gpusched_max_body_bytes=self.max_body_bytes,
-            default_handler_class=user.NotFoundHandler,
-            cookie_secret=os.urandom(32),
-            log_function=_log_request,
+        return web_app(
+            prefix,
+            self.auth,
+            self.live,
+            self.metrics,
+            prices=dict(self.gpu_hour_prices),
+            authenticate_metrics=self.authenticate_metrics,
+            max_body_bytes=self.max_body_bytes,
         )
 
     async def serve(self) -> None:
@@ -478,19 +367,6 @@ class GPUSchedService(GPUSourceSettings, Application):  # GPU sources: gpu_sourc
 
     def start(self):
         asyncio.run(self.serve())
-
-
-def _log_request(handler):
-    status = handler.get_status()
-    level = logging.DEBUG if status < 400 else logging.INFO if status < 500 else logging.ERROR
-    logging.getLogger("jupyter_gpusched.service").log(
-        level,
-        "%d %s %s %.1f ms",
-        status,
-        handler.request.method,
-        handler.request.uri,
-        1000 * handler.request.request_time(),
-    )
 
 
 def _plain(value):

@@ -69,7 +69,7 @@ from . import notebook_task
 from .batch import batch_script, describe_nodes, sbatch_argv
 from .commands import HOPELESS_REASONS, SlurmOptions, is_active, run_slurm
 from .ends import sacct_end, scontrol_end
-from .parse import engine_state, parse_oneliner
+from .parse import node_states_of
 from .squeue_watch import SqueueWatch
 
 #: Seconds a NODE_FAIL end is held back for the node sync (see poll) at most.
@@ -375,13 +375,7 @@ class SlurmLauncher(Launcher, SlurmOptions):
         done = self._run(["scontrol", "show", "node", "--oneliner"])
         if done.returncode != 0:
             raise LaunchError(f"scontrol show node failed: {' '.join(done.stderr.split())}")
-        states = {}
-        for line in done.stdout.splitlines():
-            if not line.startswith("NodeName="):
-                continue
-            fields = parse_oneliner(line)
-            reason = fields.get("Reason", "")
-            states[fields["NodeName"]] = (engine_state(fields.get("State", "")), reason)
+        states = node_states_of(done.stdout)
         self.node_reads += 1
         self.node_refresh_wanted = False
         return states

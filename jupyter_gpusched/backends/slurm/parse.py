@@ -103,3 +103,16 @@ def engine_state(slurm_state: str) -> str | None:
     if base in ("ERROR", "INVAL", "DRAINED", "DRAINING") or flags & drain_flags:
         return "drain"
     return "up"
+
+
+def node_states_of(text: str) -> dict[str, tuple[str | None, str]]:
+    """Every node of ``scontrol show node --oneliner``'s output: its state for the engine
+    (:func:`engine_state`) and Slurm's reason: ``{"n1": ("drain", "disk full"), ...}``."""
+    states = {}
+    for line in text.splitlines():
+        if not line.startswith("NodeName="):
+            continue
+        fields = parse_oneliner(line)
+        reason = fields.get("Reason", "")
+        states[fields["NodeName"]] = (engine_state(fields.get("State", "")), reason)
+    return states

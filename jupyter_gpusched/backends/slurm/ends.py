@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import subprocess
 
-from ..local.launcher import Exit, _signame
+from ..interface import Exit
+from ..local.exits import signal_name
 from .commands import is_active
 from .parse import parse_oneliner
 
@@ -74,7 +75,7 @@ def exit_for(state: str, code_text: str) -> Exit:
         return Exit(0, "completed", "exit code 0")
     if state == "FAILED":
         if sig_n:
-            return Exit(None, "killed", f"killed by {_signame(sig_n)}")
+            return Exit(None, "killed", f"killed by {signal_name(sig_n)}")
         return Exit(code_n, "failed", f"exit code {code_n}")
     if state == "OUT_OF_MEMORY":
         return Exit(code_n or None, "failed", "out of memory (Slurm: OUT_OF_MEMORY)")

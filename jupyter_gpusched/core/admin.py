@@ -36,19 +36,15 @@ class Admin:
         preemptions,
         *,
         set_reason,
-        leave_pending,
         walltime,
-        start,
         key,
-        set_node_state,
     ):
         self.cluster, self.state, self.policy, self.tree = cluster, state, policy, tree
         self.jobs, self.pending, self.priorities = jobs, pending, priorities
         self.maintenance = maintenance  # node index -> when it is drained
         self.agenda, self.preemptions = agenda, preemptions
         # the scheduler's bookkeeping steps
-        self._set_reason, self._leave_pending, self._walltime = set_reason, leave_pending, walltime
-        self._start, self._key, self._set_node_state = start, key, set_node_state
+        self._set_reason, self._walltime, self._key = set_reason, walltime, key
 
     def hold(self, job_id: str, now: float) -> Job:
         """Keep a pending job out of scheduling until :meth:`release`. Its place in the queue
@@ -57,7 +53,7 @@ class Admin:
         if job.held:
             return job
         self.preemptions.drop(job)
-        self._leave_pending(job)
+        self.pending.remove(job, self._walltime(job))
         job.held = True
         self._set_reason(job, HELD)
         self.agenda.freed = True  # it may have held the reservation
@@ -106,11 +102,15 @@ class Admin:
             self.agenda.wake_at(float(start))
         self.agenda.freed = True
 
-    def start_maintenance(self, now: float) -> None:
+    def maintenance_due(self, now: float) -> list[str]:
+        """The nodes whose maintenance has begun (their windows end here): the scheduler
+        drains them."""
+        due = []
         for index, start in sorted(self.maintenance.items()):
             if start <= now:
                 del self.maintenance[index]
-                self._set_node_state(self.cluster.nodes[index].name, "drain", now)
+                due.append(self.cluster.nodes[index].name)
+        return due
 
     def maintenance_excluded(self, job: Job, now: float) -> frozenset:
         """Nodes whose maintenance begins before ``job`` would end if it started now."""
@@ -122,7 +122,8 @@ class Admin:
     def restore(self, job: Job, placement: Placement, now: float) -> Job:
         """Put back a job that was running when the adapter stopped, on the resources it holds
         (its ``start_time``, ``runs`` and ``first_start`` are kept). Raises ValueError if those
-        resources are taken or unknown. Call before any submission; no Start is emitted."""
+        resources are taken or unknown. Call before any submission. The scheduler then starts
+        it where it runs, emitting no Start."""
         validate(job)
         if job.id in self.jobs:
             raise ConfigError(f"a job with id {job.id!r} already exists", field="id")
@@ -139,7 +140,6 @@ class Admin:
         self.jobs[job.id] = job
         if self.state.fgd is not None and job.gpus:
             self.state.fgd.workload.observe(job)
-        self._start(job, placement, now, restored=True)
         return job
 
     def _pending_job(self, job_id: str, verb: str) -> Job:

@@ -6,7 +6,8 @@ have gone. Victim choice itself is :mod:`.preemption`.
 for it: it keeps the claims, and is given what it reads (the cluster state, the queue tree, the
 running jobs and their :class:`~.ledger.RunningLedger`), the :class:`~.agenda.Agenda` it notes
 decisions and work on, and the scheduler's bookkeeping steps it calls (set a job's reason,
-start a job, take a started job out of the queue, one-leaf patience).
+one-leaf patience). It starts no job itself: :meth:`Preemptions.hand_over` returns the owner
+of a claim that is whole, and the scheduler starts it.
 """
 
 from __future__ import annotations
@@ -80,14 +81,11 @@ class Preemptions:
         agenda,
         *,
         set_reason,
-        start,
-        leave_pending,
         patient,
     ):
         self.state, self.tree, self.settings, self.policy = state, tree, settings, policy
         self.jobs, self.running, self.ledger, self.agenda = jobs, running, ledger, agenda
-        self._set_reason, self._start = set_reason, start  # the scheduler's bookkeeping
-        self._leave_pending, self._patient = leave_pending, patient
+        self._set_reason, self._patient = set_reason, patient  # the scheduler's bookkeeping
         self.claims: dict[str, Claim] = {}  # pre-empting job id -> what it was promised
         self._victims = VictimSearch(state, tree, settings, policy.topology)
 
@@ -184,17 +182,17 @@ class Preemptions:
         if parts:
             state.take(holder(owner), Placement(tuple(parts)), extend=True)
 
-    def hand_over(self, owner: str, victim_id: str, now: float) -> None:
-        """A victim has gone: the claim takes what it freed; the owner starts when whole."""
+    def hand_over(self, owner: str, victim_id: str) -> tuple[Job, Placement] | None:
+        """A victim has gone: the claim takes what it freed. When it is whole, the claim is
+        dropped and the owner returned with its placement, for the scheduler to start."""
         claim = self.claims[owner]
         claim.waiting.discard(victim_id)
         self._collect(owner, claim)
         if claim.waiting:
-            return
+            return None
         job = self.jobs[owner]
         self.drop(job)
-        self._start(job, claim.placement, now)
-        self._leave_pending(job)
+        return job, claim.placement
 
     def drop(self, job: Job) -> None:
         claim = self.claims.pop(job.id, None)

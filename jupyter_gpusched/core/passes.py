@@ -146,7 +146,7 @@ def evaluate(sched, job: Job, now: float, reservation, pass_: Pass):
     exclude = sched.admin.maintenance_excluded(job, now)
     if reservation is not None and not may_backfill(reservation, sched._walltime(job), now):
         exclude = exclude | reservation.nodes
-    patient = patient_for_one_leaf(sched, job, now)
+    patient = sched._patient(job, now)
     shape = (
         job.gpus <= sched.cluster.max_node_gpus,
         job.gpu_fraction,
@@ -187,14 +187,14 @@ def evaluate(sched, job: Job, now: float, reservation, pass_: Pass):
     return reason
 
 
-def patient_for_one_leaf(sched, job: Job, now: float) -> bool:
+def patient_for_one_leaf(policy, cluster, settings, leaf_gpus: float, job: Job, now: float) -> bool:
     """A gang that fits one leaf switch waits a while for one before it spans leaves: for
     ``leaf_patience`` from the first pass that could have placed it across leaves (time
     spent waiting for GPUs at all does not use its patience up)."""
     return (
-        sched.policy.topology
-        and sched.policy.leaf_patience
-        and len(sched.cluster.leaves) > 1
-        and sched.cluster.max_node_gpus < job.gpus <= sched._leaf_gpus
-        and (job.one_leaf_since is None or now < job.one_leaf_since + sched.settings.leaf_patience)
+        policy.topology
+        and policy.leaf_patience
+        and len(cluster.leaves) > 1
+        and cluster.max_node_gpus < job.gpus <= leaf_gpus
+        and (job.one_leaf_since is None or now < job.one_leaf_since + settings.leaf_patience)
     )

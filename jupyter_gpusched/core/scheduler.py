@@ -36,7 +36,7 @@ from .cluster import Cluster
 from .decisions import Start, Stop
 from .errors import ConfigError
 from .fragmentation import Fragmentation
-from .jobs import Job, JobState, Reason
+from .jobs import Job, JobState, Reason, set_reason
 from .ledger import RunningLedger
 from .ordering import PendingQueue
 from .passes import patient_for_one_leaf, run_pass
@@ -72,6 +72,10 @@ class Scheduler:
         self._key = self.priorities.key
         self.pending = PendingQueue(self._key, by_queue_and_tier=self.policy.order != "arrival")
         self.pending_gpus_by_reason = {"capacity": 0, "placement": 0, "policy": 0}
+        # the bookkeeping steps the collaborators are given too: none holds the scheduler (no
+        # reference cycle: a scheduler let go of is freed at once, with all its jobs)
+        self._set_reason = partial(set_reason, self.pending_gpus_by_reason)
+        self._walltime = self.settings.walltime
         self.reservation: Reservation | None = None
         self.passes = 0
         self._stopping: set[str] = set()
@@ -80,8 +84,11 @@ class Scheduler:
         self._last_deep = -math.inf
         self._deep_due = False
         self._capacity = Capacity(cluster)
-        self._leaf_gpus = max(
+        leaf_gpus = max(
             sum(cluster.nodes[i].gpus for i in members) for members in cluster.leaves.values()
+        )
+        self._patient = partial(
+            patient_for_one_leaf, self.policy, cluster, self.settings, leaf_gpus
         )
         self.preemptions = Preemptions(
             self.state,
@@ -93,9 +100,7 @@ class Scheduler:
             self.ledger,
             self.agenda,
             set_reason=self._set_reason,
-            start=self._start,
-            leave_pending=self._leave_pending,
-            patient=partial(patient_for_one_leaf, self),
+            patient=self._patient,
         )
         self._claims = self.preemptions.claims  # the same dict: events and passes read it
         self.admin = Admin(
@@ -110,11 +115,8 @@ class Scheduler:
             self.agenda,
             self.preemptions,
             set_reason=self._set_reason,
-            leave_pending=self._leave_pending,
             walltime=self._walltime,
-            start=self._start,
             key=self._key,
-            set_node_state=self.set_node_state,
         )
         if self.policy.fragmentation and self.policy.topology and self.settings.fragmentation:
             workload = Workload(cluster.max_node_gpus, self.settings.workload_half_life)
@@ -200,7 +202,11 @@ class Scheduler:
         if claim_owner is not None:
             self.preemptions.leaving(job, -1)
             if claim_owner in self._claims:
-                self.preemptions.hand_over(claim_owner, job_id, now)
+                ready = self.preemptions.hand_over(claim_owner, job_id)
+                if ready is not None:  # its last victim has gone: the claim is whole
+                    owner, placement = ready
+                    self._start(owner, placement, now)
+                    self._leave_pending(owner)
 
     def set_node_state(self, name: str, node_state: str, now: float) -> None:
         """``drain``: no new placements, running jobs finish; ``down``: running jobs fail (batch
@@ -229,7 +235,8 @@ class Scheduler:
             self.agenda.wake = math.inf
             self.agenda.freed = self._deep_due = True
             if self.maintenance:
-                self.admin.start_maintenance(now)
+                for node_name in self.admin.maintenance_due(now):
+                    self.set_node_state(node_name, "drain", now)
                 self.agenda.wake = min([self.agenda.wake, *self.maintenance.values()])
             if self.retries.backing_off:
                 due, later = self.retries.due(now)
@@ -293,7 +300,8 @@ class Scheduler:
 
     def restore(self, job: Job, placement: Placement, now: float) -> Job:
         """See :meth:`.Admin.restore`."""
-        return self.admin.restore(job, placement, now)
+        self._start(self.admin.restore(job, placement, now), placement, now, restored=True)
+        return job
 
     def forget(self, job_id: str) -> None:
         """See :meth:`.Admin.forget`."""
@@ -349,18 +357,6 @@ class Scheduler:
         self.tree.account(queue, sign * job.amount, now, self.half_life, cpus, memory)
         if job.tier == 1 and job.id not in self._claims:
             queue.tier1_running += sign * job.amount
-
-    def _set_reason(self, job: Job, reason: Reason | None) -> None:
-        if job.reason is not None:
-            self.pending_gpus_by_reason[job.reason.family] -= job.amount
-        job.reason = reason
-        if reason is not None:
-            self.pending_gpus_by_reason[reason.family] += job.amount
-            if job.first_reason is None and job.runs == 0:
-                job.first_reason = reason
-
-    def _walltime(self, job: Job) -> float:
-        return job.walltime or self.settings.default_walltime(job.kind)
 
     def _estimated_end(self, job: Job) -> float:
         return job.start_time + self._walltime(job)

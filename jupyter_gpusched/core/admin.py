@@ -12,11 +12,24 @@ pass must look at again; none starts or stops anything itself (the next
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from . import reasons
 from .admission import validate
 from .errors import ConfigError
-from .jobs import Job, JobState
+from .jobs import Job, JobState, Reason
 from .state import Placement
+
+if TYPE_CHECKING:
+    from .agenda import Agenda
+    from .claims import Preemptions
+    from .cluster import Cluster
+    from .ordering import PendingQueue
+    from .policies import Policy
+    from .priority import PriorityKeys
+    from .quotas import QueueTree
+    from .state import ClusterState
 
 HELD = reasons.HELD.reason()
 
@@ -24,27 +37,26 @@ HELD = reasons.HELD.reason()
 class Admin:
     def __init__(
         self,
-        cluster,
-        state,
-        policy,
-        tree,
+        cluster: Cluster,
+        state: ClusterState,
+        policy: Policy,
+        tree: QueueTree,
         jobs: dict[str, Job],
-        pending,
-        priorities,
+        pending: PendingQueue,
+        priorities: PriorityKeys,
         maintenance: dict[int, float],
-        agenda,
-        preemptions,
+        agenda: Agenda,
+        preemptions: Preemptions,
         *,
-        set_reason,
-        walltime,
-        key,
+        set_reason: Callable[[Job, Reason | None], None],
+        walltime: Callable[[Job], float],
     ):
         self.cluster, self.state, self.policy, self.tree = cluster, state, policy, tree
         self.jobs, self.pending, self.priorities = jobs, pending, priorities
         self.maintenance = maintenance  # node index -> when it is drained
         self.agenda, self.preemptions = agenda, preemptions
         # the scheduler's bookkeeping steps
-        self._set_reason, self._walltime, self._key = set_reason, walltime, key
+        self._set_reason, self._walltime = set_reason, walltime
 
     def hold(self, job_id: str, now: float) -> Job:
         """Keep a pending job out of scheduling until :meth:`release`. Its place in the queue
@@ -163,4 +175,4 @@ class Admin:
         job = self.jobs.get(job_id)
         if job is None or job.state != JobState.PENDING or job.held or job.retry_at is not None:
             return None
-        return self.pending.ahead_of(self._key(job_id))
+        return self.pending.ahead_of(self.priorities.key(job_id))

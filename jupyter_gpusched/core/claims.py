@@ -12,14 +12,24 @@ of a claim that is whole, and the scheduler starts it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from . import reasons
 from .admission import under_guarantee
 from .decisions import Preempt
-from .jobs import Job, JobState
+from .jobs import Job, JobState, Reason
 from .preemption import VictimSearch, find_victims
 from .state import Part, Placement
+
+if TYPE_CHECKING:
+    from .agenda import Agenda
+    from .ledger import RunningLedger
+    from .policies import Policy
+    from .quotas import QueueTree
+    from .settings import PolicySettings
+    from .state import ClusterState
 
 
 @dataclass
@@ -71,17 +81,17 @@ def holdings(state, node: int) -> list[Holding]:
 class Preemptions:
     def __init__(
         self,
-        state,
-        tree,
-        settings,
-        policy,
+        state: ClusterState,
+        tree: QueueTree,
+        settings: PolicySettings,
+        policy: Policy,
         jobs: dict[str, Job],
         running: dict[str, Job],
-        ledger,
-        agenda,
+        ledger: RunningLedger,
+        agenda: Agenda,
         *,
-        set_reason,
-        patient,
+        set_reason: Callable[[Job, Reason | None], None],
+        patient: Callable[[Job, float], bool],  # may it wait for one leaf switch (.passes)
     ):
         self.state, self.tree, self.settings, self.policy = state, tree, settings, policy
         self.jobs, self.running, self.ledger, self.agenda = jobs, running, ledger, agenda

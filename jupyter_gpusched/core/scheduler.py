@@ -104,19 +104,18 @@ class Scheduler:
         )
         self._claims = self.preemptions.claims  # the same dict: events and passes read it
         self.admin = Admin(
-            cluster,
-            self.state,
-            self.policy,
-            self.tree,
-            self.jobs,
-            self.pending,
-            self.priorities,
-            self.maintenance,
-            self.agenda,
-            self.preemptions,
+            cluster=cluster,
+            state=self.state,
+            policy=self.policy,
+            tree=self.tree,
+            jobs=self.jobs,
+            pending=self.pending,
+            priorities=self.priorities,
+            maintenance=self.maintenance,
+            agenda=self.agenda,
+            preemptions=self.preemptions,
             set_reason=self._set_reason,
             walltime=self._walltime,
-            key=self._key,
         )
         if self.policy.fragmentation and self.policy.topology and self.settings.fragmentation:
             workload = Workload(cluster.max_node_gpus, self.settings.workload_half_life)

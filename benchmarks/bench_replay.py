@@ -24,13 +24,8 @@ import time
 from pathlib import Path
 
 from jupyter_gpusched.core import PolicySettings, get_policy
-from jupyter_gpusched.sim.loaders import (
-    WALLTIME_FACTORS,
-    load_cluster_spec,
-    load_queue_spec,
-    load_trace,
-    parse_tier_mix,
-)
+from jupyter_gpusched.sim.cluster_loaders import load_cluster_spec, load_queue_spec
+from jupyter_gpusched.sim.loaders import WALLTIME_FACTORS, load_trace, parse_tier_mix
 from jupyter_gpusched.sim.metrics import metrics
 from jupyter_gpusched.sim.pack import pack, read_tasks
 from jupyter_gpusched.sim.replay import replay

@@ -314,7 +314,9 @@ class ReaperCheck:
         return round(t - self.t0, 2)
 
     def step(self, samples, row: dict, now: float) -> None:
-        from jupyter_gpusched.service.reaper import Cull, Warn, busy, decide, untrusted_reason
+        from jupyter_gpusched.core.reaper import Cull, Warn, decide, untrusted_reason
+        from jupyter_gpusched.service.gpu_sampling import GPUReading
+        from jupyter_gpusched.service.reaper_measure import take_readings
 
         self.replay.samples = samples
         snapshot = self.monitor.sample(now)  # the monitor's own process-to-kernel mapping
@@ -338,11 +340,17 @@ class ReaperCheck:
             if why is not None:  # as Reaper.report: not a measurement, not acted on
                 self.ignored.append(why)
                 continue
-            session.samples.append({"time": now, "utilization": kernel.get("utilization")})
-            session.last_report = now
-            if busy(report, self.settings["idle_threshold"]):
-                session.last_busy = now
-                session.warned = None
+            # the kernel's GPU as the service's sampler would read it (reaper_measure.py)
+            reading = GPUReading(
+                "local",
+                0,
+                kernel.get("utilization"),
+                kernel.get("memory_gb"),
+                snapshot["backend"],
+                now,
+            )
+            threshold = self.settings["idle_threshold"]
+            take_readings(session, [reading], 1, threshold, snapshot["backend"])
             entry[name] = {
                 "util": kernel.get("utilization"),
                 "idle_s": round(now - session.idle_since, 1),

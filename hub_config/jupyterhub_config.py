@@ -48,7 +48,7 @@ as the Unix user who submitted it, so alice, bob, carol and admin must exist on 
 import os
 import sys
 
-from jupyter_gpusched.backends.gpu.simulated import make_load_dir
+from jupyter_gpusched.backends.gpu.simulated_loads import make_load_dir
 from jupyter_gpusched.hub.profiles import pass_idle_timeouts_to_service
 from jupyter_gpusched.hub.singleuser_command import singleuser_command
 from jupyter_gpusched.hub.stop_notice import TEMPLATE_DIR as HUB_TEMPLATES

@@ -33,7 +33,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from jupyter_gpusched.backends.gpu.simulated import STATE_DIR_ENV, make_load_dir
+from jupyter_gpusched.backends.gpu.simulated_loads import STATE_DIR_ENV, make_load_dir
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 SERVING = re.compile(r"serving http://127\.0\.0\.1:(\d+)/metrics")

@@ -36,7 +36,11 @@ from tornado.ioloop import PeriodicCallback
 from tornado.testing import bind_unused_port
 from traitlets.config import Config
 
-from jupyter_gpusched.backends.gpu.simulated import STATE_DIR_ENV, make_load_dir, simulate_load
+from jupyter_gpusched.backends.gpu.simulated_loads import (
+    STATE_DIR_ENV,
+    make_load_dir,
+    simulate_load,
+)
 from jupyter_gpusched.files import load_cluster
 from jupyter_gpusched.service.app import GPUSchedService
 from jupyter_gpusched.service.gpu_sampling import allocated_gpus

@@ -57,12 +57,12 @@ class SlurmCluster:
 
     def job(self, slurm_id: str) -> dict[str, str]:
         """``scontrol show job``'s fields for one job."""
-        from jupyter_gpusched.backends.slurm.inventory import parse_oneliner
+        from jupyter_gpusched.backends.slurm.parse import parse_oneliner
 
         return parse_oneliner(self.run("scontrol", "show", "job", "--oneliner", slurm_id))
 
     def node_state(self, node: str) -> str:
-        from jupyter_gpusched.backends.slurm.inventory import parse_oneliner
+        from jupyter_gpusched.backends.slurm.parse import parse_oneliner
 
         return parse_oneliner(self.run("scontrol", "show", "node", "--oneliner", node))["State"]
 

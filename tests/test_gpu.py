@@ -37,7 +37,7 @@ from jupyter_gpusched.backends.gpu.discover import (
     nvlink_spec,
     rogue_processes,
 )
-from jupyter_gpusched.backends.gpu.simulated import simulated_uuid
+from jupyter_gpusched.backends.gpu.simulated_loads import simulated_uuid
 from jupyter_gpusched.core import Cluster, ConfigError
 from jupyter_gpusched.files import read_yaml
 
@@ -214,7 +214,7 @@ def test_no_user_fakes_a_load_of_another_users_process():
 
     from hub_harness import _create_demo_users
 
-    from jupyter_gpusched.backends.gpu.simulated import make_load_dir
+    from jupyter_gpusched.backends.gpu.simulated_loads import make_load_dir
     from jupyter_gpusched.hub.singleuser_command import singleuser_command
 
     _create_demo_users()

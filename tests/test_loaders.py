@@ -12,18 +12,20 @@ import pytest
 
 from jupyter_gpusched.cli import main
 from jupyter_gpusched.core import ConfigError
+from jupyter_gpusched.sim.cluster_loaders import (
+    NO_GPU_NODES,
+    PHILLY_VC_NODES,
+    load_cluster_spec,
+    load_queue_spec,
+    philly_queues_data,
+    read_vc_nodes,
+)
 from jupyter_gpusched.sim.loaders import (
     BAD_ROWS,
     NEVER_SCHEDULED,
-    NO_GPU_NODES,
-    PHILLY_VC_NODES,
     ZERO_GPU,
-    load_cluster_spec,
-    load_queue_spec,
     load_trace,
     parse_tier_mix,
-    philly_queues_data,
-    read_vc_nodes,
     tier_for,
 )
 from jupyter_gpusched.sim.trace import TraceError

@@ -23,7 +23,7 @@ from tornado import web
 from traitlets.config import Config
 
 from jupyter_gpusched.backends.gpu.backend import get_telemetry
-from jupyter_gpusched.backends.gpu.simulated import simulated_uuid
+from jupyter_gpusched.backends.gpu.simulated_loads import simulated_uuid
 from jupyter_gpusched.backends.gpu.telemetry import TelemetryUnavailable
 from jupyter_gpusched.core.errors import ConfigError
 from jupyter_gpusched.files import load_cluster

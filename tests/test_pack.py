@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from helpers import cluster, trace_job
 
-from jupyter_gpusched.sim.loaders import load_cluster_spec
+from jupyter_gpusched.sim.cluster_loaders import load_cluster_spec
 from jupyter_gpusched.sim.pack import STEPS, pack, read_tasks
 
 

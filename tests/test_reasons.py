@@ -6,7 +6,8 @@ import pytest
 from helpers import cluster, job, queues, run_replay, started
 
 from jupyter_gpusched.core import JobState, Reason, Scheduler, reasons
-from jupyter_gpusched.sim.loaders import load_cluster_spec, load_queue_spec, load_trace
+from jupyter_gpusched.sim.cluster_loaders import load_cluster_spec, load_queue_spec
+from jupyter_gpusched.sim.loaders import load_trace
 
 
 def test_12_gpu_gang_with_8_free_holds_nothing_and_waits_on_capacity():

@@ -11,15 +11,8 @@ import pytest
 from helpers import cluster, queues, run_replay, trace_job
 
 from jupyter_gpusched.sim.metrics import metrics
-from jupyter_gpusched.sim.report import (
-    MAX_POINTS,
-    _started,
-    _steps,
-    _usage,
-    fairness,
-    jain_index,
-    write_report,
-)
+from jupyter_gpusched.sim.report import _started, fairness, jain_index, write_report
+from jupyter_gpusched.sim.report_plots import MAX_POINTS, _steps, _usage
 
 SECTIONS = (
     "Summary",

@@ -16,7 +16,7 @@ import pytest
 from service_helpers import TOKENS, services, wait_job, wait_until
 
 from jupyter_gpusched.service import requests as bounds
-from jupyter_gpusched.service.handlers import DRAIN_FACTOR
+from jupyter_gpusched.service.api_handler import DRAIN_FACTOR
 
 JOB = {"gpus": 1, "command": "true"}
 LONG = "Z" * 5000  # a marker: no error message may repeat more than QUOTE characters of it

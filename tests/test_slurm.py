@@ -50,16 +50,15 @@ from tornado.testing import bind_unused_port
 from traitlets.config import Config
 
 from jupyter_gpusched.backends.local.launcher import Exit, LaunchSpec
-from jupyter_gpusched.backends.slurm.inventory import (
-    SlurmNodeSync,
-    cluster_document,
+from jupyter_gpusched.backends.slurm.ends import exit_for
+from jupyter_gpusched.backends.slurm.inventory import SlurmNodeSync, cluster_document, load_cluster
+from jupyter_gpusched.backends.slurm.launcher import SlurmLauncher, SlurmRefused
+from jupyter_gpusched.backends.slurm.parse import (
     engine_state,
     expand_nodes,
-    load_cluster,
     parse_gres,
     parse_oneliner,
 )
-from jupyter_gpusched.backends.slurm.launcher import SlurmLauncher, SlurmRefused, _exit_for
 from jupyter_gpusched.core import Cluster
 from jupyter_gpusched.service import app as service_app
 from jupyter_gpusched.service.app import GPUSchedService
@@ -616,7 +615,7 @@ def test_slurm_node_states_map_to_the_engine(state, engine):
     ],
 )
 def test_slurm_job_ends_map_to_exits(state, code, outcome, exit_code):
-    exit = _exit_for(state, code)
+    exit = exit_for(state, code)
     assert (exit.outcome, exit.code) == (outcome, exit_code)
 
 

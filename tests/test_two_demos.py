@@ -14,7 +14,7 @@ import hub_harness
 import pytest
 import requests
 
-from jupyter_gpusched.backends.gpu.simulated import default_state_dir
+from jupyter_gpusched.backends.gpu.simulated_loads import default_state_dir
 from jupyter_gpusched.files import load_cluster
 
 # The service checks for rogue processes at each poll (1 s) once this interval has passed.

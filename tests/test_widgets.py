@@ -16,7 +16,8 @@ import time
 import pytest
 from test_client import ThreadedService
 
-from jupyter_gpusched.notebook.client import UNKNOWN, GPUSchedError, utilization_text
+from jupyter_gpusched.notebook.client import GPUSchedError
+from jupyter_gpusched.notebook.job import UNKNOWN, utilization_text
 from jupyter_gpusched.service.records import utilization_view
 
 

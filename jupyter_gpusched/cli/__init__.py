@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_replay(args) -> int:
-    from ..sim.loaders import load_cluster_spec, load_queue_spec, load_trace, parse_tier_mix
+    from ..sim.cluster_loaders import load_cluster_spec, load_queue_spec
+    from ..sim.loaders import load_trace, parse_tier_mix
     from ..sim.metrics import comparison_table, metrics, write_jobs_csv
     from ..sim.replay import replay
     from ..sim.trace import with_walltimes
@@ -179,7 +180,7 @@ def run_replay(args) -> int:
 
 
 def run_pack(args) -> int:
-    from ..sim.loaders import load_cluster_spec
+    from ..sim.cluster_loaders import load_cluster_spec
     from ..sim.pack import PACK_POLICIES, pack, plot_pack, read_tasks
 
     names = args.policies or list(PACK_POLICIES)

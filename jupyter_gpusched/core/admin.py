@@ -1,24 +1,62 @@
-"""What a hub admin (and a restarted service) does to the engine, as a mixin of the Scheduler:
-hold and release jobs, override a job's priority, schedule maintenance, edit quotas, and put back
-the jobs that were running when the service stopped.
+"""What a hub admin (and a restarted service) does to the engine: hold and release jobs,
+override a job's priority, schedule maintenance, put back the jobs that were running when the
+service stopped, forget finished jobs.
 
-Each operation changes engine state and marks what a pass must look at again; none starts or
-stops anything itself (the next :meth:`Scheduler.schedule` does)."""
+:class:`Admin` is the :class:`~.scheduler.Scheduler`'s collaborator for these (its public
+methods of the same names call it). It is given what it reads and changes (the jobs, the queue,
+the priority keys, the maintenance windows, the cluster state), the :class:`~.agenda.Agenda` it
+notes work on, the :class:`~.claims.Preemptions` whose claims a held job gives up, and the
+scheduler's bookkeeping steps it calls. Each operation changes engine state and marks what a
+pass must look at again; none starts or stops anything itself (the next
+:meth:`Scheduler.schedule` does)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from . import reasons
 from .admission import validate
 from .errors import ConfigError
-from .jobs import Job, JobState
-from .quotas import QueueTree
+from .jobs import Job, JobState, Reason
 from .state import Placement
+
+if TYPE_CHECKING:
+    from .agenda import Agenda
+    from .claims import Preemptions
+    from .cluster import Cluster
+    from .ordering import PendingQueue
+    from .policies import Policy
+    from .priority import PriorityKeys
+    from .quotas import QueueTree
+    from .state import ClusterState
 
 HELD = reasons.HELD.reason()
 
 
-class AdminSteps:
-    """Mixed into :class:`~.scheduler.Scheduler`; uses its bookkeeping."""
+class Admin:
+    def __init__(
+        self,
+        cluster: Cluster,
+        state: ClusterState,
+        policy: Policy,
+        tree: QueueTree,
+        jobs: dict[str, Job],
+        pending: PendingQueue,
+        priorities: PriorityKeys,
+        maintenance: dict[int, float],
+        agenda: Agenda,
+        preemptions: Preemptions,
+        *,
+        set_reason: Callable[[Job, Reason | None], None],
+        walltime: Callable[[Job], float],
+    ):
+        self.cluster, self.state, self.policy, self.tree = cluster, state, policy, tree
+        self.jobs, self.pending, self.priorities = jobs, pending, priorities
+        self.maintenance = maintenance  # node index -> when it is drained
+        self.agenda, self.preemptions = agenda, preemptions
+        # the scheduler's bookkeeping steps
+        self._set_reason, self._walltime = set_reason, walltime
 
     def hold(self, job_id: str, now: float) -> Job:
         """Keep a pending job out of scheduling until :meth:`release`. Its place in the queue
@@ -26,11 +64,11 @@ class AdminSteps:
         job = self._pending_job(job_id, "held")
         if job.held:
             return job
-        self._drop_claim(job)
-        self._leave_pending(job)
+        self.preemptions.drop(job)
+        self.pending.remove(job, self._walltime(job))
         job.held = True
         self._set_reason(job, HELD)
-        self._freed = True  # it may have held the reservation
+        self.agenda.freed = True  # it may have held the reservation
         return job
 
     def release(self, job_id: str, now: float) -> Job:
@@ -41,7 +79,7 @@ class AdminSteps:
         job.retry_at = None  # a back-off after a refused launch ends too
         self._set_reason(job, None)
         self.pending.add(job, self._walltime(job))
-        self._new.append(job.id)
+        self.agenda.new.append(job.id)
         return job
 
     def set_priority(self, job_id: str, priority: int, now: float) -> Job:
@@ -55,14 +93,14 @@ class AdminSteps:
             job.priority = priority  # takes effect if it is requeued or released
             self.priorities.forget(job_id)
             return job
-        self._drop_claim(job)
+        self.preemptions.drop(job)
         self.pending.remove(job, self._walltime(job))
         job.priority = priority
         self.priorities.forget(job_id)
         self.pending.add(job, self._walltime(job))
         self._set_reason(job, None)
-        self._new.append(job_id)
-        self._freed = True  # the order changed: the reservation may belong to someone else
+        self.agenda.new.append(job_id)
+        self.agenda.freed = True  # the order changed: the reservation may belong to someone else
         return job
 
     def set_maintenance(self, node_name: str, start: float | None, now: float) -> None:
@@ -73,36 +111,31 @@ class AdminSteps:
             self.maintenance.pop(node.index, None)
         else:
             self.maintenance[node.index] = float(start)
-            self._wake = min(self._wake, float(start))
-        self._freed = True
+            self.agenda.wake_at(float(start))
+        self.agenda.freed = True
 
-    def _start_maintenance(self, now: float) -> None:
+    def maintenance_due(self, now: float) -> list[str]:
+        """The nodes whose maintenance has begun (their windows end here): the scheduler
+        drains them."""
+        due = []
         for index, start in sorted(self.maintenance.items()):
             if start <= now:
                 del self.maintenance[index]
-                self.set_node_state(self.cluster.nodes[index].name, "drain", now)
+                due.append(self.cluster.nodes[index].name)
+        return due
 
-    def _maintenance_excluded(self, job: Job, now: float) -> frozenset:
+    def maintenance_excluded(self, job: Job, now: float) -> frozenset:
         """Nodes whose maintenance begins before ``job`` would end if it started now."""
         if not self.maintenance:
             return frozenset()
         end = now + self._walltime(job)
         return frozenset(i for i, start in self.maintenance.items() if end > start)
 
-    def update_quotas(self, tree: QueueTree, now: float) -> None:
-        """Take the guarantees, limits, weights, members and user limits of ``tree`` (built
-        from an edited queue file with the same queues). Running jobs are not touched; the new
-        figures apply from the next pass."""
-        self.tree.adopt(tree)
-        self.half_life = self.tree.half_life or self.settings.fair_share_half_life
-        self.priorities.recompute_soon()  # fair share (and the keys) at the next pass
-        self.reservation = None
-        self._freed = True
-
     def restore(self, job: Job, placement: Placement, now: float) -> Job:
         """Put back a job that was running when the adapter stopped, on the resources it holds
         (its ``start_time``, ``runs`` and ``first_start`` are kept). Raises ValueError if those
-        resources are taken or unknown. Call before any submission; no Start is emitted."""
+        resources are taken or unknown. Call before any submission. The scheduler then starts
+        it where it runs, emitting no Start."""
         validate(job)
         if job.id in self.jobs:
             raise ConfigError(f"a job with id {job.id!r} already exists", field="id")
@@ -119,7 +152,6 @@ class AdminSteps:
         self.jobs[job.id] = job
         if self.state.fgd is not None and job.gpus:
             self.state.fgd.workload.observe(job)
-        self._start(job, placement, now, restored=True)
         return job
 
     def _pending_job(self, job_id: str, verb: str) -> Job:
@@ -143,4 +175,4 @@ class AdminSteps:
         job = self.jobs.get(job_id)
         if job is None or job.state != JobState.PENDING or job.held or job.retry_at is not None:
             return None
-        return self.pending.ahead_of(self._key(job_id))
+        return self.pending.ahead_of(self.priorities.key(job_id))

@@ -2,20 +2,34 @@
 and memory) they free are *claimed* for the pre-empting job, which starts once all its victims
 have gone. Victim choice itself is :mod:`.preemption`.
 
-:class:`PreemptionSteps` is part of :class:`~jupyter_gpusched.core.scheduler.Scheduler` (a mixin,
-to keep each module short); it uses the scheduler's state: ``state``, ``tree``, ``settings``,
-``policy``, ``jobs``, ``running``, ``ledger``, ``_claims``, ``_wake``.
+:class:`Preemptions` is the :class:`~jupyter_gpusched.core.scheduler.Scheduler`'s collaborator
+for it: it keeps the claims, and is given what it reads (the cluster state, the queue tree, the
+running jobs and their :class:`~.ledger.RunningLedger`), the :class:`~.agenda.Agenda` it notes
+decisions and work on, and the scheduler's bookkeeping steps it calls (set a job's reason,
+one-leaf patience). It starts no job itself: :meth:`Preemptions.hand_over` returns the owner
+of a claim that is whole, and the scheduler starts it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from . import reasons
+from .admission import under_guarantee
 from .decisions import Preempt
-from .jobs import Job, JobState
-from .preemption import find_victims
+from .jobs import Job, JobState, Reason
+from .preemption import VictimSearch, find_victims
 from .state import Part, Placement
+
+if TYPE_CHECKING:
+    from .agenda import Agenda
+    from .ledger import RunningLedger
+    from .policies import Policy
+    from .quotas import QueueTree
+    from .settings import PolicySettings
+    from .state import ClusterState
 
 
 @dataclass
@@ -64,10 +78,35 @@ def holdings(state, node: int) -> list[Holding]:
     return found
 
 
-class PreemptionSteps:
-    def _try_preempt(self, job: Job, now: float, pass_, limit_node=None) -> bool:
+class Preemptions:
+    def __init__(
+        self,
+        state: ClusterState,
+        tree: QueueTree,
+        settings: PolicySettings,
+        policy: Policy,
+        jobs: dict[str, Job],
+        running: dict[str, Job],
+        ledger: RunningLedger,
+        agenda: Agenda,
+        *,
+        set_reason: Callable[[Job, Reason | None], None],
+        patient: Callable[[Job, float], bool],  # may it wait for one leaf switch (.passes)
+    ):
+        self.state, self.tree, self.settings, self.policy = state, tree, settings, policy
+        self.jobs, self.running, self.ledger, self.agenda = jobs, running, ledger, agenda
+        self._set_reason, self._patient = set_reason, patient  # the scheduler's bookkeeping
+        self.claims: dict[str, Claim] = {}  # pre-empting job id -> what it was promised
+        self._victims = VictimSearch(state, tree, settings, policy.topology)
+
+    def reclaims(self, job: Job) -> bool:
+        """May ``job`` take back borrowed GPUs (pre-empt tier 2 of other queues)? Only while its
+        queue, and every ancestor, stays within its guarantee (invariant 4)."""
+        return self.policy.guarantees and under_guarantee(job, self.tree.get(job.queue))
+
+    def try_preempt(self, job: Job, now: float, pass_, limit_node=None) -> bool:
         """Pre-emption is tried in priority order and stops for the rest of the pass (``pass_``,
-        the scheduler's ``_Pass``) at the first job it cannot help, or after a few successes."""
+        a :class:`~.passes.Pass`) at the first job it cannot help, or after a few successes."""
         if pass_.tries <= 0 or job.refusals:  # a refused launch would stop its victims again
             return False
         attempted = self._preempt(job, now, limit_node)
@@ -81,7 +120,7 @@ class PreemptionSteps:
         if job.tier == 3 or job.fractional or not job.gpus:
             return None  # fractional and CPU-only jobs neither pre-empt nor are pre-empted
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
-        reclaim = self.policy.quotas and self._reclaims(job)
+        reclaim = self.policy.quotas and self.reclaims(job)
         if self.ledger.preemptible_gpus(reclaim) + self.state.free_for(job) < job.gpus:
             return None
         # tier-3 victims first (shorter grace, no guarantee touched); reclaim from tier 2 only
@@ -107,17 +146,17 @@ class PreemptionSteps:
         placement, victims = found
         claim = Claim(placement, {v.id for v in victims})
         claim.short = {p.node: [p.mask, p.cpus, p.memory_gb] for p in placement.parts}
-        self._claims[job.id] = claim
+        self.claims[job.id] = claim
         self._collect(job.id, claim)
         self._account_claim(job, +1)
         for victim in victims:
-            self._leaving(victim, +1)
+            self.leaving(victim, +1)
         grace = 0.0
         for victim in victims:
             victim.preempted_by = job.id
             tier_grace = self.settings.tiers[victim.tier].grace_period
             grace = max(grace, tier_grace)
-            self._outbox.append(
+            self.agenda.decisions.append(
                 Preempt(victim.id, job.id, self.settings.preemption_signal, tier_grace)
             )
         names = ", ".join(v.id for v in victims)
@@ -136,7 +175,7 @@ class PreemptionSteps:
             while starts and (starts[0][0] + minimum <= now or starts[0][1] not in self.running):
                 starts.popleft()
             if starts:
-                self._wake = min(self._wake, starts[0][0] + minimum)
+                self.agenda.wake_at(starts[0][0] + minimum)
 
     def _collect(self, owner: str, claim: Claim) -> None:
         """Hold for the claim whatever it still lacks that is free now: GPUs, CPUs, memory."""
@@ -153,25 +192,25 @@ class PreemptionSteps:
         if parts:
             state.take(holder(owner), Placement(tuple(parts)), extend=True)
 
-    def _hand_over(self, owner: str, victim_id: str, now: float) -> None:
-        """A victim has gone: the claim takes what it freed; the owner starts when whole."""
-        claim = self._claims[owner]
+    def hand_over(self, owner: str, victim_id: str) -> tuple[Job, Placement] | None:
+        """A victim has gone: the claim takes what it freed. When it is whole, the claim is
+        dropped and the owner returned with its placement, for the scheduler to start."""
+        claim = self.claims[owner]
         claim.waiting.discard(victim_id)
         self._collect(owner, claim)
         if claim.waiting:
-            return
+            return None
         job = self.jobs[owner]
-        self._drop_claim(job)
-        self._start(job, claim.placement, now)
-        self._leave_pending(job)
+        self.drop(job)
+        return job, claim.placement
 
-    def _drop_claim(self, job: Job) -> None:
-        claim = self._claims.pop(job.id, None)
+    def drop(self, job: Job) -> None:
+        claim = self.claims.pop(job.id, None)
         if claim is None:
             return
         if job.state == JobState.PENDING and job.reason and job.reason.detail == "preempting":
             self._set_reason(job, reasons.PREEMPTION_DROPPED.reason())
-            self._new.append(job.id)  # examine it again at the next pass
+            self.agenda.new.append(job.id)  # examine it again at the next pass
         if holder(job.id) in self.state.allocations:
             self.state.release(holder(job.id))
         self._account_claim(job, -1)
@@ -179,10 +218,10 @@ class PreemptionSteps:
             victim = self.jobs[victim_id]
             if victim.preempted_by == job.id:
                 victim.preempted_by = None  # already signalled; it will simply end
-                self._leaving(victim, -1)
-        self._freed = True
+                self.leaving(victim, -1)
+        self.agenda.freed = True
 
-    def _leaving(self, victim: Job, sign: int) -> None:
+    def leaving(self, victim: Job, sign: int) -> None:
         """Count a signalled victim's GPUs as leaving its queues (guarantee checks see it gone)."""
         if self.policy.quotas:
             for node in self.tree.get(victim.queue).chain():

@@ -95,3 +95,15 @@ class Job:
     @property
     def fractional(self) -> bool:
         return self.gpu_fraction < 1.0
+
+
+def set_reason(tally: dict[str, float], job: Job, reason: Reason | None) -> None:
+    """Give pending ``job`` the ``reason`` it waits (None: none), keeping ``tally`` (the GPUs
+    the pending jobs ask for, by reason family) and the first reason it ever waited for."""
+    if job.reason is not None:
+        tally[job.reason.family] -= job.amount
+    job.reason = reason
+    if reason is not None:
+        tally[reason.family] += job.amount
+        if job.first_reason is None and job.runs == 0:
+            job.first_reason = reason

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from .durations import parse_duration
 from .errors import ConfigError, line_of
 from .resources import QUEUE_RESOURCES
+from .user_limits import UserLimit, parse_user_limits
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-@]+$")
 _QUEUE_FIELDS = {
@@ -261,7 +262,7 @@ class QueueTree:
                 source=source,
                 field="guaranteed",
             )
-        user_limits = _parse_user_limits(data.get("user_limits"), source, data)
+        user_limits = parse_user_limits(data.get("user_limits"), source, data)
         default = str(data.get("default_queue") or "").strip("/")
         tree = cls(root, half_life, default, user_limits)
         if tree.default_queue and tree.get(tree.default_queue) is None:
@@ -328,59 +329,6 @@ def _parse_children(parent: Queue, entries, source: str, container) -> None:
                     f"children guarantee {total:g} GPUs, more than this queue's {guaranteed:g}",
                     "guaranteed",
                 )
-
-
-@dataclass(frozen=True)
-class UserLimit:
-    """Caps on one user's jobs (None: no cap): GPUs and jobs running, jobs pending."""
-
-    gpus: float | None = None
-    running_jobs: int | None = None
-    pending_jobs: int | None = None
-
-
-_USER_LIMIT_FIELDS = ("gpus", "running_jobs", "pending_jobs")
-
-
-def _parse_user_limits(entries, source: str, container) -> dict[str, UserLimit]:
-    if entries is None:
-        return {}
-    if not isinstance(entries, dict):
-        raise ConfigError(
-            "must map user names (or 'default') to limits",
-            source=source,
-            field="user_limits",
-            line=line_of(container, "user_limits"),
-        )
-    out = {}
-    for user, spec in entries.items():
-
-        def fail(message, key, spec=spec, user=user):
-            line = line_of(spec, key) if isinstance(spec, dict) else line_of(entries, user)
-            raise ConfigError(
-                message, source=source, entry=f"user_limits {user}", field=key, line=line
-            )
-
-        if not isinstance(spec, dict):
-            fail("must be a mapping with gpus, running_jobs, pending_jobs", "user_limits")
-        values = {}
-        for key, value in spec.items():
-            if key not in _USER_LIMIT_FIELDS:
-                fail(f"unknown field {key!r}; known: {', '.join(_USER_LIMIT_FIELDS)}", key)
-            if value is None:
-                continue
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value < 0
-            ):
-                fail(f"'{key}' must be a finite number >= 0, got {value!r}", key)
-            if key != "gpus" and value != int(value):
-                fail(f"'{key}' must be a whole number of jobs, got {value!r}", key)
-            values[key] = float(value) if key == "gpus" else int(value)
-        out[str(user)] = UserLimit(**values)
-    return out
 
 
 def _number(spec, key, default, fail) -> float:

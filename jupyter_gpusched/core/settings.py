@@ -88,6 +88,10 @@ class PolicySettings:
         (a notebook server's lifetime: ``core/reaper.py``)."""
         return self.walltime_notebook if kind == "notebook" else self.walltime_batch
 
+    def walltime(self, job) -> float:
+        """What the engine plans with for ``job``: its own walltime, else the default."""
+        return job.walltime or self.default_walltime(job.kind)
+
     def replace(self, **changes) -> PolicySettings:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(changes)

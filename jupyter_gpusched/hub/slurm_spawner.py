@@ -36,7 +36,9 @@ import time
 from jupyterhub.utils import random_port
 from traitlets import Dict, Float, Unicode
 
+from ..backends.slurm.batch import gres, sbatch_common
 from ..backends.slurm.commands import (
+    HOPELESS_REASONS,
     SlurmCommandError,
     SlurmOptions,
     export_lines,
@@ -44,8 +46,7 @@ from ..backends.slurm.commands import (
     read_squeue,
     run_slurm,
 )
-from ..backends.slurm.inventory import parse_oneliner
-from ..backends.slurm.launcher import HOPELESS_REASONS, gres
+from ..backends.slurm.parse import parse_oneliner
 from .profiles import GPUSchedSpawnError, describe_duration
 from .spawner import GPUSchedSpawner
 
@@ -190,14 +191,7 @@ class GPUSchedSlurmSpawner(GPUSchedSpawner, SlurmOptions):
 
     def sbatch_args(self, node: str, gpus: int, log: str, cwd: str) -> list[str]:
         args = [
-            "sbatch",
-            "--parsable",
-            f"--job-name={self._job_name()}",
-            f"--output={log}",
-            "--open-mode=append",
-            "--no-requeue",
-            "--export=NONE",
-            f"--chdir={cwd}",
+            *sbatch_common(self._job_name(), log, cwd),
             f"--nodelist={node}",
             "--nodes=1",
             "--ntasks=1",

@@ -26,22 +26,18 @@ one placement logic:
    (pre-empted, cancelled by an admin, past its maximum lifetime). ``get_state``/``load_state``
    keep the job id beside the process id, so a hub restart keeps servers and allocations.
 
-The server process is LocalProcessSpawner's, behind four methods a subclass may replace
+The server process is LocalProcessSpawner's, run as the hub user's own OS account (never a
+system account; ``run_as_hub_user``: the hub's own), behind four methods a subclass may replace
 (``launch_server``, ``poll_server``, ``stop_server``, ``server_started``, with
 ``get_state``/``load_state``/``clear_state``): ``GPUSchedSlurmSpawner``
 (``jupyter_gpusched/hub/slurm_spawner.py``, ``spawner_class = "gpusched-slurm"``) runs the server
-as a Slurm job on the allocated node instead. The profiles and the options form are in
-``profiles.py``; the conversation with the service (token, submission, queue, progress) in
-``spawner_queue.py``.
-
-Which OS account a server runs as: the hub user's own Unix account (LocalProcessSpawner's way:
-its uid, gid and groups, HOME its home directory, entered after the privileges are dropped),
-and never a system account: :class:`~jupyter_gpusched.backends.accounts.AccountPolicy` (``min_uid``,
-``denied_users``) refuses a hub user named like one (a hub user ``root`` created by a hub admin)
-before anything is asked of the scheduler, with its message on the spawn page (HTTP 403).
-``run_as_hub_user`` runs every server as the hub's own user instead, for a hub that is not root
-(a laptop); set while the hub is root it is refused, since every server, kernel and job it
-submits would then run as root.
+as a Slurm job on the allocated node instead. The class is built in layers, a module each:
+``local_server.py`` (:class:`~jupyter_gpusched.hub.local_server.LocalServerProcess`: the server
+process, and which account it runs as), ``allocation_state.py``
+(:class:`~jupyter_gpusched.hub.allocation_state.AllocationState`: what the hub's database keeps
+of the allocation), and this module (the scheduler's side: the profile, the queue, following the
+allocation). The profiles and the options form are in ``profiles.py``; the conversation with the
+service (token, submission, queue, progress) in ``spawner_queue.py``.
 
 JupyterHub's ``start_timeout`` and the queue: the hub cancels a start that takes longer than
 ``Spawner.start_timeout``. Before each start this spawner sets the start timeout the hub applies
@@ -54,16 +50,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
-import pwd
-import signal
 import time
 
-from jupyterhub.spawner import LocalProcessSpawner
 from traitlets import Bool, Dict, Float, List, Unicode, default, validate
 
-from ..backends.accounts import AccountPolicy, AccountRefused
-from ..backends.process_tree import descendants, process_created, wait_gone
+from .allocation_state import AllocationState
 from .profiles import (  # noqa: F401 (importable from here too)
     PROFILE_KEYS,
     TIERS,
@@ -79,7 +70,6 @@ from .profiles import (  # noqa: F401 (importable from here too)
     slugify,
 )
 from .spawner_queue import SchedulerClient, ServiceUnavailable
-from .stop_notice import STATE_KEY as STOP_STATE_KEY
 from .stop_notice import stop_record
 
 SERVER_EXTENSION = "jupyter_gpusched.notebook.serverext"
@@ -87,9 +77,9 @@ ENDED = ("completed", "failed", "cancelled", "preempted", "rejected", "lost")
 
 
 # -- the spawner ---------------------------------------------------------------------------------
-class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
+class GPUSchedSpawner(SchedulerClient, AllocationState):
     """Notebook servers on GPUs allocated by the jupyter_gpusched scheduler service (see the
-    module's docstring). The launch itself is LocalProcessSpawner's (see launch_server)."""
+    module's docstring). The launch itself is LocalProcessSpawner's (local_server.py)."""
 
     profiles = List(
         Dict(),
@@ -135,39 +125,11 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         20.0, help="Seconds to wait for one answer of the scheduler service."
     ).tag(config=True)
 
-    run_as_hub_user = Bool(
-        False,
-        help="""Run single-user servers as the hub's own OS user, for a hub that is not root (a
-        laptop, a demo without Unix accounts), not as the OS account named like the hub user
-        (the default, LocalProcessSpawner's way, which needs a root hub and one OS account per
-        hub user). HOME is home_dir_template for each user. Refused while the hub runs as root:
-        every server, every kernel and every job submitted from them would run as root.""",
-    ).tag(config=True)
-
-    home_dir_template = Unicode(
-        "/tmp/jupyter-gpusched/{username}",
-        help="""With run_as_hub_user: each user's HOME and working directory ({username} is
-        replaced; created if missing).""",
-    ).tag(config=True)
-
     enable_server_extension = Bool(
         True,
         help="""Enable the jupyter_gpusched server extension in the servers it starts (pre-emption
         notices at <server>/gpusched/api/notices), on their command line.""",
     ).tag(config=True)
-
-    # What is known about the current allocation (kept in the hub's database by get_state).
-    job_id = Unicode("")
-    allocation = List()
-    profile_slug = Unicode("")
-    placed_at = Float(0.0)
-    lifetime = Float(0.0)  # the profile's max_lifetime (0: none)
-    job_tier = Float(0.0)
-    job_gpus = Float(0.0)
-    pid_created = Float(0.0)  # the server process's start time (0: unknown)
-    # why the last server stopped, when the reaper stopped it (stop_notice.py): kept until
-    # the next start, for the hub's pages
-    last_stop = Dict()
 
     @validate("profiles")
     def _check_profiles(self, proposal):
@@ -186,8 +148,6 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        # c.AccountPolicy.* in the hub's config: the same rule the service applies to jobs
-        self.account_policy = AccountPolicy(parent=self)
         self._launch_timeout = self.start_timeout  # the configured value: the launch alone
         self._profile: dict | None = None
         self._gpu_models: list[str] | None = None
@@ -226,27 +186,6 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         queues = await self.my_queues() if mine else None
         chosen = _first((self.user_options or {}).get("queue"))
         return render_options_form(mine, previous, queues, chosen)
-
-    def server_account(self) -> pwd.struct_passwd | None:
-        """The OS account the server runs as: the hub user's own, if the account policy allows
-        it; None with run_as_hub_user (the hub's own account, which is not root). Raises
-        GPUSchedSpawnError with the reason the user sees on the spawn page."""
-        if self.run_as_hub_user:
-            if os.geteuid() == 0:
-                raise GPUSchedSpawnError(
-                    "The hub runs as root with GPUSchedSpawner.run_as_hub_user set: your "
-                    "server, its kernels and its jobs would all run as root. An administrator "
-                    "must unset run_as_hub_user (servers then run as each user's own account).",
-                    reason="config",
-                    status_code=500,
-                )
-            return None
-        try:
-            return self.account_policy.account(self.user.name)
-        except AccountRefused as exc:
-            raise GPUSchedSpawnError(
-                f"Your server cannot start: {exc.message}.", reason="account", status_code=403
-            ) from None
 
     def run_pre_spawn_hook(self):
         self.server_account()  # before the profile: a refused account gets nothing at all
@@ -328,15 +267,6 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         self.server = None  # JupyterHub's setter deletes the record
         self.user.db.commit()
 
-    def _save_state(self) -> None:
-        """Write the state to the hub's database now (the hub itself does so only once start()
-        has returned)."""
-        orm_spawner = self.orm_spawner
-        if orm_spawner is None or getattr(self.user, "db", None) is None:
-            return
-        orm_spawner.state = self.get_state()
-        self.user.db.commit()
-
     # -- the server process ------------------------------------------------------------------
     def get_env(self):
         env = super().get_env()
@@ -364,73 +294,6 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         # The profile's idle_timeout is the idle reaper's (core/reaper.py), which warns
         # first and records why: no culling of jupyter-server's own, unannounced, beside it.
         return args
-
-    def _home(self) -> str:
-        return self.home_dir_template.format(username=self.user.name)
-
-    def make_preexec_fn(self, name):
-        if not self.run_as_hub_user:
-            return super().make_preexec_fn(name)
-        home = self._home()
-        os.makedirs(home, mode=0o700, exist_ok=True)
-
-        def preexec():
-            os.chdir(home)
-
-        return preexec
-
-    def user_env(self, env):
-        if not self.run_as_hub_user:
-            return super().user_env(env)
-        env["USER"] = self.user.name
-        env["HOME"] = self._home()
-        env["SHELL"] = "/bin/bash"
-        return env
-
-    # -- the server process: LocalProcessSpawner's. A subclass that runs the server elsewhere
-    # (GPUSchedSlurmSpawner) replaces these four, and get_state/load_state/clear_state.
-    def server_started(self) -> bool:
-        """Is there a server (process, job) to stop?"""
-        return bool(self.pid)  # never signal pid 0 (our own process group)
-
-    async def launch_server(self):
-        """Start the single-user server on ``self.allocation``; returns what start() returns
-        (the server's URL, or ``(ip, port)``)."""
-        url = await LocalProcessSpawner.start(self)
-        self.pid_created = process_created(self.pid) or 0.0
-        return url
-
-    async def poll_server(self):
-        """None while the server runs; else its exit status, with its state cleared. A PID
-        restored from the hub's database that now names another process (the server is gone
-        and the PID was reused, e.g. after a reboot) is taken for the server's end, so that no
-        one else's process is ever signalled as the server."""
-        if self.pid and self.pid_created and process_created(self.pid) != self.pid_created:
-            self.log.warning("%s: pid %s is no longer the server", self._log_name, self.pid)
-            self.pid = 0
-        return await LocalProcessSpawner.poll(self)
-
-    async def stop_server(self, now: bool = False) -> None:
-        """Stop the server and wait until it *and its kernels* are gone.
-
-        SIGTERM first, not LocalProcessSpawner's SIGINT: on SIGTERM jupyter-server shuts its
-        kernels down and then exits, whereas a SIGINT makes a server without a terminal exit at
-        once and leave its kernels to notice a second or so later, still holding GPU memory
-        while the scheduler hands the GPUs to the next job. SIGKILL after ``term_timeout``; then
-        every process of the server's tree left (kernels run in their own sessions) is waited
-        for, and killed after ``kill_timeout``, before this returns and the GPUs are released."""
-        running = await self.poll_server() is None  # also: the PID is still the server's
-        tree = descendants(self.pid) if running else []
-        if not now and running:
-            await self._signal(signal.SIGTERM)
-            # every 50 ms (JupyterHub's wait_for_death backs off to seconds): the GPUs go back
-            # as soon as the server is gone
-            deadline = time.monotonic() + self.term_timeout
-            while await self.poll_server() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-        if self.pid and await self.poll_server() is None:
-            await LocalProcessSpawner.stop(self, now=True)  # SIGKILL
-        await wait_gone(tree, self.kill_timeout, self.log)
 
     # -- the allocation's life -----------------------------------------------------------------
     async def poll(self):
@@ -505,43 +368,9 @@ class GPUSchedSpawner(SchedulerClient, LocalProcessSpawner):
         self._drop_token()
         self._revoke_server_token()
 
-    # -- state ---------------------------------------------------------------------------------
-    def get_state(self):
-        state = super().get_state()
-        if self.last_stop:
-            state[STOP_STATE_KEY] = dict(self.last_stop)
-        if self.job_id:
-            state["gpusched"] = {
-                "job_id": self.job_id,
-                "allocation": list(self.allocation),
-                "profile": self.profile_slug,
-                "tier": self.job_tier,
-                "gpus": self.job_gpus,
-                "placed_at": self.placed_at,
-                "max_lifetime": self.lifetime,
-                "pid_created": self.pid_created,  # the server process's start time
-            }
-        return state
-
-    def load_state(self, state):
-        super().load_state(state)
-        self.last_stop = dict(state.get(STOP_STATE_KEY) or {})
-        saved = state.get("gpusched") or {}
-        if saved.get("job_id"):
-            self.job_id = saved["job_id"]
-            self.allocation = list(saved.get("allocation") or [])
-            self.profile_slug = saved.get("profile") or ""
-            self.job_tier = float(saved.get("tier") or 0)
-            self.job_gpus = float(saved.get("gpus") or 0)
-            self.placed_at = float(saved.get("placed_at") or 0)
-            self.lifetime = float(saved.get("max_lifetime") or 0)
-            self.pid_created = float(saved.get("pid_created") or 0)
-
     def clear_state(self):
         """The server is gone (JupyterHub calls this after a stop and before a start; the
         poll, when the process has ended): so is its state, and its token for the service."""
         super().clear_state()
         self._revoke_server_token()
-        self.job_id, self.allocation, self.profile_slug = "", [], ""
-        self.placed_at = self.lifetime = self.job_tier = self.job_gpus = 0.0
-        self.pid_created = 0.0
+        self._clear_allocation()

@@ -31,7 +31,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .client import ACTIVE, Client, GPUSchedError, Job
+from .client import Client, GPUSchedError, Job
+from .job import ACTIVE
 from .payloads import cell_payload
 
 #: The request fields the options of %%gpujob set: a 400 naming one is a usage error.

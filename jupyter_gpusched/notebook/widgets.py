@@ -25,8 +25,9 @@ import time
 
 import ipywidgets as w
 
-from .client import ACTIVE, FINISHED, Client, GPUSchedError, Job
+from .client import Client, GPUSchedError
 from .environment import JobEnvironment
+from .job import ACTIVE, FINISHED, Job
 from .magics import node_usage
 
 TIER_COLOURS = {1: "#1565c0", 2: "#2e7d32", 3: "#ef6c00"}

@@ -7,7 +7,7 @@ import datetime
 
 from ..core.jobs import JobState
 from ..core.quotas import QueueTree
-from .handlers import APIError, APIHandler, api
+from .api_handler import APIError, APIHandler, api
 from .openapi import openapi_document
 from .requests import MAX_EVENTS_LIMIT, MAX_WHOLE, check_document, whole_number
 

@@ -34,7 +34,7 @@ from traitlets.config import LoggingConfigurable
 from ..core.errors import ConfigError
 from ..files import read_yaml
 from ..scopes import ADMIN_SCOPE
-from .handlers import APIError
+from .api_handler import APIError
 from .identity import Identity
 
 

@@ -103,7 +103,7 @@ _JOB_FULL = {
     "exit_code": nullable("integer"),
     "message": nullable("string"),
 }
-# ... and a running job these (handlers.py APIHandler.view)
+# ... and a running job these (api_handler.py APIHandler.view)
 _JOB_RUNNING = {
     "allocation": {
         "type": "array",

@@ -8,7 +8,7 @@ the browser does. The GPU monitor inside the server (``serverext/monitor.py``, `
 api/usage-samples``) only says which kernels hold GPU memory: its reports neither keep a server
 nor exempt one. Each ``poll()`` of the service calls :meth:`Reaper.tick`, which asks
 :func:`decide` (one plain function, in the style of jupyterhub-idle-culler) what to do and
-carries it out:
+carries it out (:class:`.reaper_actions.ReaperActions`: the notices, events and culls):
 
 * :class:`Unmonitored`: a server with no trusted measurement for ``unmonitored_after`` is
   reported to admins (audit event ``reaper-unmonitored`` once per stretch, gauge
@@ -47,12 +47,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from prometheus_client import Counter, Gauge
 
-from ..backends.local.launcher import Exit
-from ..core.durations import describe_duration
 from ..core.jobs import JobState
 from ..core.reaper import (  # noqa: F401 (the policy's names are importable from here too)
     Cull,
@@ -74,6 +71,7 @@ from ..core.reaper import (  # noqa: F401 (the policy's names are importable fro
 from ..core.reaper_settings import DEFAULTS  # noqa: F401 (importable from here too)
 from .profile_claims import applied_profile, check_claimed_profile
 from .profile_claims import profile_shapes as profile_shapes_of
+from .reaper_actions import ReaperActions
 from .reaper_measure import measure, take_report
 from .reaper_requests import validate, with_profile_idle_timeouts
 from .requests import RequestError, quote
@@ -113,7 +111,8 @@ class Reaper:
                 registry=metrics.registry,
             )
         self.metrics = metrics
-        self._culling: dict[str, str] = {}  # job id -> why the reaper is stopping its server
+        # what is done once core decided: notices, audit events, culls (service/reaper_actions.py)
+        self.actions = ReaperActions(live, metrics, self.reclaimed)
         self._timer: asyncio.TimerHandle | None = None  # the next tick due before the poll's
         self._closed = False
 
@@ -239,7 +238,7 @@ class Reaper:
     def stop_reason(self, job_id: str) -> str | None:
         """Why the reaper is stopping this server, while it is (the spawner's release that
         follows is recorded with it)."""
-        return self._culling.get(job_id)
+        return self.actions.culling.get(job_id)
 
     def latest_sample(self, job_id: str) -> tuple[dict, float] | None:
         """The service's last measurement of a notebook server and the server's GPUs, or None
@@ -283,22 +282,14 @@ class Reaper:
         now = self.live.clock()
         for session in self.sessions.values():
             measure(self.live, self.sampler, session, settings["idle_threshold"], now)
-        candidates = [s for s in self.sessions.values() if s.job_id not in self._culling]
+        candidates = [s for s in self.sessions.values() if s.job_id not in self.actions.culling]
         actions = decide(candidates, settings, now)
         self._schedule(candidates, settings, now)
         if self.unmonitored_gauge is not None:
             lost = sum(unmonitored(s, settings, now) for s in self.sessions.values())
             self.unmonitored_gauge.set(lost)
         for action in actions:
-            session = self.sessions[action.job_id]
-            if isinstance(action, Unmonitored):
-                self._unmonitored(session, action, settings, now)
-            elif isinstance(action, Warn):
-                self._warn(session, action, settings, now)
-            elif isinstance(action, ShutdownKernels):
-                self._shutdown_kernels(session, action, settings, now)
-            else:
-                self._cull(session, action, settings, now)
+            self.actions.carry_out(self.sessions[action.job_id], action, settings, now)
         return actions
 
     def _schedule(self, sessions, settings: dict, now: float) -> None:
@@ -328,132 +319,3 @@ class Reaper:
             self.tick()
         except Exception:
             log.exception("the reaper failed")
-
-    def _evidence(self, session: Session, action, settings: dict, now: float) -> dict:
-        return {
-            "reason": getattr(action, "reason", "idle"),
-            "timeout": action.timeout,
-            "idle_since": action.idle_since,
-            "idle_seconds": now - action.idle_since,
-            "profile": session.profile,
-            "tier": session.tier,
-            "gpus": session.gpus,
-            "settings": settings,
-            "samples": list(session.samples)[-10:],
-        }
-
-    def _unmonitored(self, session: Session, action: Unmonitored, settings: dict, now: float):
-        since = _clock(action.since - settings["unmonitored_after"])
-        mode = settings["unmonitored"]
-        if action.report:
-            session.unmonitored_reported = now
-            message = f"GPU use not measured since {since}: {action.reason} (unmonitored: {mode})"
-            data = {"since": action.since, "reason": action.reason, "unmonitored": mode}
-            data["measured_by"] = session.measured_by
-            self._tell(session, "reaper-unmonitored", message, data, None, now)
-        if action.notify and self.live.hub is not None:
-            session.unmonitored_told = now
-            message = (
-                f"This server's GPU use cannot be measured (since {since}: {action.reason}), so "
-                "it is not stopped for idleness; the admins were told."
-            )
-            notice = {"kind": "unmonitored", "deadline": None, "job_id": session.job_id}
-            self.live._spawn(self._notify(session, {**notice, "message": message}))
-
-    async def _notify(self, session: Session, notice: dict) -> None:
-        """Post ``notice`` to the server; if it does not arrive (the server is not up yet), the
-        next tick sends it again."""
-        if not await self.live.hub.post_notice(session.user, session.server_name, notice):
-            session.unmonitored_told = None
-
-    def _warn(self, session: Session, action: Warn, settings: dict, now: float) -> None:
-        session.warned, session.warn_deadline = now, action.deadline
-        if action.reason == "unmonitored":
-            idle = (
-                f"This server's GPU use cannot be measured ({session.unmonitored_reason}), and "
-                "this hub counts unmeasured time as idle"
-            )
-        elif session.gpus == 0:  # a CPU-only server: the hub's activity, as idle-culler
-            idle = f"This server has had no activity since {_clock(action.idle_since)}"
-        else:
-            idle = f"This server's GPUs have been idle since {_clock(action.idle_since)}"
-        use = "it is used" if session.gpus == 0 else "its GPUs are used"
-        message = (
-            f"{idle}. It will be stopped {stop_phrase(action.deadline, now)} unless {use}; "
-            "save your work."
-        )
-        data = self._evidence(session, action, settings, now)
-        notice = {"kind": "idle", "deadline": action.deadline}
-        self._tell(session, "reaper-warning", message, data, notice, now)
-
-    def _shutdown_kernels(
-        self, session: Session, action: ShutdownKernels, settings: dict, now: float
-    ) -> None:
-        session.kernels_shut = now
-        count = len(action.kernel_ids)
-        message = (
-            f"This server's GPUs have been idle for {describe_duration(now - action.idle_since)}: "
-            f"{count} kernel{'s' if count > 1 else ''} holding GPU memory "
-            f"{'were' if count > 1 else 'was'} shut down. The server will be stopped "
-            f"{stop_phrase(action.deadline, now)} unless its GPUs are used."
-        )
-        kernels = list(action.kernel_ids)
-        data = {**self._evidence(session, action, settings, now), "kernel_ids": kernels}
-        notice = {"kind": "shutdown-kernels", "kernel_ids": kernels, "deadline": action.deadline}
-        self._tell(session, "reaper-kernels", message, data, notice, now)
-
-    def _tell(self, session: Session, event_kind: str, message: str, data: dict, notice, now):
-        """Audit ``event_kind`` with its evidence, log it, and post the ``notice`` (None: none)
-        to the server: one message for all three. The event's time is ``now``, the decision's
-        (the one its lead and deadline count from), not the moment it was written."""
-        job = self.live.engine.jobs[session.job_id]
-        log.info("reaper: %s of %s (%s): %s", event_kind, job.id, job.user, message)
-        event = self.live._event(event_kind, job, "reaper", message)
-        event["time"], event["data"] = now, data
-        self.live.store.add_event(event)
-        hub = self.live.hub
-        if hub is not None and notice is not None:
-            notice = {**notice, "job_id": session.job_id, "message": message}
-            self.live._spawn(hub.post_notice(session.user, session.server_name, notice))
-
-    def _cull(self, session: Session, action: Cull, settings: dict, now: float) -> None:
-        job = self.live.engine.jobs[session.job_id]
-        if action.reason in ("idle", "unmonitored"):
-            idle = "no activity" if session.gpus == 0 else "GPUs idle"
-            why = f"{idle} for {describe_duration(now - action.idle_since)} (timeout "
-            why += f"{describe_duration(action.timeout)})"
-            if action.reason == "unmonitored":
-                why += ", as far as measured: unmeasured time counts as idle (unmonitored: cull)"
-        else:
-            why = f"ran past the maximum lifetime of {describe_duration(action.timeout)}"
-        message = f"culled by the reaper: {why}"
-        log.info("reaper: reaper-cull of %s (%s): %s", job.id, job.user, message)
-        event = self.live._event("reaper-cull", job, "reaper", message)
-        event["time"], event["data"] = now, self._evidence(session, action, settings, now)
-        self.live.store.add_event(event)
-        if self.metrics is not None:
-            self.metrics.culls.inc()
-        if self.reclaimed is not None and action.reason != "max-lifetime":
-            self.reclaimed.inc(session.gpus * max(0.0, now - action.idle_since) / 3600)
-        self._culling[job.id] = message
-        self.live._spawn(self._stop(job, job.runs, session.server_name, message))
-
-    async def _stop(self, job, run: int, server_name: str, message: str) -> None:
-        """The hub stops the server; its spawner releases the allocation. Without a hub, or if
-        the release does not come, the allocation ends here once nothing of the server is left
-        (service/server_stops.py)."""
-        live = self.live
-        try:
-            if live.hub is not None:
-                # tell the user's open JupyterLab why first (the server extension answers once
-                # the Lab has fetched it, or after a few seconds: serverext/notices.py)
-                cull = {"kind": "reaper-cull", "message": message, "job_id": job.id}
-                await live.hub.post_notice(job.user, server_name, {**cull, "deadline": None})
-            await live.server_stops.stop_and_wait(job, run, server_name)
-            live.process_exited(job.id, run, Exit(0, "completed", message))
-        finally:
-            self._culling.pop(job.id, None)
-
-
-def _clock(moment: float) -> str:
-    return time.strftime("%H:%M:%S UTC", time.gmtime(moment))

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ..core.reaper import timeout_for, untrusted_reason
-from .handlers import APIHandler, api
+from .api_handler import APIHandler, api
 from .reaper import Reaper
 from .requests import check_reaper_changes, check_usage_report
 

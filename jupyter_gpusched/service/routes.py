@@ -15,13 +15,14 @@ from tornado import web
 
 from . import admin_handlers as admin
 from . import handlers as user
+from .api_handler import APIHandler
 from .reaper_handlers import ReaperHandler, UsageSamplesHandler
 
 _JOB = r"(?P<job_id>j-[0-9]+)"
 _NODE = r"(?P<name>[^/]+)"
 
 
-class MetricsHandler(user.APIHandler):
+class MetricsHandler(APIHandler):
     @property
     def authenticated(self) -> bool:
         return self.settings["gpusched_authenticate_metrics"]

@@ -1,4 +1,4 @@
-"""Loaders for the replay: real cluster traces read as they are, and clusters and queues to match.
+"""Loaders for the replay: real cluster traces read as they are, and the CSV reader they share.
 
 The full mapping of every format is in docs/replay.md ("Real traces"); in short:
 
@@ -11,9 +11,9 @@ The full mapping of every format is in docs/replay.md ("Real traces"); in short:
   deletion - scheduled; ``gpu_milli`` < 1000 -> a GPU fraction; one (root) queue. Tasks without
   GPUs and tasks never scheduled (no run time to replay) are skipped and counted.
 
-``--cluster philly[:GPUS]`` and ``--queues philly[:GPUS]`` build a Philly-shaped cluster and the
-VC queues; a ``--cluster`` ending in ``.csv`` is the Alibaba node list. A malformed row raises
-:class:`TraceError` (file, line, field), or with ``skip_bad_rows`` is skipped and counted.
+The cluster and queues to replay a trace on (``--cluster``, ``--queues``) are read by
+:mod:`.cluster_loaders`, with the CSV reader here. A malformed row raises :class:`TraceError`
+(file, line, field), or with ``skip_bad_rows`` is skipped and counted.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from ..core import Cluster, ConfigError, QueueTree
-from ..files import load_cluster, load_queues
+from ..core import Cluster, ConfigError
 from .trace import OPTIONAL, REQUIRED, TraceError, TraceJob, parse_row, read_trace
 
 FORMATS = ("csv", "philly", "alibaba2023")
@@ -37,30 +36,16 @@ WALLTIME_FACTORS = {"philly": 2.0, "alibaba2023": 2.0}
 BAD_ROWS = "bad rows"
 ZERO_GPU = "zero-GPU tasks"
 NEVER_SCHEDULED = "never-scheduled tasks"
-NO_GPU_NODES = "nodes without GPUs"
 
 PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus", "cluster")
-PHILLY_NODE_GPUS = 8
-PHILLY_NODES_PER_LEAF = 16
-PHILLY_LEAVES_PER_SPINE = 8
-_PHILLY_NODE = {"gpus": PHILLY_NODE_GPUS, "nvlink": "none", "pcie_switches": 2}
-# 8-GPU nodes owned by each virtual cluster (traces/philly/philly_vc_nodes.csv, from the Helios
-# artifact); used when that file is not next to the trace. VCs missing here own nothing.
-PHILLY_VC_NODES = {
-    "6214e9": 64, "7f04ca": 32, "11cb48": 16, "b436b2": 64, "ee9e8c": 64, "e13805": 16,
-    "6c71a0": 32, "2869ce": 16, "ed69ec": 8, "103959": 8, "0e4a51": 32,
-}  # fmt: skip
-PHILLY_GPUS = PHILLY_NODE_GPUS * sum(PHILLY_VC_NODES.values())  # 2,816
 
 ALIBABA_COLUMNS = (
     "name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "qos", "pod_phase",
     "creation_time", "deletion_time", "scheduled_time",
 )  # fmt: skip
 ALIBABA_TIERS = {"Guaranteed": 1, "LS": 2, "Burstable": 2, "BE": 3}
-ALIBABA_NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-@]+$")  # what a queue file accepts as a name
-_BUILTIN = re.compile(r"^philly(?::(\d+))?$")
 _EPOCH = datetime(1970, 1, 1)
 
 
@@ -78,29 +63,30 @@ class Loaded:
     first_error: TraceError | None = None
 
 
-def _fail(source: str, line: int, name: str, message: str):
+def fail(source: str, line: int, name: str, message: str):
+    """Raise the :class:`TraceError` of a bad cell (file, line, field)."""
     raise TraceError(message, source=source, line=line, field=name)
 
 
-def _number(row: dict, name: str, source: str, line: int, whole: bool = False) -> float:
+def number(row: dict, name: str, source: str, line: int, whole: bool = False) -> float:
     """The cell ``name`` as a finite number >= 0 (an int when ``whole``); a TraceError if not."""
     text = row[name].strip()
     if not text:
-        _fail(source, line, name, "is required")
+        fail(source, line, name, "is required")
     try:
         value = float(text)
     except ValueError:
-        _fail(source, line, name, f"{text!r} is not a number")
+        fail(source, line, name, f"{text!r} is not a number")
     if not math.isfinite(value) or value < 0:
-        _fail(source, line, name, f"{text} must be a finite number >= 0")
+        fail(source, line, name, f"{text} must be a finite number >= 0")
     if whole:
         if value != int(value):
-            _fail(source, line, name, f"{text!r} must be a whole number")
+            fail(source, line, name, f"{text!r} must be a whole number")
         return int(value)
     return value
 
 
-def _read_rows(path, columns, parse, loaded, skip_bad_rows, allowed=None, quick=None) -> list:
+def read_rows(path, columns, parse, loaded, skip_bad_rows, allowed=None, quick=None) -> list:
     """``parse(row, line, source)`` for each data row of the CSV at ``path``.
 
     ``parse`` returns an item to keep, or a string: the reason the row is skipped (counted).
@@ -148,7 +134,7 @@ def _parse_cells(header, cells, line, source, parse, loaded: Loaded, skip_bad_ro
     """One row through ``parse``; a bad row raises, or with ``skip_bad_rows`` is counted."""
     try:
         if len(cells) > len(header):
-            _fail(source, line, header[-1], f"{len(cells)} cells, the header names {len(header)}")
+            fail(source, line, header[-1], f"{len(cells)} cells, the header names {len(header)}")
         cells += [""] * (len(header) - len(cells))
         return parse(dict(zip(header, cells, strict=True)), line, source)
     except TraceError as exc:
@@ -184,11 +170,11 @@ def read_contract_trace(path, skip_bad_rows: bool = False) -> Loaded:
     def parse(row, line, source):
         job = parse_row(row, source, line)
         if job.id in seen:
-            _fail(source, line, "job_id", f"duplicate job_id {job.id!r}")
+            fail(source, line, "job_id", f"duplicate job_id {job.id!r}")
         seen.add(job.id)
         return job
 
-    loaded.jobs = _read_rows(path, REQUIRED, parse, loaded, True, REQUIRED + OPTIONAL)
+    loaded.jobs = read_rows(path, REQUIRED, parse, loaded, True, REQUIRED + OPTIONAL)
     loaded.jobs.sort(key=lambda j: j.submit_time)
     return loaded
 
@@ -224,14 +210,14 @@ def read_philly(path, tier_mix=(0, 100, 0), skip_bad_rows: bool = False) -> Load
         try:  # fromisoformat is fast (strptime on every row would dominate the load time)
             submit = (datetime.fromisoformat(text) - _EPOCH).total_seconds()
         except (ValueError, TypeError):  # TypeError: a time zone was given
-            _fail(source, line, "timestamp", f"{text!r} is not a time like 2017-10-09 07:01:55")
-        duration = _number(row, "duration", source, line)
-        gpus = _number(row, "num_gpus", source, line, whole=True)
+            fail(source, line, "timestamp", f"{text!r} is not a time like 2017-10-09 07:01:55")
+        duration = number(row, "duration", source, line)
+        gpus = number(row, "num_gpus", source, line, whole=True)
         if gpus == 0:
             return ZERO_GPU
         vc = row["cluster"].strip()
         if not _QUEUE_NAME.match(vc):
-            _fail(source, line, "cluster", f"{vc!r} is not a virtual cluster id (a queue name)")
+            fail(source, line, "cluster", f"{vc!r} is not a virtual cluster id (a queue name)")
         queues.add(vc)
         return submit, line - 1, duration, gpus, vc
 
@@ -247,7 +233,7 @@ def read_philly(path, tier_mix=(0, 100, 0), skip_bad_rows: bool = False) -> Load
 
         return fast
 
-    rows = _read_rows(path, PHILLY_COLUMNS, parse, loaded, skip_bad_rows, quick=quick)
+    rows = read_rows(path, PHILLY_COLUMNS, parse, loaded, skip_bad_rows, quick=quick)
     rows.sort()  # by submit time, then row (rows are unique: the rest is never compared)
     start = rows[0][0] if rows else 0.0
     width = max(5, len(str(max((r[1] for r in rows), default=0))))
@@ -273,26 +259,26 @@ def read_alibaba(path, skip_bad_rows: bool = False) -> Loaded:
     def parse(row, line, source):
         name = row["name"].strip()
         if not name:
-            _fail(source, line, "name", "is required")
+            fail(source, line, "name", "is required")
         if name in seen:
-            _fail(source, line, "name", f"duplicate task name {name!r}")
+            fail(source, line, "name", f"duplicate task name {name!r}")
         seen.add(name)
-        gpus = _number(row, "num_gpu", source, line, whole=True)
+        gpus = number(row, "num_gpu", source, line, whole=True)
         if gpus == 0:
             return ZERO_GPU
-        milli = _number(row, "gpu_milli", source, line, whole=True)
+        milli = number(row, "gpu_milli", source, line, whole=True)
         if not 1 <= milli <= 1000 or (gpus > 1 and milli != 1000):
-            _fail(source, line, "gpu_milli", f"{milli} must be 1..1000, and 1000 when num_gpu > 1")
+            fail(source, line, "gpu_milli", f"{milli} must be 1..1000, and 1000 when num_gpu > 1")
         qos = row["qos"].strip()
         if qos not in ALIBABA_TIERS:
-            _fail(source, line, "qos", f"{qos!r} is not one of {', '.join(ALIBABA_TIERS)}")
-        created = _number(row, "creation_time", source, line)
-        deleted = _number(row, "deletion_time", source, line)
+            fail(source, line, "qos", f"{qos!r} is not one of {', '.join(ALIBABA_TIERS)}")
+        created = number(row, "creation_time", source, line)
+        deleted = number(row, "deletion_time", source, line)
         if row["pod_phase"].strip() == "Pending" or not row["scheduled_time"].strip():
             return NEVER_SCHEDULED
-        scheduled = _number(row, "scheduled_time", source, line)
+        scheduled = number(row, "scheduled_time", source, line)
         if not created <= scheduled <= deleted:
-            _fail(source, line, "scheduled_time", "must lie between creation and deletion time")
+            fail(source, line, "scheduled_time", "must lie between creation and deletion time")
         models = frozenset(m.strip() for m in row["gpu_spec"].split("|") if m.strip())
         return TraceJob(
             id=name,
@@ -302,118 +288,10 @@ def read_alibaba(path, skip_bad_rows: bool = False) -> Loaded:
             tier=ALIBABA_TIERS[qos],
             gpu_models=models or None,
             gpu_fraction=milli / 1000,
-            cpus=_number(row, "cpu_milli", source, line) / 1000,
-            memory_gb=_number(row, "memory_mib", source, line) / 1024,
+            cpus=number(row, "cpu_milli", source, line) / 1000,
+            memory_gb=number(row, "memory_mib", source, line) / 1024,
         )
 
-    loaded.jobs = _read_rows(path, ALIBABA_COLUMNS, parse, loaded, skip_bad_rows)
+    loaded.jobs = read_rows(path, ALIBABA_COLUMNS, parse, loaded, skip_bad_rows)
     loaded.jobs.sort(key=lambda j: j.submit_time)
     return loaded
-
-
-def _builtin_gpus(spec: str, option: str, multiple: int = 1) -> int | None:
-    """``philly`` -> 0 (the caller's default); ``philly:768`` -> 768; anything else -> None
-    (a file name). GPUS must be a positive multiple of ``multiple``."""
-    match = _BUILTIN.match(spec.strip())
-    if match is None:
-        return None
-    gpus = int(match.group(1) or 0)
-    if match.group(1) is not None and (gpus < 1 or gpus % multiple):
-        need = f"a positive multiple of {multiple}" if multiple > 1 else "at least 1"
-        raise ConfigError(f"{spec!r}: GPUS must be {need}", field=option)
-    return gpus
-
-
-def philly_cluster_data(gpus: int = PHILLY_GPUS) -> dict:
-    """A Philly-shaped cluster file (as data): ``gpus / 8`` nodes of 8 GPUs (no NVLink, two PCIe
-    switches: the 2017 two-socket servers), 16 nodes per leaf switch, 8 leaves per spine."""
-    nodes, leaves = [], {}
-    for index in range(gpus // PHILLY_NODE_GPUS):
-        leaf_index = index // PHILLY_NODES_PER_LEAF
-        leaf = f"leaf-{leaf_index + 1:02d}"
-        spine = f"spine-{leaf_index // PHILLY_LEAVES_PER_SPINE + 1}"
-        if leaf not in leaves.setdefault(spine, []):
-            leaves[spine].append(leaf)
-        nodes.append({"name": f"philly-n{index + 1:04d}", "leaf": leaf, **_PHILLY_NODE})
-    return {"nodes": nodes, "switches": leaves}
-
-
-def read_alibaba_nodes(path, skip_bad_rows: bool = False) -> Loaded:
-    """The Alibaba node list (``sn, cpu_milli, memory_mib, gpu, model``) as a cluster: one node
-    per row, all on one leaf switch (the trace publishes no topology, and no task asks for more
-    than one node); nodes without GPUs are skipped and counted."""
-    loaded, seen = Loaded(), set()
-
-    def parse(row, line, source):
-        name = row["sn"].strip()
-        if not name or name in seen:
-            _fail(source, line, "sn", f"node name {name!r} is empty or a duplicate")
-        seen.add(name)
-        gpus = _number(row, "gpu", source, line, whole=True)
-        if gpus == 0:
-            return NO_GPU_NODES
-        if gpus > 64:
-            _fail(source, line, "gpu", f"{gpus} GPUs; a node has at most 64")
-        model = row["model"].strip() or _fail(source, line, "model", "is required")
-        entry = {"name": name, "gpus": gpus, "gpu_model": model}
-        cpus = _number(row, "cpu_milli", source, line) / 1000
-        memory = _number(row, "memory_mib", source, line) / 1024
-        if cpus:  # 0 = not given (a cluster file refuses 0)
-            entry["cpus"] = cpus
-        if memory:
-            entry["memory_gb"] = memory
-        return entry
-
-    nodes = _read_rows(path, ALIBABA_NODE_COLUMNS, parse, loaded, skip_bad_rows)
-    if not nodes:
-        raise TraceError("no node with GPUs in the node list", source=str(path))
-    loaded.cluster = Cluster.from_dict({"nodes": nodes}, source=str(path))
-    return loaded
-
-
-def load_cluster_spec(spec: str, skip_bad_rows: bool = False) -> Loaded:
-    """``--cluster``: ``philly[:GPUS]`` (default 2,816 GPUs), an Alibaba node-list ``.csv``, or a
-    cluster YAML file."""
-    gpus = _builtin_gpus(spec, "--cluster", PHILLY_NODE_GPUS)
-    if gpus is not None:
-        data = philly_cluster_data(gpus or PHILLY_GPUS)
-        return Loaded(cluster=Cluster.from_dict(data, source=f"--cluster {spec}"))
-    if Path(spec).suffix.lower() == ".csv":
-        return read_alibaba_nodes(spec, skip_bad_rows)
-    return Loaded(cluster=load_cluster(spec))
-
-
-def read_vc_nodes(path) -> dict[str, int]:
-    """``philly_vc_nodes.csv`` (``vc, node num``): the 8-GPU nodes each virtual cluster owns."""
-
-    def parse(row, line, source):
-        return row["vc"].strip(), _number(row, "node num", source, line, whole=True)
-
-    return dict(_read_rows(path, ("vc", "node num"), parse, Loaded(), skip_bad_rows=False))
-
-
-def philly_queues_data(queue_names, gpus: int | None = None, vc_nodes=None) -> dict:
-    """A queue file (as data): one leaf queue per name, guaranteed its virtual cluster's share of
-    all VCs' nodes scaled to ``gpus`` (default: the VCs' own GPUs), rounded down so the sum never
-    exceeds ``gpus``; VCs that own nothing are guaranteed 0 (they only borrow). No limits."""
-    vc_nodes = PHILLY_VC_NODES if vc_nodes is None else vc_nodes
-    owned_total = PHILLY_NODE_GPUS * sum(vc_nodes.values())
-    gpus = owned_total if gpus is None else gpus
-    queues = {}
-    for name in sorted({n for n in queue_names if n}):
-        owned = PHILLY_NODE_GPUS * vc_nodes.get(name, 0)
-        guaranteed = owned * gpus // owned_total if owned_total else 0
-        queues[name] = {"guaranteed": guaranteed, "weight": 1}
-    return {"queues": queues}
-
-
-def load_queue_spec(spec: str, cluster: Cluster, jobs, trace_path=None) -> QueueTree:
-    """``--queues``: ``philly[:GPUS]`` (queues for the VCs in ``jobs``; VC sizes from the
-    ``philly_vc_nodes.csv`` next to the trace, else the built-in copy) or a queue YAML file."""
-    gpus = _builtin_gpus(spec, "--queues")
-    if gpus is None:
-        return load_queues(spec, cluster)
-    vc_file = Path(trace_path).parent / "philly_vc_nodes.csv" if trace_path else None
-    vc_nodes = read_vc_nodes(vc_file) if vc_file and vc_file.is_file() else None
-    data = philly_queues_data((j.queue for j in jobs), gpus or None, vc_nodes)
-    return QueueTree.from_dict(data, cluster.total_gpus, source=f"--queues {spec}")

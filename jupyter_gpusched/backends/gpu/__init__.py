@@ -11,7 +11,8 @@ Importing this package is cheap: ``pynvml`` is imported only when the NVML backe
 """
 
 from .backend import get_telemetry
-from .simulated import SimulatedLoad, SimulatedTelemetry, simulate_load, stop_load
+from .simulated import SimulatedTelemetry
+from .simulated_loads import SimulatedLoad, simulate_load, stop_load
 from .telemetry import (
     BACKENDS,
     Device,

@@ -1,11 +1,8 @@
-"""Launch backends: how the service carries out "run job J on these GPUs" on a host.
+"""The local launch backend: :class:`LocalLauncher` runs jobs on this host. The interface it
+implements, :class:`~jupyter_gpusched.backends.interface.Launcher`, with its handles, is in
+:mod:`jupyter_gpusched.backends.interface`; how a job ended, read back, in :mod:`.exits`.
 
-The service decides *where* a job runs; a :class:`Launcher` only starts it, watches it and stops
-it. ``start`` returns a *handle*, a small JSON-serialisable dict that the service stores in its
-database; every other method takes that handle, so a launcher created after a service restart
-can pick up the jobs its predecessor started.
-
-:class:`LocalLauncher` runs jobs on this host:
+How it runs them:
 
 * Each job runs under :mod:`jupyter_gpusched.backends.local.runner` (``python -m ...``), which leads
   a process group of its own, so ``signal`` and ``stop`` reach every process of the job. The
@@ -34,7 +31,7 @@ can pick up the jobs its predecessor started.
   or :attr:`LocalLauncher.run_as_submitting_user` is False, jobs run as the service's own user;
   the deny list still refuses the hub users named in it. Either way the interpreter
   (:attr:`LocalLauncher.python`) with this package must be usable by that account. This is the
-  one rule for a job's Python: :meth:`Launcher._interpreter` (this interpreter if the account
+  one rule for a job's Python: :meth:`LocalLauncher._interpreter` (this interpreter if the account
   can import this package with it, else a system ``python3`` with this environment on
   ``PYTHONPATH``); it runs the runner and is what ``$GPUSCHED_PYTHON`` names in the job.
 * **Working directory.** The runner starts in ``/`` and enters the working directory itself,
@@ -63,170 +60,27 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 
 import psutil
-from traitlets import Bool, Float, Instance, List, Unicode, default
-from traitlets.config import LoggingConfigurable
+from traitlets import Bool, Float, List, Unicode
 
 from ..accounts import (
     JOB_PYTHON_ENV,
     SYSTEM_PYTHONS,
-    AccountPolicy,
     AccountRefused,
     cwd_problem_for,
     environment_pythonpath,
     run_as_ids,
-    submitting_account,
 )
+
+# The interface, also importable from here (the service and Slurm's launcher import it so)
+from ..interface import Exit, Launcher, LaunchError, LaunchSpec
+from .exits import exit_from_record, group_alive, signal_name, signal_number
 
 #: A handle's create_time and the process's may differ by this much and still be the same process.
 CREATE_TIME_TOLERANCE = 1e-2
 #: Seconds a working directory that passed the check at submit is taken as passed (same user).
 CWD_CHECK_TTL = 10.0
-
-
-class LaunchError(Exception):
-    """A job could not be started; ``message`` says why, for the user. ``requeue`` is true
-    when the backend refused the placement rather than the job (e.g. Slurm does not know the
-    node): the service then puts the job back to pending and retries it after a back-off."""
-
-    requeue = False
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
-
-@dataclass
-class LaunchSpec:
-    """What to run, for whom, on which local GPUs, and where its log goes."""
-
-    job_id: str
-    user: str  # the hub user who submitted it
-    command: str | None  # a shell command (run with /bin/sh -c), or
-    notebook: str | None  # a notebook path (relative: to cwd), run by nbclient; one of the two
-    gpus: list[int]  # local GPU indices -> CUDA_VISIBLE_DEVICES="0,3"; [] -> ""
-    env: dict[str, str]  # user-supplied environment, plus GPUSCHED_* set by the service
-    cwd: str | None  # working directory (None: the home directory of the user it runs as)
-    log_dir: str  # where the log (and the executed notebook) go; created if missing
-    # The whole placement, node by node: [(node name, its GPU indices), ...] in the engine's
-    # order. Multi-node backends (Slurm) need it; LocalLauncher uses ``gpus`` (the first node).
-    nodes: list[tuple[str, list[int]]] | None = None
-
-
-@dataclass
-class Exit:
-    """How a job ended."""
-
-    code: int | None  # exit status, None when unknown (also when ended by a signal)
-    outcome: str  # "completed" | "failed" | "killed" | "lost" | "refused" (never started:
-    # the backend would not run the placement; the engine requeues the job after a back-off)
-    message: str  # one line for humans, e.g. "exit code 3", "killed by SIGKILL"
-
-
-class Launcher(LoggingConfigurable):
-    """The interface the service drives. Handles are plain dicts; see :class:`LocalLauncher`."""
-
-    #: The log directory's mode (GPUSchedService sets it at start): the service's alone.
-    log_dir_mode = 0o700
-
-    # What a backend can do is declared here, and a backend that can more says so (the
-    # service reads these; it never probes a launcher with hasattr):
-    #: Jobs run as their hub user's account (a Bool trait where a backend can do it).
-    run_as_submitting_user = False
-    #: The backend knows the nodes' states (Slurm's), and the service follows them:
-    #: :meth:`node_states` is implemented (service/slurm.py), ``node_refresh_wanted`` is set
-    #: when a launch found them changed.
-    reports_node_states = False
-    node_refresh_wanted = False
-
-    def node_states(self) -> dict[str, tuple[str | None, str]]:
-        """``{node: (state or None, reason)}`` as the backend sees them (see
-        :attr:`reports_node_states`)."""
-        raise NotImplementedError(f"{type(self).__name__} does not report node states")
-
-    account_policy = Instance(
-        AccountPolicy,
-        help="Which accounts jobs may run as (configured as c.AccountPolicy.*).",
-    )
-
-    @default("account_policy")
-    def _account_policy_default(self):
-        return AccountPolicy(parent=self)
-
-    def job_account(self, user: str) -> pwd.struct_passwd | None:
-        """The account jobs of hub user ``user`` run as (None: the service's own), or
-        :class:`~jupyter_gpusched.backends.accounts.AccountRefused` saying why none may. Asked at
-        submit and at every launch."""
-        return submitting_account(user, self.run_as_submitting_user, self.account_policy)
-
-    def cwd_problem(self, account: pwd.struct_passwd | None, cwd: str) -> str | None:
-        """Why a job of ``account`` (None: the service's) could not enter ``cwd``, checked at
-        submit; None when it can, or when this backend cannot tell here (Slurm: the node
-        enters it, as the user)."""
-        return None
-
-    def _interpreter(self, account: pwd.struct_passwd | None) -> tuple[str, dict]:
-        """The interpreter for jobs of ``account`` and the environment it needs (cached)."""
-        if self.python:
-            return self.python, {}
-        key = account.pw_uid if account is not None else None
-        if key not in self._interpreters:
-            choice = (sys.executable, {})
-            if account is not None and not _can_import_runner(account, sys.executable, {}):
-                extra = {"PYTHONPATH": environment_pythonpath()}
-                for candidate in SYSTEM_PYTHONS:
-                    if os.path.exists(candidate) and _can_import_runner(account, candidate, extra):
-                        choice = (candidate, extra)
-                        break
-                else:
-                    self.log.warning(
-                        "user %s can run no Python that imports jupyter_gpusched; set "
-                        "c.LocalLauncher.python",
-                        account.pw_name,
-                    )
-            self._interpreters[key] = choice
-        return self._interpreters[key]
-
-    def start(self, spec: LaunchSpec) -> dict:
-        """Start the job; return its handle (JSON-serialisable). Raises :class:`LaunchError`."""
-        raise NotImplementedError
-
-    def poll(self, handle: dict) -> Exit | None:
-        """How the job ended, or None while it runs. Never blocks."""
-        raise NotImplementedError
-
-    def signal(self, handle: dict, signame: str) -> None:
-        """Send ``signame`` (e.g. ``"SIGTERM"``) to every process of the job."""
-        raise NotImplementedError
-
-    async def stop(self, handle: dict, signame: str, grace: float) -> Exit:
-        """Send ``signame``, wait up to ``grace`` seconds, then SIGKILL; return how it ended."""
-        raise NotImplementedError
-
-    def alive(self, handle: dict) -> bool:
-        """Is the job's work still running (checked by identity, not just by PID)?"""
-        raise NotImplementedError
-
-    def log_path(self, handle: dict) -> str:
-        """The job's log file."""
-        raise NotImplementedError
-
-
-def _signum(signame: str) -> int:
-    name = signame.upper()
-    try:
-        return _signal.Signals[name if name.startswith("SIG") else "SIG" + name]
-    except KeyError:
-        raise ValueError(f"unknown signal {signame!r}") from None
-
-
-def _signame(number: int) -> str:
-    try:
-        return _signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def _open(path: str, flags: int, owner: pwd.struct_passwd | None) -> int:
@@ -235,21 +89,6 @@ def _open(path: str, flags: int, owner: pwd.struct_passwd | None) -> int:
     if owner is not None:
         os.fchown(fd, owner.pw_uid, owner.pw_gid)
     return fd
-
-
-def _group_alive(pgid: int) -> bool:
-    """Is any process of group ``pgid`` still running? (Zombies do not count.)"""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    for process in psutil.process_iter():
-        with contextlib.suppress(OSError, psutil.Error):
-            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
-                return True
-    return False
 
 
 def _can_import_runner(account: pwd.struct_passwd, python: str, env: dict) -> bool:
@@ -266,14 +105,6 @@ def _can_import_runner(account: pwd.struct_passwd, python: str, env: dict) -> bo
     except (OSError, subprocess.SubprocessError):
         return False
     return done.returncode == 0
-
-
-def _exit_from_record(record: dict) -> Exit:
-    if record.get("signal") is not None:
-        return Exit(None, "killed", f"killed by {_signame(record['signal'])}")
-    code = int(record["code"])
-    message = str(record.get("message") or f"exit code {code}")  # the runner's, if it failed
-    return Exit(code, "completed" if code == 0 else "failed", message)
 
 
 class LocalLauncher(Launcher):
@@ -315,6 +146,28 @@ class LocalLauncher(Launcher):
         self._ended: dict[int, tuple[float, int]] = {}  # reaped: pid -> (create_time, status)
         self._forget: set[int] = set()  # exit already reported: reap, keep no status
         self._sent: dict[tuple[int, float], set[int]] = {}  # (pid, create_time) -> signals
+
+    def _interpreter(self, account: pwd.struct_passwd | None) -> tuple[str, dict]:
+        """The interpreter for jobs of ``account`` and the environment it needs (cached)."""
+        if self.python:
+            return self.python, {}
+        key = account.pw_uid if account is not None else None
+        if key not in self._interpreters:
+            choice = (sys.executable, {})
+            if account is not None and not _can_import_runner(account, sys.executable, {}):
+                extra = {"PYTHONPATH": environment_pythonpath()}
+                for candidate in SYSTEM_PYTHONS:
+                    if os.path.exists(candidate) and _can_import_runner(account, candidate, extra):
+                        choice = (candidate, extra)
+                        break
+                else:
+                    self.log.warning(
+                        "user %s can run no Python that imports jupyter_gpusched; set "
+                        "c.LocalLauncher.python",
+                        account.pw_name,
+                    )
+            self._interpreters[key] = choice
+        return self._interpreters[key]
 
     # -- start --------------------------------------------------------------------------------
 
@@ -445,7 +298,7 @@ class LocalLauncher(Launcher):
             return None
         if not isinstance(record, dict) or record.get("run") != handle["run"]:
             return None  # empty (still running), or the record of another run of the job
-        return _exit_from_record(record)
+        return exit_from_record(record)
 
     @staticmethod
     def _same(create_time: float, handle: dict) -> bool:
@@ -478,11 +331,11 @@ class LocalLauncher(Launcher):
         if handle.get("sigkill_sent") or _signal.SIGKILL in sent:
             return Exit(None, "killed", "killed by SIGKILL")
         if status is not None and -status in sent:  # e.g. SIGTERM before the runner was ready
-            return Exit(None, "killed", f"killed by {_signame(-status)}")
+            return Exit(None, "killed", f"killed by {signal_name(-status)}")
         if status is None:
             return Exit(None, "lost", f"process {pid} vanished while the service was down")
         if status < 0:
-            name = _signame(-status)
+            name = signal_name(-status)
             return Exit(None, "lost", f"process {pid} was killed by {name}, not by the launcher")
         return Exit(None, "failed", f"the job wrapper exited with {status} before the job ended")
 
@@ -500,7 +353,7 @@ class LocalLauncher(Launcher):
     # -- signals ------------------------------------------------------------------------------
 
     def signal(self, handle: dict, signame: str) -> None:
-        signum = _signum(signame)
+        signum = signal_number(signame)
         if not self.alive(handle):  # the group's id may belong to someone else by now
             return
         self._sent.setdefault((handle["pid"], handle["create_time"]), set()).add(signum)
@@ -529,7 +382,7 @@ class LocalLauncher(Launcher):
         # The job's other processes die with the runner (it SIGKILLs them, or we did), but
         # not at once: return when they are gone, and their GPUs free.
         deadline = time.monotonic() + self.kill_wait
-        while _group_alive(handle["pgid"]) and time.monotonic() < deadline:
+        while group_alive(handle["pgid"]) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         pid = handle["pid"]
         return exit or Exit(None, "killed", f"sent SIGKILL, but process {pid} is still there")

@@ -7,6 +7,7 @@
   (their uid, gid and groups: munge then vouches for them), never through a shell.
 * :func:`export_lines`: environment variables as ``export NAME='value'`` lines of a job script.
 * :func:`read_squeue`: the state of some jobs, finished ones included, in one ``squeue``.
+* :data:`HOPELESS_REASONS`: the pending reasons both backends give up on at once.
 * :class:`SlurmOptions`: the settings both backends share (partition, account, extra sbatch
   options, slurm.conf, where the commands are), configurable once as ``c.SlurmOptions.*``.
 """
@@ -40,6 +41,15 @@ ACTIVE_STATES = {
     "STAGE_OUT",
     "STOPPED",
     "RESV_DEL_HOLD",
+}
+#: Reasons for which Slurm will never start a pending job by itself.
+HOPELESS_REASONS = {
+    "BadConstraints",
+    "InvalidAccount",
+    "InvalidQOS",
+    "PartitionNodeLimit",
+    "PartitionTimeLimit",
+    "DependencyNeverSatisfied",
 }
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

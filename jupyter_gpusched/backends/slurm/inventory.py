@@ -29,19 +29,19 @@ nodes through ``LiveScheduler.set_node`` (actor ``slurm``, so the audit log says
 back in service the nodes *it* took out when Slurm does. An admin's own drain (through the
 service's API) is never undone by it. Call :meth:`SlurmNodeSync.sync` at every poll, before
 ``LiveScheduler.poll`` (see the class).
+
+Slurm's text (``--oneliner`` lines, host lists, GRES, node states) is read by :mod:`.parse`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import subprocess
 import time
-from collections import Counter
 
 from ...core.errors import ConfigError
-from ...core.hostlist import expand_hostlist
+from .parse import engine_state, expand_nodes, parse_gres, parse_oneliner
 
 log = logging.getLogger("jupyter_gpusched.slurm")
 
@@ -56,7 +56,6 @@ OPTIONS = {
     "bin_dir",
 }
 _RANK = {"up": 0, "drain": 1, "down": 2}
-_KEY = re.compile(r"^([A-Za-z][A-Za-z0-9_/:.]*)=(.*)$", re.S)
 
 
 # -- running Slurm's commands ----------------------------------------------------------------
@@ -86,96 +85,6 @@ def run_scontrol(args: list[str], *, slurm_conf: str = "", bin_dir: str = "", ti
         why = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
         raise ConfigError(f"scontrol {' '.join(args)} failed: {why}", field="nodes")
     return done.stdout
-
-
-# -- parsing ---------------------------------------------------------------------------------
-def parse_oneliner(line: str) -> dict[str, str]:
-    """``Key=value Key=value ...`` (one ``scontrol show ... --oneliner`` line) as a dict.
-    A value may contain spaces (``OS=Linux 6.1 #1 SMP``, ``Reason=disk full [root@...]``):
-    words without ``Key=`` belong to the value before them."""
-    fields: dict[str, str] = {}
-    key = None
-    for word in line.split():
-        match = _KEY.match(word)
-        if match is not None:
-            key = match.group(1)
-            fields[key] = match.group(2)
-        elif key is not None:
-            fields[key] += " " + word
-    return fields
-
-
-def expand_nodes(hostlist: str) -> list[str]:
-    """Slurm host list -> names: ``n[1-3],gpu7`` -> n1, n2, n3, gpu7."""
-    names: list[str] = []
-    depth, item = 0, ""
-    for char in hostlist.strip():
-        if char == "," and depth == 0:
-            if item:
-                names.extend(expand_hostlist(item))
-            item = ""
-            continue
-        depth += (char == "[") - (char == "]")
-        item += char
-    if item:
-        names.extend(expand_hostlist(item))
-    return names
-
-
-def parse_gres(gres: str) -> Counter:
-    """GPUs per type from a node's ``Gres=``: ``gpu:h100:4(S:0-1),gpu:2,shard:8`` ->
-    {"h100": 4, "": 2}."""
-    counts: Counter = Counter()
-    if not gres or gres == "(null)":
-        return counts
-    depth, items, item = 0, [], ""
-    for char in gres:
-        if char == "," and depth == 0:
-            items.append(item)
-            item = ""
-            continue
-        depth += (char == "(") - (char == ")")
-        item += char
-    items.append(item)
-    for entry in items:
-        entry = re.sub(r"\(.*\)$", "", entry.strip())
-        parts = entry.split(":")
-        if parts[0] != "gpu" or len(parts) < 2:
-            continue
-        count = parts[-1]
-        if not count.isdigit():  # "gpu:h100" (a count of 1 is written out by Slurm, but ...)
-            continue
-        kind = ":".join(p for p in parts[1:-1] if p not in ("no_consume",))
-        counts[kind] += int(count)
-    return counts
-
-
-def engine_state(slurm_state: str) -> str | None:
-    """Slurm's ``State=`` -> the engine's ``up``, ``drain`` or ``down``; None when Slurm does not
-    know yet (UNKNOWN: slurmctld has just started and the node has not registered).
-
-    * ``down``: the base state is DOWN (set by an admin, or after ``SlurmdTimeout`` without an
-      answer) or FUTURE (not in service yet). Running jobs there are lost: the engine requeues
-      batch jobs.
-    * ``drain``: the flags DRAIN (also DRAINING / DRAINED), FAIL, REBOOT_REQUESTED,
-      REBOOT_ISSUED, INVALID_REG, or the base state ERROR / INVAL: no new work; running jobs
-      finish.
-    * ``up``: everything else: IDLE, MIXED, ALLOCATED, COMPLETING, with flags such as
-      NOT_RESPONDING (a passing silence; Slurm itself downs the node after ``SlurmdTimeout``),
-      POWERED_DOWN / POWERING_UP (power saving: Slurm powers it up for a job), MAINT, RESERVED,
-      PLANNED, CLOUD.
-    """
-    words = [w.rstrip("*~#!%$@^-") for w in slurm_state.upper().split("+")]
-    base, flags = words[0], set(words[1:])
-    if base == "UNKNOWN" and not flags & {"DRAIN", "FAIL"}:
-        return None
-    if base in ("DOWN", "FUTURE"):
-        return "down"
-    drain_flags = {"DRAIN", "DRAINING", "DRAINED", "FAIL", "FAILING", "INVALID_REG"}
-    drain_flags |= {"REBOOT_REQUESTED", "REBOOT_ISSUED"}
-    if base in ("ERROR", "INVAL", "DRAINED", "DRAINING") or flags & drain_flags:
-        return "drain"
-    return "up"
 
 
 def read_nodes(*, partition: str = "", slurm_conf: str = "", bin_dir: str = "") -> list[dict]:

@@ -3,35 +3,24 @@
 :class:`SlurmLauncher` carries out a placement of the engine (``LaunchSpec.nodes``: node names
 and GPU counts) as one Slurm batch job, and adds no scheduling of its own:
 
-* **Pinned.** ``sbatch --nodelist=<the engine's nodes> --nodes=<k> --ntasks-per-node=1
-  --gres=gpu:<n>``; a gang whose nodes hold different GPU counts becomes a heterogeneous job
-  (one component per node: ``-N1 -w n1 --gres=gpu:3 : -N1 -w n2 --gres=gpu:1``). The job
-  script runs the command once per node with ``srun`` (one task per node), so each task sees
-  the GPUs Slurm bound to it in ``CUDA_VISIBLE_DEVICES`` (Slurm, not the engine, picks *which*
-  GPUs of a node: the count per node is the engine's, the indices are Slurm's; every task's
-  line in the log says which it got). A notebook (``spec.notebook``) runs once, on the first
-  node, with nbclient: ``python -m jupyter_gpusched.backends.slurm.launcher notebook IN OUT``.
+* **Pinned.** ``sbatch --nodelist=<the engine's nodes>``, a GPU count per node, one task per
+  node (a heterogeneous job when the counts differ); the job script and sbatch's options are
+  built in :mod:`.batch` (which says how), the notebook task is :mod:`.notebook_task`.
 * **Not requeued by Slurm** (``--no-requeue``): the engine requeues (after a pre-emption, or
   when a node goes down).
 * **Named** ``gpusched-<job id>``; the name is checked whenever the job is looked up, so a
   Slurm job id reused after a reset of slurmctld's state is not taken for ours.
 * **Output** appended to the job's log (``--output``, ``--open-mode=append``): the log
   directory must be on a file system the compute nodes share, at the same path.
-* **Environment.** ``sbatch --export=NONE``: the job starts from the user's login environment on
-  the node (as Slurm builds it), not the service's; the job script then sets
-  ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and the spec's variables (the request's ``env`` and
-  GPUSCHED_*), and runs ``srun --export=ALL``.
 * **Accounts.** When the service runs as root, ``sbatch`` runs as the submitting hub user (their
   uid, gid and groups; so munge vouches for them and the job is theirs in Slurm), if
   :class:`~jupyter_gpusched.backends.accounts.AccountPolicy` allows that account (checked at submit,
   a 403, and at launch, a :class:`LaunchError`: never root, a system account or an unknown
   user). Not root, or ``run_as_submitting_user = False``: jobs are the service user's (the
   deny list still refuses the hub names in it).
-* **Working directory.** ``--chdir`` (default: the account's home directory on this host), and
-  the job script enters it again (``cd``) before ``srun``: both run on the node, as the user, so
-  a directory the user cannot enter there fails the job with a line in its log instead of
-  running it in Slurm's fallback ``/tmp``. The nodes may not share this host's file systems, so
-  the service does not check the directory at submit.
+* **Working directory.** ``--chdir`` (default: the account's home directory on this host),
+  entered again by the job script on the node, as the user (see :mod:`.batch`). The nodes may
+  not share this host's file systems, so the service does not check the directory at submit.
 * **Refusals.** When ``sbatch`` fails (a node Slurm does not know, more GPUs than the node has
   in Slurm, a partition the user may not use ...), :meth:`SlurmLauncher.start` raises
   :class:`SlurmRefused` (a :class:`LaunchError`) with Slurm's message. A job that Slurm
@@ -44,23 +33,10 @@ The handle: ``{"backend": "slurm", "cluster": ClusterName, "slurm_job_id": "123"
 "gpusched-j-000001", "job_id", "run", "user", "log", "nodes", "submitted"}``; it is all a
 launcher needs after a restart of the service.
 
-**State.** :meth:`poll` and :meth:`alive` read ``squeue --states=all`` once for every job the
-launcher is watching (cached for ``state_cache`` seconds, so one poll of the service costs
-one ``squeue``), and, for a job that ended, its exit code from ``scontrol show job`` (which keeps
-finished jobs for ``MinJobAge``, 300 s by default: set it above the service's longest expected
-downtime, or run slurmdbd) and, when slurmctld has forgotten the job, from ``sacct`` (which needs
-slurmdbd; without it the outcome is ``lost``). A job that is COMPLETING still runs here: its
-GPUs are free for Slurm only when it has gone. Slurm's end states map to :class:`Exit`:
-
-===================  =====================================================
-COMPLETED            completed, exit code 0
-FAILED               failed, exit code N (killed, when ended by a signal)
-OUT_OF_MEMORY        failed ("out of memory")
-CANCELLED            killed ("cancelled in Slurm")
-TIMEOUT, DEADLINE    killed (Slurm's time limit)
-PREEMPTED            killed (Slurm's own pre-emption: see docs/slurm.md)
-NODE_FAIL, BOOT_FAIL lost (the node failed; see ``SlurmNodeSync``)
-===================  =====================================================
+**State.** :meth:`poll` and :meth:`alive` read one ``squeue`` for every job the launcher
+watches (:mod:`.squeue_watch`), and how a job that left it ended from ``scontrol show job``,
+else ``sacct`` (:mod:`.ends`, which says how long Slurm keeps them). A job that is COMPLETING
+still runs here: its GPUs are free for Slurm only when it has gone.
 
 **Signals.** :meth:`signal` is ``scancel --signal=SIG JOBID``: the signal goes to every task of
 the job's steps (the user's command on every node), not to the batch script, whose ``srun``
@@ -80,7 +56,6 @@ import datetime
 import os
 import pwd
 import re
-import shlex
 import subprocess
 import sys
 import time
@@ -88,29 +63,17 @@ import uuid
 
 from traitlets import Bool, Float, Unicode
 
-from ..accounts import JOB_PYTHON_ENV, AccountRefused
+from ..accounts import AccountRefused
 from ..local.launcher import Exit, Launcher, LaunchError, LaunchSpec, _open
-from .commands import (
-    SlurmCommandError,
-    SlurmOptions,
-    export_lines,
-    is_active,
-    read_squeue,
-    run_slurm,
-)
-from .inventory import engine_state, parse_oneliner
+from . import notebook_task
+from .batch import batch_script, describe_nodes, sbatch_argv
+from .commands import HOPELESS_REASONS, SlurmOptions, is_active, run_slurm
+from .ends import sacct_end, scontrol_end
+from .parse import node_states_of
+from .squeue_watch import SqueueWatch
 
 #: Seconds a NODE_FAIL end is held back for the node sync (see poll) at most.
 NODE_FAIL_WAIT = 60.0
-#: Reasons for which Slurm will never start a pending job by itself.
-HOPELESS_REASONS = {
-    "BadConstraints",
-    "InvalidAccount",
-    "InvalidQOS",
-    "PartitionNodeLimit",
-    "PartitionTimeLimit",
-    "DependencyNeverSatisfied",
-}
 _NAME = re.compile(r"\w[\w.@+-]*")
 
 
@@ -160,9 +123,7 @@ class SlurmLauncher(Launcher, SlurmOptions):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self._watched: set[str] = set()  # Slurm job ids whose state squeue is asked for
-        self._states: dict[str, tuple[str, str, str]] = {}  # id -> (name, state, reason)
-        self._read_at = -float("inf")
+        self._squeue = SqueueWatch(self._run, lambda: self.state_cache)
         self._cluster: str | None = None
         self._cancelled: set[str] = set()  # ids we scancelled (to word their end)
         # id -> (node_reads, monotonic time) when first seen ended with NODE_FAIL
@@ -213,83 +174,11 @@ class SlurmLauncher(Launcher, SlurmOptions):
             os.chown(path, account.pw_uid, account.pw_gid)
         os.chmod(path, 0o700)
 
-    def script(
-        self, spec: LaunchSpec, nodes: list[tuple[str, list[int]]], run: str, cwd: str | None = None
-    ) -> str:
-        """The batch script: the working directory, environment, a header line, and srun."""
-        lines = [
-            "#!/bin/sh",
-            f"# jupyter_gpusched job {spec.job_id} (launch {run}), on {_describe(nodes)}",
-        ]
-        if cwd is not None:  # as the user, on the node; Slurm's own --chdir falls back to /tmp
-            where = shlex.quote(cwd)
-            fail = f"echo '===== the job did not run: could not enter the directory' {where}"
-            lines.append(f"cd -- {where} || {{ {fail}; exit 1; }}")
-        lines.append("export CUDA_DEVICE_ORDER=PCI_BUS_ID")
-        lines.append(f"export {JOB_PYTHON_ENV}={shlex.quote(self.python)}")
-        try:
-            lines += export_lines(spec.env)
-        except ValueError as exc:
-            raise LaunchError(str(exc)) from None
-        lines.append(
-            f'echo "===== $(date -u +%Y-%m-%dT%H:%M:%S+00:00) job {spec.job_id}: Slurm job '
-            '$SLURM_JOB_ID on $SLURM_JOB_NODELIST as $(id -un)"'
-        )
-        srun = ["srun", "--export=ALL", "--kill-on-bad-exit=1"]
-        uneven = len({len(gpus) for _, gpus in nodes}) > 1
-        if spec.notebook is not None:
-            srun += ["--het-group=0"] if uneven else []
-            srun += ["--nodes=1", "--ntasks=1"]
-            output = os.path.join(os.path.abspath(spec.log_dir), spec.job_id + ".out.ipynb")
-            task = [self.python, "-m", "jupyter_gpusched.backends.slurm.launcher", "notebook"]
-            task += [spec.notebook, output]
-        else:
-            if uneven:
-                srun.append(f"--het-group=0-{len(nodes) - 1}")
-            else:
-                srun += [f"--nodes={len(nodes)}", "--ntasks-per-node=1"]
-            header = 'echo "===== $SLURMD_NODENAME: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"'
-            task = ["/bin/sh", "-c", header + '; exec /bin/sh -c "$1"', "sh", spec.command]
-        lines.append("exec " + " ".join(shlex.quote(word) for word in srun + task))
-        return "\n".join(lines) + "\n"
+    def script(self, spec: LaunchSpec, nodes, run: str, cwd: str | None = None) -> str:
+        return batch_script(spec, nodes, run, cwd, self.python)  # the job script: see .batch
 
     def sbatch_args(self, spec: LaunchSpec, nodes, log: str, cwd: str) -> list[str]:
-        """sbatch's options: common ones, then one component per node when the GPU counts
-        differ (a heterogeneous job), else one for all."""
-        common = [
-            "sbatch",
-            "--parsable",
-            f"--job-name=gpusched-{spec.job_id}",
-            f"--output={log}",
-            "--open-mode=append",
-            "--no-requeue",
-            "--export=NONE",
-            f"--chdir={cwd}",
-        ]
-        if self.account:
-            common.append(f"--account={self.account}")
-        common += list(self.extra_args)
-        where = [f"--partition={self.partition}"] if self.partition else []
-        counts = {len(gpus) for _, gpus in nodes}
-        if len(counts) == 1:
-            names = ",".join(name for name, _ in nodes)
-            return (
-                common
-                + where
-                + [
-                    f"--nodes={len(nodes)}",
-                    f"--nodelist={names}",
-                    "--ntasks-per-node=1",
-                    *gres(counts.pop()),
-                ]
-            )
-        args = list(common)
-        for i, (name, gpus) in enumerate(nodes):
-            if i:
-                args.append(":")
-            args += [*where, "--nodes=1", f"--nodelist={name}", "--ntasks-per-node=1"]
-            args += gres(len(gpus))
-        return args
+        return sbatch_argv(spec, nodes, log, cwd, self)  # sbatch's options: see .batch
 
     def start(self, spec: LaunchSpec) -> dict:
         if (spec.command is None) == (spec.notebook is None):
@@ -318,7 +207,7 @@ class SlurmLauncher(Launcher, SlurmOptions):
             self._user_log_dir(spec.log_dir, account)
             fd = _open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, account)
             try:
-                header = f"===== {stamp} job {spec.job_id} to Slurm: {_describe(nodes)}"
+                header = f"===== {stamp} job {spec.job_id} to Slurm: {describe_nodes(nodes)}"
                 os.write(fd, f"{header}, as {run_as}\n".encode())
             finally:
                 os.close(fd)
@@ -328,18 +217,17 @@ class SlurmLauncher(Launcher, SlurmOptions):
         if done.returncode != 0:
             why = " ".join((done.stderr or done.stdout).split()) or f"status {done.returncode}"
             _append(log, f"===== Slurm refused it: {why}\n")
-            raise SlurmRefused(f"Slurm refused the placement ({_describe(nodes)}): {why}")
+            raise SlurmRefused(f"Slurm refused the placement ({describe_nodes(nodes)}): {why}")
         slurm_id = done.stdout.strip().split(";")[0]
         if not slurm_id.isdigit():
             raise LaunchError(f"sbatch answered {done.stdout.strip()!r}, not a job id")
-        self._watched.add(slurm_id)
-        self._read_at = -float("inf")  # the next poll asks squeue again
+        self._squeue.add(slurm_id)  # the next poll asks squeue again
         self.log.info(
             "Submitted job %s as %s to Slurm: job %s on %s",
             spec.job_id,
             run_as,
             slurm_id,
-            _describe(nodes),
+            describe_nodes(nodes),
         )
         return {
             "backend": "slurm",
@@ -355,62 +243,15 @@ class SlurmLauncher(Launcher, SlurmOptions):
         }
 
     # -- state --------------------------------------------------------------------------------
-    def _refresh(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._read_at < self.state_cache:
-            return
-        if not self._watched:
-            self._states, self._read_at = {}, now
-            return
-        try:
-            found = read_squeue(self._run, self._watched)
-        except SlurmCommandError as exc:
-            raise LaunchError(str(exc)) from None
-        states = {job: (j.name, j.state, j.reason) for job, j in found.items()}
-        self._states, self._read_at = states, now
-
     def _state(self, handle: dict, force: bool = False) -> tuple[str, str] | None:
         """(Slurm state, reason) of the handle's job, or None when squeue does not know it."""
-        job = handle["slurm_job_id"]
-        if job not in self._watched:
-            self._watched.add(job)
-            force = True
-        self._refresh(force)
-        found = self._states.get(job)
-        if found is None or found[0] != handle["name"]:
-            return None
-        return found[1], found[2]
-
-    def _scontrol_exit(self, handle: dict) -> tuple[str, Exit] | None:
-        job = handle["slurm_job_id"]
-        done = self._run(["scontrol", "show", "job", "--oneliner", job])
-        if done.returncode != 0:
-            return None
-        records = [parse_oneliner(line) for line in done.stdout.splitlines() if line.strip()]
-        records = [r for r in records if r.get("JobName") == handle["name"]]
-        if not records or any(_active(r.get("JobState", "")) for r in records):
-            return None
-        return _worst([(r.get("JobState", ""), r.get("ExitCode", "0:0")) for r in records])
-
-    def _sacct_exit(self, handle: dict) -> tuple[str, Exit] | None:
-        job = handle["slurm_job_id"]
-        try:
-            fields = "--format=JobName,State,ExitCode"
-            done = self._run(["sacct", "--noheader", "--parsable2", "-X", f"--jobs={job}", fields])
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        if done.returncode != 0:
-            return None
-        rows = [line.split("|") for line in done.stdout.splitlines() if line.count("|") == 2]
-        rows = [(state.split()[0], code) for name, state, code in rows if name == handle["name"]]
-        if not rows or any(_active(state) for state, _ in rows):
-            return None
-        return _worst(rows)
+        return self._squeue.state(handle["slurm_job_id"], handle["name"], force)
 
     def _ended(self, handle: dict) -> Exit:
         """How a job that left squeue's active states ended (scontrol, then sacct)."""
         job = handle["slurm_job_id"]
-        found = self._scontrol_exit(handle) or self._sacct_exit(handle)
+        name = handle["name"]
+        found = scontrol_end(self._run, job, name) or sacct_end(self._run, job, name)
         if found is None:
             return Exit(
                 None,
@@ -435,7 +276,7 @@ class SlurmLauncher(Launcher, SlurmOptions):
             )
             return None  # unknown: still running, as far as we can tell
         job = handle["slurm_job_id"]
-        if found is not None and _active(found[0]):
+        if found is not None and is_active(found[0]):
             if found[0] == "PENDING" and (
                 found[1] in HOPELESS_REASONS
                 or time.time() - handle["submitted"] > self.pending_timeout
@@ -454,7 +295,7 @@ class SlurmLauncher(Launcher, SlurmOptions):
         except (OSError, subprocess.TimeoutExpired) as exc:
             self.log.warning("cannot read how Slurm job %s ended: %s", job, exc)
             return None
-        self._watched.discard(job)
+        self._squeue.discard(job)
         self._node_fail.pop(job, None)
         self._cancelled.discard(job)
         return exit
@@ -462,7 +303,7 @@ class SlurmLauncher(Launcher, SlurmOptions):
     def _give_up(self, handle: dict, reason: str) -> Exit:
         job = handle["slurm_job_id"]
         self._scancel(job)
-        self._watched.discard(job)
+        self._squeue.discard(job)
         if reason in HOPELESS_REASONS:
             return Exit(None, "refused", f"Slurm will not start it: {reason}")
         waited = self.pending_timeout
@@ -473,7 +314,7 @@ class SlurmLauncher(Launcher, SlurmOptions):
             found = self._state(handle, force=True)
         except (OSError, subprocess.TimeoutExpired, LaunchError):
             return True  # Slurm cannot say: do not give the job up
-        return found is not None and _active(found[0])
+        return found is not None and is_active(found[0])
 
     def log_path(self, handle: dict) -> str:
         return handle["log"]
@@ -496,14 +337,14 @@ class SlurmLauncher(Launcher, SlurmOptions):
             self._scancel(handle["slurm_job_id"])
             return
         found = self._state(handle, force=True)
-        if found is None or not _active(found[0]):
+        if found is None or not is_active(found[0]):
             return
         self._scancel(handle["slurm_job_id"], f"--signal={name}")
 
     async def _wait(self, handle: dict, seconds: float) -> Exit | None:
         deadline = time.monotonic() + seconds
         while True:
-            self._read_at = -float("inf")
+            self._squeue.stale()
             exit = self.poll(handle)
             if exit is not None:
                 return exit
@@ -534,28 +375,10 @@ class SlurmLauncher(Launcher, SlurmOptions):
         done = self._run(["scontrol", "show", "node", "--oneliner"])
         if done.returncode != 0:
             raise LaunchError(f"scontrol show node failed: {' '.join(done.stderr.split())}")
-        states = {}
-        for line in done.stdout.splitlines():
-            if not line.startswith("NodeName="):
-                continue
-            fields = parse_oneliner(line)
-            reason = fields.get("Reason", "")
-            states[fields["NodeName"]] = (engine_state(fields.get("State", "")), reason)
+        states = node_states_of(done.stdout)
         self.node_reads += 1
         self.node_refresh_wanted = False
         return states
-
-
-_active = is_active
-
-
-def gres(gpus: int) -> list[str]:
-    """sbatch's GPU request for ``gpus`` GPUs on a node: none for a CPU-only job."""
-    return [f"--gres=gpu:{gpus}"] if gpus else []
-
-
-def _describe(nodes) -> str:
-    return ", ".join(f"{name}: {len(gpus)} GPU{'s' * (len(gpus) != 1)}" for name, gpus in nodes)
 
 
 def _append(path: str, text: str) -> None:
@@ -566,80 +389,5 @@ def _append(path: str, text: str) -> None:
         pass
 
 
-def _exit_for(state: str, code_text: str) -> Exit:
-    """Slurm's end state and ``ExitCode=code:signal`` -> Exit."""
-    code, _, signum = code_text.partition(":")
-    try:
-        code_n, sig_n = int(code), int(signum or 0)
-    except ValueError:
-        code_n, sig_n = 0, 0
-    state = state.split()[0] if state else ""
-    if state == "COMPLETED":
-        return Exit(0, "completed", "exit code 0")
-    if state == "FAILED":
-        if sig_n:
-            return Exit(None, "killed", f"killed by {_signame(sig_n)}")
-        return Exit(code_n, "failed", f"exit code {code_n}")
-    if state == "OUT_OF_MEMORY":
-        return Exit(code_n or None, "failed", "out of memory (Slurm: OUT_OF_MEMORY)")
-    if state == "CANCELLED":
-        return Exit(None, "killed", "cancelled in Slurm")
-    if state in ("TIMEOUT", "DEADLINE"):
-        return Exit(None, "killed", f"killed by Slurm at its time limit ({state})")
-    if state == "PREEMPTED":
-        return Exit(None, "killed", "pre-empted by Slurm's own scheduler")
-    if state in ("NODE_FAIL", "BOOT_FAIL"):
-        return Exit(None, "lost", f"a node of the job failed (Slurm: {state})")
-    return Exit(None, "lost", f"Slurm says {state or 'nothing'}")
-
-
-_SEVERITY = {"completed": 0, "failed": 1, "killed": 2, "lost": 3}
-
-
-def _worst(rows: list[tuple[str, str]]) -> tuple[str, Exit]:
-    """The end of a (heterogeneous) job: its worst component's."""
-    ends = [(state.split()[0] if state else "", _exit_for(state, code)) for state, code in rows]
-    return max(ends, key=lambda end: _SEVERITY[end[1].outcome])
-
-
-def _signame(number: int) -> str:
-    import signal as _signal
-
-    try:
-        return _signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _notebook_main(argv: list[str]) -> int:
-    """``python -m jupyter_gpusched.backends.slurm.launcher notebook IN OUT``: execute a notebook
-    job's notebook (in a Slurm task) and save the executed copy; the exit status says how it
-    went."""
-    import shutil
-    import signal as _signal
-    import tempfile
-
-    from ..local.runner import run_notebook
-
-    if len(argv) != 3 or argv[0] != "notebook":
-        print(
-            "usage: python -m jupyter_gpusched.backends.slurm.launcher notebook IN OUT",
-            file=sys.stderr,
-        )
-        return 2
-    runtime = None
-    if "JUPYTER_RUNTIME_DIR" not in os.environ:  # kernel connection files: private to the run
-        runtime = os.environ["JUPYTER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="gpusched-rt-")
-    try:
-        result = run_notebook(argv[1], argv[2])
-    finally:
-        if runtime is not None:
-            shutil.rmtree(runtime, ignore_errors=True)
-    if "signal" in result:
-        _signal.signal(result["signal"], _signal.SIG_DFL)
-        os.kill(os.getpid(), result["signal"])
-    return int(result.get("code", 1))
-
-
 if __name__ == "__main__":
-    sys.exit(_notebook_main(sys.argv[1:]))
+    sys.exit(notebook_task.main(sys.argv[1:]))

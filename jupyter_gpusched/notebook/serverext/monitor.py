@@ -339,7 +339,7 @@ def _visible() -> set[int] | None:
     value, node = env.visible_devices, env.node
     if value is None:
         return None
-    from ...backends.gpu.simulated import visible_gpus
+    from ...backends.gpu.simulated_loads import visible_gpus
 
     return set(visible_gpus(node, value))
 

@@ -5,7 +5,7 @@ migrations programmatically and hands over its connection through
 ``config.attributes["connection"]``. For a developer writing a new migration::
 
     from alembic import command
-    from jupyter_gpusched.service.store import alembic_config
+    from jupyter_gpusched.service.database import alembic_config
 
     command.revision(alembic_config("sqlite:///dev.sqlite"), "add foo", autogenerate=True)
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
+from jupyter_gpusched.service.database import make_engine
 from jupyter_gpusched.service.models import Base
-from jupyter_gpusched.service.store import make_engine
 
 config = context.config
 target_metadata = Base.metadata

@@ -333,7 +333,20 @@ QUOTAS_REQUEST = {
         },
         "fair_share_half_life": {"type": "string", "pattern": duration_pattern(10 * 365 * 86400)},
         "default_queue": {"type": ["string", "null"]},
-        "user_limits": {"type": ["object", "null"]},
+        "user_limits": {
+            "type": ["object", "null"],
+            "description": "user name (or 'default') -> that user's caps across all queues "
+            "(core/user_limits.py)",
+            "additionalProperties": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "gpus": {"type": ["number", "null"], "minimum": 0},
+                    "running_jobs": {"type": ["integer", "null"], "minimum": 0},
+                    "pending_jobs": {"type": ["integer", "null"], "minimum": 0},
+                },
+            },
+        },
     },
 }
 

@@ -29,7 +29,8 @@ from traitlets.config import Application
 
 from ..backends.accounts import AccountPolicy
 from ..backends.gpu.telemetry import BACKENDS, short_hostname
-from ..backends.local.launcher import Launcher, LocalLauncher
+from ..backends.interface import Launcher
+from ..backends.local.launcher import LocalLauncher
 from ..core.errors import ConfigError
 from ..core.quotas import QueueTree
 from ..core.scheduler import Scheduler

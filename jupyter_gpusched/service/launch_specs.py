@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ..backends.local.launcher import LaunchSpec
+from ..backends.interface import LaunchSpec
 from ..core.jobs import Job
 from .records import Extra
 

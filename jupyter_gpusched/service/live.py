@@ -24,7 +24,7 @@ import logging
 import os
 import time
 
-from ..backends.local.launcher import Exit, LaunchError
+from ..backends.interface import Exit, LaunchError
 from ..core.decisions import Preempt, Start, Stop
 from ..core.jobs import Job, JobState
 from ..core.scheduler import Scheduler

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ..backends.local.launcher import Exit
+from ..backends.interface import Exit
 from ..core.durations import describe_duration
 from ..core.reaper import Cull, Session, ShutdownKernels, Unmonitored, Warn, stop_phrase
 

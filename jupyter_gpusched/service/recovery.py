@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from ..backends.local.launcher import Exit
+from ..backends.interface import Exit
 from ..core.errors import ConfigError
 from ..core.jobs import JobState
 from ..core.quotas import QueueTree

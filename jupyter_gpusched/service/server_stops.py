@@ -44,7 +44,7 @@ import time
 
 import psutil
 
-from ..backends.local.launcher import Exit
+from ..backends.interface import Exit
 from ..core.jobs import Job, JobState
 
 log = logging.getLogger("jupyter_gpusched.service")

@@ -28,7 +28,7 @@ import os
 import shlex
 
 from ..accounts import JOB_PYTHON_ENV
-from ..local.launcher import LaunchError, LaunchSpec
+from ..interface import LaunchError, LaunchSpec
 from .commands import SlurmOptions, export_lines
 
 

@@ -64,7 +64,8 @@ import uuid
 from traitlets import Bool, Float, Unicode
 
 from ..accounts import AccountRefused
-from ..local.launcher import Exit, Launcher, LaunchError, LaunchSpec, _open
+from ..interface import Exit, Launcher, LaunchError, LaunchSpec
+from ..local.launcher import _open  # the log and record files, opened as the job's owner
 from . import notebook_task
 from .batch import batch_script, describe_nodes, sbatch_argv
 from .commands import HOPELESS_REASONS, SlurmOptions, is_active, run_slurm

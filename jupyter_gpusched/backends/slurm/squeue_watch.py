@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..local.launcher import LaunchError
+from ..interface import LaunchError
 from .commands import SlurmCommandError, read_squeue
 
 

@@ -46,9 +46,10 @@ TARGETS = {"sim_wall_s": 5, "first_fill_s": 1, "placements_per_s": 5000, "peak_m
 SUBMIT_WINDOW_S = 10.0
 
 
-def build_cluster() -> Cluster:
+def build_cluster(node_count: int = 1024) -> Cluster:
+    """``node_count`` nodes of 8 GPUs (a multiple of 32): leaves of 32 nodes, spines of 8."""
     nodes, spines = [], {}
-    for leaf in range(32):
+    for leaf in range(node_count // 32):
         first = leaf * 32 + 1
         name = f"n[{first:04d}-{first + 31:04d}]"
         nodes.append({"name": name, "gpus": 8, "leaf": f"leaf-{leaf + 1:02d}"})
@@ -56,8 +57,11 @@ def build_cluster() -> Cluster:
     return Cluster.from_dict({"nodes": nodes, "switches": spines})
 
 
-def build_queues(cluster_gpus: int) -> tuple[QueueTree, list[str]]:
-    team = {"guaranteed": 128, "limit": 256, "weight": 1}
+def build_queues(cluster_gpus: int, limit_factor: int = 2) -> tuple[QueueTree, list[str]]:
+    """64 leaf teams, each guaranteed 1/64 of the cluster, with a limit of ``limit_factor``
+    times that."""
+    guaranteed = cluster_gpus // 64
+    team = {"guaranteed": guaranteed, "limit": guaranteed * limit_factor, "weight": 1}
     tree = {
         f"org{o}": {
             "children": {
@@ -71,7 +75,9 @@ def build_queues(cluster_gpus: int) -> tuple[QueueTree, list[str]]:
     return QueueTree.from_dict({"queues": tree}, cluster_gpus), paths
 
 
-def make_trace(count: int, teams: list[str], seed: int) -> list[TraceJob]:
+def make_trace(count: int, teams: list[str], seed: int, deep: bool = False) -> list[TraceJob]:
+    """The burst; ``deep``: durations uniform in [10 min, 10 h] instead (the queue stays
+    thousands deep for a simulated day)."""
     rng = random.Random(seed)
     jobs = []
     for i in range(count):
@@ -85,7 +91,10 @@ def make_trace(count: int, teams: list[str], seed: int) -> list[TraceJob]:
         else:
             gpus = rng.choice((16, 32, 64))
         team = rng.randrange(len(teams))
-        duration = round(min(max(rng.lognormvariate(math.log(3600), 0.8), 600), 6 * 3600))
+        if deep:
+            duration = round(rng.uniform(600, 10 * 3600))
+        else:
+            duration = round(min(max(rng.lognormvariate(math.log(3600), 0.8), 600), 6 * 3600))
         jobs.append(
             TraceJob(
                 id=f"job{i:05d}",
@@ -150,14 +159,25 @@ def first_fill(trace, cluster, queues, settings, policy) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs in the trace")
-    parser.add_argument("--seed", type=int, default=1, help="random seed")
+    parser.add_argument("--nodes", type=int, default=1024, help="8-GPU nodes (a multiple of 32)")
+    parser.add_argument(
+        "--workload",
+        choices=("burst", "deep"),
+        default="burst",
+        help="burst: lognormal durations around 1 h, team limit 2x the guarantee; deep: "
+        "durations uniform in [10 min, 10 h], team limit 8x the guarantee (jobs wait on "
+        "capacity, not quota, for a simulated day or more)",
+    )
+    parser.add_argument("--seed", type=int, default=None, help="random seed (burst 1, deep 2)")
     parser.add_argument("--profile", action="store_true", help="cProfile the replay (stderr)")
     args = parser.parse_args(argv)
 
-    cluster = build_cluster()
-    queues, teams = build_queues(cluster.total_gpus)
+    deep = args.workload == "deep"
+    seed = args.seed if args.seed is not None else (2 if deep else 1)
+    cluster = build_cluster(args.nodes)
+    queues, teams = build_queues(cluster.total_gpus, 8 if deep else 2)
     settings, policy = PolicySettings(), get_policy("gpusched")
-    trace = make_trace(args.jobs, teams, args.seed)
+    trace = make_trace(args.jobs, teams, seed, deep)
     last_submit = trace[-1].submit_time if trace else 0.0
 
     profiler = cProfile.Profile() if args.profile else None
@@ -175,7 +195,8 @@ def main(argv=None) -> int:
     out = {
         "jobs": args.jobs,
         "gpus": cluster.total_gpus,
-        "seed": args.seed,
+        "workload": args.workload,
+        "seed": seed,
         "profiled": args.profile,
         "sim_wall_s": figures["sim_wall_s"],
         "passes": passes,

@@ -29,7 +29,7 @@ class Pass:
     """What one scheduling pass has learnt so far."""
 
     tries: int  # pre-emption attempts left
-    blocked: int = 0
+    blocked: int = 0  # jobs tried and not placed (the deep pass examines backfill.depth)
     reserved_key: tuple | None = None
     started: list = field(default_factory=list)
     # smallest request of each shape that did not fit, and why: larger ones need not try
@@ -77,7 +77,8 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> boo
         if outcome.family in ("capacity", "placement"):
             if sched.preemptions.try_preempt(job, now, pass_):
                 continue
-            pass_.blocked += 1
+            if outcome.family == "placement":  # (more GPUs than are free: nothing was tried)
+                pass_.blocked += 1
             if sched.policy.backfill and (sched.reservation is None or not behind):
                 if deep or previous is None or previous.job_id != job_id:
                     previous = reserve(sched.state, job, sched.ledger.ends, sched.jobs, now)
@@ -160,7 +161,10 @@ def evaluate(sched, job: Job, now: float, reservation, pass_: Pass):
         sched.admin.maintenance_excluded(job, now),
     )
     if job.amount >= pass_.failed.get(shape, math.inf):
-        return pass_.reasons[shape]  # a smaller job of this shape did not fit either
+        reason = pass_.reasons[shape]  # a smaller job of this shape did not fit either
+        if reason.detail == "reservation" and not any(sched.state.free[n] for n in exclude):
+            return shape_reason(sched.cluster, job, free)  # the reserved GPUs were taken since
+        return reason
     topology = sched.policy.topology
     placement = find_placement(
         sched.state, job, topology=topology, exclude=exclude, one_leaf=patient

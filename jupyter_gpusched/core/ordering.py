@@ -20,14 +20,45 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from .jobs import Job
 
 
+@dataclass
+class ListShapes:
+    """What the jobs of one list ask for, in the terms of a pass's test that none of them can
+    start (:func:`.passes.list_cannot_start`)."""
+
+    one_node: dict[float, int] = field(default_factory=dict)  # GPUs -> jobs placed on one node
+    spanning: dict[float, int] = field(default_factory=dict)  # GPUs -> jobs that may span nodes
+    other: int = 0  # fractional, CPU-only or GPU-model jobs: the test does not cover them
+    walltimes: list[tuple[float, str]] = field(default_factory=list)  # ascending
+
+    def count(self, job: Job, walltime: float, node_gpus: int, sign: int) -> None:
+        if job.fractional or not job.gpus or job.gpu_models is not None:
+            self.other += sign
+        else:
+            per_node = job.gpus_per_node or job.gpus
+            one_node = per_node <= node_gpus and (job.gpus_per_node or 0) in (0, job.gpus)
+            sizes = self.one_node if one_node else self.spanning
+            sizes[job.gpus] = sizes.get(job.gpus, 0) + sign
+            if not sizes[job.gpus]:
+                del sizes[job.gpus]
+        if sign > 0:
+            insort(self.walltimes, (walltime, job.id))
+        else:
+            del self.walltimes[bisect_left(self.walltimes, (walltime, job.id))]
+
+
 class PendingQueue:
-    def __init__(self, key: Callable[[str], tuple], by_queue_and_tier: bool = True):
+    def __init__(
+        self, key: Callable[[str], tuple], by_queue_and_tier: bool = True, node_gpus: int = 8
+    ):
         self.key = key  # priority key of a job id; smaller goes first
         self.by_queue_and_tier = by_queue_and_tier
+        self.node_gpus = node_gpus  # GPUs of the largest node: a job of more spans nodes
+        self.shapes: dict[tuple, ListShapes] = {}
         self.lists: dict[tuple, list[tuple[float, str]]] = {}
         self.heads: dict[tuple, tuple] = {}  # list -> key of its first job
         self.sizes: dict[float, int] = {}  # GPUs asked -> number of pending jobs asking that
@@ -50,6 +81,7 @@ class PendingQueue:
         self.sizes[job.amount] = self.sizes.get(job.amount, 0) + 1
         sizes = self.list_sizes.setdefault(list_key, {})
         sizes[job.amount] = sizes.get(job.amount, 0) + 1
+        self.shapes.setdefault(list_key, ListShapes()).count(job, walltime, self.node_gpus, +1)
         insort(self.walltimes, (walltime, job.id))
         self.count += 1
 
@@ -69,6 +101,9 @@ class PendingQueue:
             else:
                 del self.heads[list_key]
                 del self.lists[list_key]
+        self.shapes[list_key].count(job, walltime, self.node_gpus, -1)
+        if not items:
+            del self.shapes[list_key]
         for sizes in (self.sizes, self.list_sizes[list_key]):
             sizes[job.amount] -= 1
             if not sizes[job.amount]:

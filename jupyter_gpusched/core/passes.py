@@ -35,6 +35,10 @@ class Pass:
     # smallest request of each shape that did not fit, and why: larger ones need not try
     failed: dict = field(default_factory=dict)
     reasons: dict = field(default_factory=dict)
+    # lists left out behind the reservation (see list_cannot_start), and what that test read
+    # of the free GPUs, kept while nothing started: (free total, outside view)
+    passed_over: set = field(default_factory=set)
+    outside: tuple | None = None
 
 
 def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> bool:
@@ -59,6 +63,16 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> boo
         if job_id in sched._claims:
             continue
         behind = pass_.reserved_key is not None and sched._key(job_id) > pass_.reserved_key
+        if (
+            behind
+            and full
+            and sched.pass_over_hopeless
+            and list_cannot_start(sched, pass_, job, now)
+        ):
+            list_key = sched.pending.list_of(job)
+            skip.add(list_key)  # it and the rest of its list keep the reason they have
+            pass_.passed_over.add(list_key)
+            continue
         outcome = evaluate(sched, job, now, sched.reservation if behind else None, pass_)
         if isinstance(outcome, Placement):
             sched._start(job, outcome, now)
@@ -93,7 +107,60 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> boo
         sched._set_reason(job, outcome)
     for job in pass_.started:
         sched._leave_pending(job)
+    if full:
+        sched.passed_over = pass_.passed_over
+        sched.lists_left_out += len(pass_.passed_over)
     return stopped
+
+
+def list_cannot_start(sched, pass_: Pass, job: Job, now: float) -> bool:
+    """True when no job of ``job``'s list (which comes after the reservation) can do anything
+    in the rest of this pass: none can start, pre-empt, or count against ``backfill.depth``.
+    Each would wait on policy, on capacity or on the reservation, so the pass leaves the list
+    out and its jobs keep the reason they have; the decisions are those of examining every job
+    (``tests/test_incremental_pass.py`` runs both).
+
+    It holds when the list has only whole-GPU jobs of any model; none pre-empts (tier 3, or no
+    tries left); each would outlast the reservation, so it must keep off the reserved nodes;
+    none fits outside them (a one-node job needs a node with that many GPUs free, a spanning
+    one that many free in all); the reserved nodes have free GPUs (so the reason is the
+    reservation, not the shape); no maintenance is planned; and no placement or capacity
+    reason was cached this pass for a shape."""
+    shapes = sched.pending.shapes.get(sched.pending.list_of(job))
+    if shapes is None or shapes.other:
+        return False
+    if pass_.tries > 0 and not (job.tier == 3 and sched.tier_first):
+        return False
+    reservation = sched.reservation
+    if reservation is None or reservation.start is None or sched.maintenance:
+        return False
+    if now + shapes.walltimes[0][0] <= reservation.start:
+        return False  # its shortest job would end before the reservation starts: it may backfill
+    state = sched.state
+    if pass_.outside is None or pass_.outside[0] != state.free_total:
+        pass_.outside = (state.free_total, outside_reservation(state, reservation.nodes))
+    most_on_a_node, outside_total, reserved_free = pass_.outside[1]
+    if not reserved_free:
+        return False
+    if shapes.one_node and min(shapes.one_node) <= most_on_a_node:
+        return False
+    if shapes.spanning and min(shapes.spanning) <= outside_total:
+        return False
+    return all(reason.family == "policy" for reason in pass_.reasons.values())
+
+
+def outside_reservation(state, reserved: frozenset) -> tuple[int, int, int]:
+    """(most GPUs free on one schedulable node outside ``reserved``, GPUs free outside it,
+    GPUs free on it)."""
+    reserved_free = sum(state.free[n] for n in reserved if state.schedulable(n))
+    reserved_any = sum(state.free[n] for n in reserved)  # (a drained node's too: see evaluate)
+    most = 0
+    for buckets in state.index.values():
+        for count in range(len(buckets) - 1, most, -1):
+            if any(idx not in reserved for members in buckets[count].values() for idx in members):
+                most = count
+                break
+    return most, state.free_total - reserved_free, reserved_any
 
 
 def pass_is_over(sched, pass_: Pass, job: Job, now: float) -> bool:

@@ -70,13 +70,21 @@ class Scheduler:
         self.maintenance: dict[int, float] = {}  # node index -> when it is drained
         self.priorities = PriorityKeys(self.jobs, self.tree, self.settings, self.policy)
         self._key = self.priorities.key
-        self.pending = PendingQueue(self._key, by_queue_and_tier=self.policy.order != "arrival")
+        self.pending = PendingQueue(
+            self._key, self.policy.order != "arrival", node_gpus=cluster.max_node_gpus
+        )
         self.pending_gpus_by_reason = {"capacity": 0, "placement": 0, "policy": 0}
         # the bookkeeping steps the collaborators are given too: none holds the scheduler (no
         # reference cycle: a scheduler let go of is freed at once, with all its jobs)
         self._set_reason = partial(set_reason, self.pending_gpus_by_reason)
         self._walltime = self.settings.walltime
         self.reservation: Reservation | None = None
+        # a deep pass leaves out the lists behind the reservation that cannot start (see
+        # passes.list_cannot_start); False: it examines every job, as the reference to test by
+        self.pass_over_hopeless = True
+        self.passed_over: set = set()  # lists the last full pass left out
+        self.lists_left_out = 0  # in all passes (for tests and benchmarks)
+        self.tier_first = self.policy.order not in ("arrival", "multifactor")
         self.passes = 0
         self._stopping: set[str] = set()
         self.retries = LaunchRetries(self.settings)  # refused launches waiting to be retried
@@ -270,10 +278,17 @@ class Scheduler:
             fresh = [j for j in new if j in self.jobs and self._waiting_in_line(self.jobs[j])]
             if full:
                 fresh = [j for j in fresh if self.jobs[j].reason is None]
+            if full and self.passed_over:  # new jobs of lists it left out: as it would have
+                left_out = [j for j in fresh if self._list_of(j) in self.passed_over]
+                run_pass(self, sorted(left_out, key=self._key), now, None, deep=False)
+                fresh = [j for j in fresh if self._list_of(j) not in self.passed_over]
             if fresh:
                 run_pass(self, sorted(fresh, key=self._key), now, None)
         out, self.agenda.decisions = self.agenda.decisions, []
         return out
+
+    def _list_of(self, job_id: str) -> tuple:
+        return self.pending.list_of(self.jobs[job_id])
 
     @staticmethod
     def _waiting_in_line(job: Job) -> bool:

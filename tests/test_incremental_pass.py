@@ -1,0 +1,142 @@
+"""A deep pass that leaves out the lists which cannot start (core/passes.py, list_cannot_start)
+makes the decisions of one that examines every pending job.
+
+Each case runs twice: once as shipped, once with ``Scheduler.pass_over_hopeless = False`` (the
+full scan, the reference); every Start, Preempt and Stop of every pass must be the same, in the
+same order. Random small cases come from the invariant suite's Hypothesis strategies; seeded
+deep-queue replays on a 256-GPU cluster make the left-out lists common (each asserts that lists
+were left out, so the comparison is never vacuous).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_invariants import Harness, scenarios
+
+from jupyter_gpusched.core import Cluster, PolicySettings, QueueTree, Scheduler, get_policy
+from jupyter_gpusched.sim import replay as replay_module
+from jupyter_gpusched.sim.trace import TraceJob
+
+
+def decisions_of(log: list) -> list:
+    return [(now, decisions) for now, decisions, _pending in log]
+
+
+def harness_log(scenario: dict, policy: str, full_scan: bool) -> list:
+    harness = Harness(scenario, policy, check=False)
+    harness.sched.pass_over_hopeless = not full_scan
+    return decisions_of(harness.run())
+
+
+@given(
+    scenario=scenarios(mode="contended"),
+    policy=st.sampled_from(["gpusched", "gpusched", "slurm", "priority"]),
+)
+def test_small_cases_decide_as_the_full_scan(scenario, policy):
+    assert harness_log(scenario, policy, False) == harness_log(scenario, policy, True)
+
+
+@given(scenario=scenarios(), policy=st.sampled_from(["gpusched", "fifo"]))
+def test_mixed_cases_decide_as_the_full_scan(scenario, policy):
+    assert harness_log(scenario, policy, False) == harness_log(scenario, policy, True)
+
+
+# -- deep queues ---------------------------------------------------------------------------------
+def deep_cluster() -> Cluster:
+    nodes = [
+        {"name": f"n[{leaf * 8 + 1:03d}-{leaf * 8 + 8:03d}]", "gpus": 8, "leaf": f"leaf-{leaf}"}
+        for leaf in range(4)
+    ]
+    return Cluster.from_dict(
+        {"nodes": nodes, "switches": {"spine": [f"leaf-{i}" for i in range(4)]}}
+    )
+
+
+def deep_queues(total: int) -> tuple[QueueTree, list[str]]:
+    teams = {f"team{t}": {"guaranteed": total // 8, "limit": total} for t in range(8)}
+    tree = {"org": {"children": teams}}
+    return QueueTree.from_dict({"queues": tree}, total), [f"org/team{t}" for t in range(8)]
+
+
+def deep_trace(seed: int, count: int, teams: list[str]) -> list[TraceJob]:
+    """A burst that keeps the queue deep: mostly small jobs, some whole-node gangs, durations
+    from 10 min to 10 h, walltime estimates up to 3x; some maintenance-free mix of tiers."""
+    rng = random.Random(seed)
+    jobs = []
+    for i in range(count):
+        gpus = rng.choice((1, 1, 1, 1, 2, 3, 4, 8, 16, 24))
+        duration = float(rng.randint(600, 36_000))
+        jobs.append(
+            TraceJob(
+                id=f"j{i:04d}",
+                submit_time=rng.uniform(0, 600) if i < count * 0.8 else rng.uniform(0, 40_000),
+                duration=duration,
+                gpus=gpus,
+                tier=rng.choices((1, 2, 3), weights=(10, 55, 35))[0],
+                queue=rng.choice(teams),
+                user=f"u{rng.randrange(12)}",
+                kind="batch",
+                gpus_per_node=8 if gpus >= 8 and rng.random() < 0.7 else None,
+                walltime=float(round(duration * rng.uniform(1.0, 3.0))),
+            )
+        )
+    jobs.sort(key=lambda j: j.submit_time)
+    return jobs
+
+
+def replay_decisions(trace, cluster, queues, settings, policy, full_scan: bool, monkeypatch):
+    log: list = []
+    schedulers = []
+
+    class Recording(Scheduler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.pass_over_hopeless = not full_scan
+            schedulers.append(self)
+
+        def schedule(self, now):
+            decisions = super().schedule(now)
+            log.append((now, tuple(decisions)))
+            return decisions
+
+    monkeypatch.setattr(replay_module, "Scheduler", Recording)
+    result = replay_module.replay(trace, cluster, queues, settings, get_policy(policy))
+    finished = {
+        j.id: (j.state.value, j.first_start, j.end_time) for j in result.scheduler.jobs.values()
+    }
+    return log, finished, schedulers[0].lists_left_out
+
+
+@pytest.mark.parametrize(
+    "seed,policy,depth,interval",
+    [
+        (1, "gpusched", 200, 30.0),
+        (2, "gpusched", 4, 30.0),
+        (3, "gpusched", 200, 0.0),
+        (4, "slurm", 200, 30.0),
+        (5, "slurm", 3, 0.0),
+        (6, "gpusched", 1, 30.0),
+    ],
+)
+def test_deep_queue_replays_decide_as_the_full_scan(seed, policy, depth, interval, monkeypatch):
+    cluster = deep_cluster()
+    queues, teams = deep_queues(cluster.total_gpus)
+    settings = PolicySettings(backfill_depth=depth, backfill_interval=interval)
+    trace = deep_trace(seed, 700, teams)
+    new, new_jobs, left_out = replay_decisions(
+        trace, cluster, queues, settings, policy, False, monkeypatch
+    )
+    full, full_jobs, none_left_out = replay_decisions(
+        trace, cluster, queues, settings, policy, True, monkeypatch
+    )
+    assert none_left_out == 0
+    assert left_out > 0, "no list was left out: the case does not test the shortcut"
+    assert len(new) == len(full)
+    for (now, decisions), (full_now, full_decisions) in zip(new, full, strict=True):
+        assert (now, decisions) == (full_now, full_decisions), f"first difference at t={now}"
+    assert new_jobs == full_jobs
+    assert {state for state, _, _ in new_jobs.values()} == {"completed"}

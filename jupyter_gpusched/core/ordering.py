@@ -30,8 +30,9 @@ class ListShapes:
     """What the jobs of one list ask for, in the terms of a pass's test that none of them can
     start (:func:`.passes.list_cannot_start`)."""
 
-    one_node: dict[float, int] = field(default_factory=dict)  # GPUs -> jobs placed on one node
-    spanning: dict[float, int] = field(default_factory=dict)  # GPUs -> jobs that may span nodes
+    # (GPUs on each node, nodes) -> jobs of that shape: one-node jobs and gangs of gpus_per_node
+    on_nodes: dict[tuple[int, int], int] = field(default_factory=dict)
+    spanning: dict[int, int] = field(default_factory=dict)  # GPUs -> gangs spread as they fit
     other: int = 0  # fractional, CPU-only or GPU-model jobs: the test does not cover them
     walltimes: list[tuple[float, str]] = field(default_factory=list)  # ascending
 
@@ -39,12 +40,14 @@ class ListShapes:
         if job.fractional or not job.gpus or job.gpu_models is not None:
             self.other += sign
         else:
-            per_node = job.gpus_per_node or job.gpus
-            one_node = per_node <= node_gpus and (job.gpus_per_node or 0) in (0, job.gpus)
-            sizes = self.one_node if one_node else self.spanning
-            sizes[job.gpus] = sizes.get(job.gpus, 0) + sign
-            if not sizes[job.gpus]:
-                del sizes[job.gpus]
+            per_node = job.gpus_per_node or (job.gpus if job.gpus <= node_gpus else None)
+            if per_node is None:
+                sizes, shape = self.spanning, job.gpus
+            else:
+                sizes, shape = self.on_nodes, (per_node, job.gpus // per_node)
+            sizes[shape] = sizes.get(shape, 0) + sign
+            if not sizes[shape]:
+                del sizes[shape]
         if sign > 0:
             insort(self.walltimes, (walltime, job.id))
         else:

@@ -120,12 +120,12 @@ def list_cannot_start(sched, pass_: Pass, job: Job, now: float) -> bool:
     out and its jobs keep the reason they have; the decisions are those of examining every job
     (``tests/test_incremental_pass.py`` runs both).
 
-    It holds when the list has only whole-GPU jobs of any model; none pre-empts (tier 3, or no
-    tries left); each would outlast the reservation, so it must keep off the reserved nodes;
-    none fits outside them (a one-node job needs a node with that many GPUs free, a spanning
-    one that many free in all); the reserved nodes have free GPUs (so the reason is the
-    reservation, not the shape); no maintenance is planned; and no placement or capacity
-    reason was cached this pass for a shape."""
+    It holds when the list has only whole-GPU jobs that take any GPU model; none pre-empts
+    (tier 3, or no tries left); each would outlast the reservation, so it must keep off the
+    reserved nodes; none fits outside them (k GPUs on each of n nodes needs n nodes with k
+    free; a gang spread as it fits needs that many free in all); the reserved nodes have free
+    GPUs (so the reason is the reservation, not the shape); no maintenance is planned; and no
+    placement or capacity reason was cached this pass for jobs that keep off those nodes."""
     shapes = sched.pending.shapes.get(sched.pending.list_of(job))
     if shapes is None or shapes.other:
         return False
@@ -139,28 +139,34 @@ def list_cannot_start(sched, pass_: Pass, job: Job, now: float) -> bool:
     state = sched.state
     if pass_.outside is None or pass_.outside[0] != state.free_total:
         pass_.outside = (state.free_total, outside_reservation(state, reservation.nodes))
-    most_on_a_node, outside_total, reserved_free = pass_.outside[1]
+    nodes_with_at_least, outside_total, reserved_free = pass_.outside[1]
     if not reserved_free:
         return False
-    if shapes.one_node and min(shapes.one_node) <= most_on_a_node:
-        return False
+    for per_node, nodes in shapes.on_nodes:
+        if nodes_with_at_least[per_node] >= nodes:
+            return False
     if shapes.spanning and min(shapes.spanning) <= outside_total:
         return False
-    return all(reason.family == "policy" for reason in pass_.reasons.values())
+    # a reason cached this pass for jobs that keep off the reserved nodes (see evaluate's
+    # shape): had they been examined, one of these could have been theirs
+    return all(r.family == "policy" for shape, r in pass_.reasons.items() if shape[7])
 
 
-def outside_reservation(state, reserved: frozenset) -> tuple[int, int, int]:
-    """(most GPUs free on one schedulable node outside ``reserved``, GPUs free outside it,
-    GPUs free on it)."""
-    reserved_free = sum(state.free[n] for n in reserved if state.schedulable(n))
+def outside_reservation(state, reserved: frozenset) -> tuple[list[int], int, int]:
+    """(for each c, the schedulable nodes outside ``reserved`` with at least c GPUs free; the
+    GPUs free outside it; the GPUs free on it)."""
+    by_free = list(state.nodes_by_free)
+    reserved_up = 0
+    for n in reserved:
+        if state.schedulable(n):
+            by_free[state.free[n]] -= 1
+            reserved_up += state.free[n]
+    at_least, running = [0] * len(by_free), 0
+    for count in range(len(by_free) - 1, -1, -1):
+        running += by_free[count]
+        at_least[count] = running
     reserved_any = sum(state.free[n] for n in reserved)  # (a drained node's too: see evaluate)
-    most = 0
-    for buckets in state.index.values():
-        for count in range(len(buckets) - 1, most, -1):
-            if any(idx not in reserved for members in buckets[count].values() for idx in members):
-                most = count
-                break
-    return most, state.free_total - reserved_free, reserved_any
+    return at_least, state.free_total - reserved_up, reserved_any
 
 
 def pass_is_over(sched, pass_: Pass, job: Job, now: float) -> bool:

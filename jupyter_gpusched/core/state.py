@@ -60,6 +60,7 @@ class ClusterState:
         self.leaf_free = dict.fromkeys(cluster.leaves, 0)
         self.model_free = dict.fromkeys(cluster.gpu_models, 0)
         self.free_total = 0
+        self.nodes_by_free = [0] * (cluster.max_node_gpus + 1)  # up nodes with c GPUs free
         self.allocations: dict[str, Placement] = {}
         self.holders: list[set[str]] = [set() for _ in nodes]  # who holds GPUs on each node
         self.shared: list[dict[int, float]] = [{} for _ in nodes]  # node -> {GPU bit: used}
@@ -82,6 +83,7 @@ class ClusterState:
         self.leaf_free[node.leaf] += free
         self.model_free[node.gpu_model] += free
         self.free_total += free
+        self.nodes_by_free[free] += 1
 
     def _remove(self, idx: int) -> None:
         node = self.cluster.nodes[idx]
@@ -94,6 +96,7 @@ class ClusterState:
         self.leaf_free[node.leaf] -= free
         self.model_free[node.gpu_model] -= free
         self.free_total -= free
+        self.nodes_by_free[free] -= 1
 
     def schedulable(self, idx: int) -> bool:
         return self.node_state[idx] == "up"

@@ -1,7 +1,7 @@
 """A deep pass that leaves out the lists which cannot start (core/passes.py, list_cannot_start)
 makes the decisions of one that examines every pending job.
 
-Each case runs twice: once as shipped, once with ``Scheduler.pass_over_hopeless = False`` (the
+Each case runs twice: once as shipped, once with ``Scheduler.leave_out_lists = False`` (the
 full scan, the reference); every Start, Preempt and Stop of every pass must be the same, in the
 same order. Random small cases come from the invariant suite's Hypothesis strategies; seeded
 deep-queue replays on a 256-GPU cluster make the left-out lists common (each asserts that lists
@@ -28,7 +28,7 @@ def decisions_of(log: list) -> list:
 
 def harness_log(scenario: dict, policy: str, full_scan: bool) -> list:
     harness = Harness(scenario, policy, check=False)
-    harness.sched.pass_over_hopeless = not full_scan
+    harness.sched.leave_out_lists = not full_scan
     return decisions_of(harness.run())
 
 
@@ -95,7 +95,7 @@ def replay_decisions(trace, cluster, queues, settings, policy, full_scan: bool, 
     class Recording(Scheduler):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.pass_over_hopeless = not full_scan
+            self.leave_out_lists = not full_scan
             schedulers.append(self)
 
         def schedule(self, now):
@@ -119,7 +119,7 @@ def replay_decisions(trace, cluster, queues, settings, policy, full_scan: bool, 
         (3, "gpusched", 200, 0.0),
         (4, "slurm", 200, 30.0),
         (5, "slurm", 3, 0.0),
-        (6, "gpusched", 1, 30.0),
+        (6, "gpusched", 12, 30.0),
     ],
 )
 def test_deep_queue_replays_decide_as_the_full_scan(seed, policy, depth, interval, monkeypatch):

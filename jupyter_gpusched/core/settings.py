@@ -20,7 +20,7 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
       batch: 24h
       notebook: 12h                # a notebook's maximum lifetime
     backfill:
-      depth: 200                   # jobs a deep pass tries to place and cannot
+      depth: 200                   # blocked jobs a deep pass examines for backfill
       interval: 30s                # deep passes (backfill, pre-emption) at most this often
     placement:
       leaf_patience: 3h            # a gang that fits one leaf switch waits this long for one

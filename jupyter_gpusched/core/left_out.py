@@ -1,0 +1,192 @@
+"""The lists a deep pass leaves out: behind the reservation, a list none of whose jobs can
+start is not examined job by job.
+
+A deep pass walks the pending jobs in priority order. Behind the reservation most of them
+cannot start: they would outlast it, so they must keep off the reserved nodes, and nothing
+outside those fits them. Examining each costs the quota test, the capacity test and a placement
+search, and gives the answer of the pass before. :func:`list_cannot_start` tells, from what a
+list's jobs ask (:class:`~.ordering.ListShapes`) and from the free GPUs outside the
+reservation, that no job of the list can start, pre-empt, or be refused a placement; the pass
+then leaves the list out (:func:`leave_out`).
+
+What a left-out list still does in the pass is count: a job that asks for more GPUs than are
+free counts against ``backfill.depth``, where the full walk would have reached it. Before the
+pass examines its next job, :func:`count_blocked` walks the left-out lists up to that job (a
+comparison of sizes per job, no placement search), so the pass stops at the job it would have
+stopped at. The decisions are those of examining every job; ``tests/test_incremental_pass.py``
+runs both and compares every decision. Jobs of a left-out list keep the reason they had (a
+counted one gets its ``capacity`` reason); a pass never reaches all jobs anyway.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+
+from . import reasons
+from .admission import headroom, policy_block, user_block
+from .jobs import Job
+from .placement import shape_reason
+
+
+@dataclass
+class LeftOut:
+    """A list the pass left out; its jobs before ``position`` were walked (see
+    :func:`count_blocked`). ``done``: the rest is skipped, as the full walk skips a list whose
+    quota room is smaller than its smallest job."""
+
+    items: list  # the pending queue's own list: (submit time, job id) in priority order
+    position: int
+    done: bool = False
+
+    def head(self) -> str | None:
+        return (
+            None if self.done or self.position >= len(self.items) else self.items[self.position][1]
+        )
+
+
+def list_cannot_start(sched, pass_, job: Job, now: float) -> bool:
+    """True when no job of ``job``'s list (which comes after the reservation) can start,
+    pre-empt, or wait on placement in the rest of this pass.
+
+    It holds when the list has only whole-GPU jobs that take any GPU model; none pre-empts
+    (tier 3, or no tries left); each would outlast the reservation, so it must keep off the
+    reserved nodes; none fits outside them (k GPUs on each of n nodes needs n nodes with k free;
+    a gang spread as it fits needs that many free in all); the reserved nodes have free GPUs (so
+    the reason is the reservation, not the shape); no maintenance is planned; and no placement
+    or capacity reason was cached this pass for jobs that keep off those nodes. Each of its jobs
+    then waits on policy, on capacity (more GPUs asked than are free) or on the reservation."""
+    shapes = sched.pending.shapes.get(sched.pending.list_of(job))
+    if shapes is None or shapes.other:
+        return False
+    if pass_.tries > 0 and not (job.tier == 3 and sched.tier_first):
+        return False
+    reservation = sched.reservation
+    if reservation is None or reservation.start is None or sched.maintenance:
+        return False
+    if now + shapes.walltimes[0][0] <= reservation.start:
+        return False  # its shortest job would end before the reservation starts: it may backfill
+    state = sched.state
+    if pass_.outside is None or pass_.outside[0] != state.free_total:
+        pass_.outside = (state.free_total, outside_reservation(state, reservation.nodes))
+    nodes_with_at_least, outside_total, reserved_free = pass_.outside[1]
+    if not reserved_free:
+        return False
+    for per_node, nodes in shapes.on_nodes:
+        if nodes_with_at_least[per_node] >= nodes:
+            return False
+    if shapes.spanning and min(shapes.spanning) <= outside_total:
+        return False
+    # a blocked reason cached this pass for jobs that keep off the reserved nodes: had the
+    # list's jobs been examined, some could have had it
+    return not pass_.shapes.keep_off_blocked
+
+
+def outside_reservation(state, reserved: frozenset) -> tuple[list[int], int, int]:
+    """(for each c, the schedulable nodes outside ``reserved`` with at least c GPUs free; the
+    GPUs free outside it; the GPUs free on it)."""
+    by_free = list(state.nodes_by_free)
+    reserved_up = 0
+    for n in reserved:
+        if state.schedulable(n):
+            by_free[state.free[n]] -= 1
+            reserved_up += state.free[n]
+    at_least, running = [0] * len(by_free), 0
+    for count in range(len(by_free) - 1, -1, -1):
+        running += by_free[count]
+        at_least[count] = running
+    reserved_any = sum(state.free[n] for n in reserved)  # (a drained node's too: see evaluate)
+    return at_least, state.free_total - reserved_up, reserved_any
+
+
+def leave_out(sched, pass_, job: Job) -> None:
+    """Leave ``job``'s list out from ``job`` on (the pass's iterator skips the rest)."""
+    list_key = sched.pending.list_of(job)
+    items = sched.pending.lists[list_key]
+    position = bisect_left(items, (job.submit_time, job.id))
+    pass_.left_out[list_key] = LeftOut(items, position)
+
+
+def walked(sched, left_out: dict, job_id: str) -> bool:
+    """True when the walk of ``job_id``'s left-out list went past it."""
+    job = sched.jobs[job_id]
+    left = left_out[sched.pending.list_of(job)]
+    return bisect_left(left.items, (job.submit_time, job.id)) < left.position
+
+
+def first_head(sched, left_out: dict) -> Job | None:
+    """The next job to walk of some left-out list (they are alike for :func:`nothing_usable`:
+    tier 3, or no pre-emption tries left)."""
+    for left in left_out.values():
+        head = left.head()
+        if head is not None:
+            return sched.jobs[head]
+    return None
+
+
+def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -> None:
+    """Walk the left-out lists up to the job of priority key ``before`` (None: to their ends),
+    counting against ``backfill.depth`` each job that the full walk would have found blocked
+    on capacity or placement, until the depth is reached (the full walk stops there)."""
+    depth = sched.settings.backfill_depth
+    quotas, free = sched.policy.quotas, sched.state.free_total
+    reserved_free = any(sched.state.free[n] for n in sched.reservation.nodes)
+    # without these, only a job asking for more GPUs than are free can count
+    any_may_count = not reserved_free or pass_.shapes.keep_off_blocked
+    key = sched._key
+    for left in pass_.left_out.values():
+        items, first = left.items, True
+        while not left.done and left.position < len(items) and pass_.blocked < depth:
+            job_id = items[left.position][1]
+            if before is not None:
+                job_key = key(job_id)
+                if job_key > before or (job_key == before and not inclusive):
+                    break
+            left.position += 1
+            if job_id in sched._claims:
+                continue
+            job = sched.jobs[job_id]
+            queue = sched.tree.get(job.queue) if quotas else sched.tree.root
+            if first and quotas:  # (the quotas do not change while the pass walks these)
+                room = headroom(job, queue, sched.policy.guarantees)
+                if room < sched.pending.smallest_in(sched.pending.list_of(job)) - 1e-9:
+                    left.done = True  # it waits on policy, and so does the rest of its list
+                    break
+            first = False
+            on_capacity = free < job.amount - 1e-9
+            if not (on_capacity or any_may_count) or waits_on_policy(sched, job, queue):
+                continue
+            if on_capacity:
+                reason = reasons.GPUS_BUSY.reason(gpus=job.amount, free=free)
+            else:
+                reason = reason_behind(sched, pass_, job, free, reserved_free)
+                if reason.family == "policy":
+                    continue
+            pass_.blocked += 1
+            sched._set_reason(job, reason)
+
+
+def waits_on_policy(sched, job: Job, queue) -> bool:
+    """The first two steps of :func:`.passes.evaluate`: quotas and user limits."""
+    if sched.policy.quotas and policy_block(job, queue, sched.policy.guarantees) is not None:
+        return True
+    if not sched.tree.user_limits:
+        return False
+    claimants = (sched.jobs[owner] for owner in sched._claims)
+    return user_block(job, sched.tree, sched.ledger.by_user, claimants) is not None
+
+
+def reason_behind(sched, pass_, job: Job, free: float, reserved_free: bool):
+    """The reason :func:`.passes.evaluate` gives a job of a left-out list that GPUs enough are
+    free for: it fits nowhere outside the reserved nodes (:func:`list_cannot_start`, and since
+    then GPUs were only taken), so it is the reason cached for its shape, else the reservation
+    if the reserved nodes have GPUs free, else its shape."""
+    exclude = sched.reservation.nodes
+    patient = sched._patient(job, now=pass_.now)
+    shape = pass_.shapes.shape(sched, job, exclude, patient, frozenset())
+    cached = pass_.shapes.reason_for(sched, job, shape, exclude, free)
+    if cached is not None:
+        return cached
+    if reserved_free:
+        return reasons.RESERVATION.reason(job=sched.reservation.job_id)
+    return shape_reason(sched.cluster, job, free)

@@ -20,7 +20,7 @@ counted one gets its ``capacity`` reason); a pass never reaches all jobs anyway.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from . import reasons
@@ -52,10 +52,10 @@ def list_cannot_start(sched, pass_, job: Job, now: float) -> bool:
     It holds when the list has only whole-GPU jobs that take any GPU model; none pre-empts
     (tier 3, or no tries left); each would outlast the reservation, so it must keep off the
     reserved nodes; none fits outside them (k GPUs on each of n nodes needs n nodes with k free;
-    a gang spread as it fits needs that many free in all); the reserved nodes have free GPUs (so
-    the reason is the reservation, not the shape); no maintenance is planned; and no placement
-    or capacity reason was cached this pass for jobs that keep off those nodes. Each of its jobs
-    then waits on policy, on capacity (more GPUs asked than are free) or on the reservation."""
+    a gang spread as it fits needs that many free in all); the reserved nodes have free GPUs;
+    and no maintenance is planned. Each of its jobs then waits on policy, on capacity (more GPUs
+    asked than are free), on the reservation, or on the reason a job of its shape got earlier
+    in the pass (:func:`count_blocked` counts those that would count)."""
     shapes = sched.pending.shapes.get(sched.pending.list_of(job))
     if shapes is None or shapes.other:
         return False
@@ -75,11 +75,7 @@ def list_cannot_start(sched, pass_, job: Job, now: float) -> bool:
     for per_node, nodes in shapes.on_nodes:
         if nodes_with_at_least[per_node] >= nodes:
             return False
-    if shapes.spanning and min(shapes.spanning) <= outside_total:
-        return False
-    # a blocked reason cached this pass for jobs that keep off the reserved nodes: had the
-    # list's jobs been examined, some could have had it
-    return not pass_.shapes.keep_off_blocked
+    return not (shapes.spanning and min(shapes.spanning) <= outside_total)
 
 
 def outside_reservation(state, reserved: frozenset) -> tuple[list[int], int, int]:
@@ -127,34 +123,54 @@ def first_head(sched, left_out: dict) -> Job | None:
 def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -> None:
     """Walk the left-out lists up to the job of priority key ``before`` (None: to their ends),
     counting against ``backfill.depth`` each job that the full walk would have found blocked
-    on capacity or placement, until the depth is reached (the full walk stops there)."""
+    on capacity or placement; if the depth is reached, the walk ends after the job that
+    reached it, in priority order over all the lists (the full walk stops there)."""
     depth = sched.settings.backfill_depth
+    if pass_.blocked >= depth:
+        return
     quotas, free = sched.policy.quotas, sched.state.free_total
     reserved_free = any(sched.state.free[n] for n in sched.reservation.nodes)
-    # without these, only a job asking for more GPUs than are free can count
-    any_may_count = not reserved_free or pass_.shapes.keep_off_blocked
-    key = sched._key
-    for left in pass_.left_out.values():
-        items, first = left.items, True
-        while not left.done and left.position < len(items) and pass_.blocked < depth:
-            job_id = items[left.position][1]
-            if before is not None:
-                job_key = key(job_id)
-                if job_key > before or (job_key == before and not inclusive):
-                    break
-            left.position += 1
-            if job_id in sched._claims:
-                continue
-            job = sched.jobs[job_id]
-            queue = sched.tree.get(job.queue) if quotas else sched.tree.root
-            if first and quotas:  # (the quotas do not change while the pass walks these)
-                room = headroom(job, queue, sched.policy.guarantees)
-                if room < sched.pending.smallest_in(sched.pending.list_of(job)) - 1e-9:
-                    left.done = True  # it waits on policy, and so does the rest of its list
-                    break
-            first = False
+    # which jobs may count: with the reserved nodes full, any; else one asking for more GPUs
+    # than are free, or one of a shape and size given a capacity or placement reason
+    count_above = min(free + 1e-9, pass_.shapes.keep_off_blocked_from - 1e-9)
+    key, jobs, claims = sched._key, sched.jobs, sched._claims
+    by_key = lambda entry: key(entry[1])  # noqa: E731 (a list is in priority order)
+    blocked, walks = [], []  # (key, job, reason); (list, where its walk ends, why done)
+    shapes = sched.pending.shapes
+    for list_key, left in pass_.left_out.items():
+        items = left.items
+        if left.done or left.position >= len(items):
+            continue
+        if before is None:
+            stop = len(items)
+        else:
+            find = bisect_right if inclusive else bisect_left
+            stop = find(items, before, lo=left.position, key=by_key)
+        first = left.position
+        while first < stop and items[first][1] in claims:
+            first += 1  # a job waiting for its victims is passed by
+        if first >= stop:
+            left.position = stop
+            continue
+        head = jobs[items[first][1]]
+        queue = sched.tree.get(head.queue) if quotas else sched.tree.root
+        if quotas:  # (the quotas do not change while the pass walks these jobs)
+            room = headroom(head, queue, sched.policy.guarantees)
+            if room < sched.pending.smallest_in(sched.pending.list_of(head)) - 1e-9:
+                walks.append((left, first + 1, key(head.id)))  # it waits on policy, and so
+                continue  # does the rest of its list: the full walk skips the rest
+        walks.append((left, stop, None))
+        if not reserved_free:
+            candidates = [entry[1] for entry in items[first:stop]]
+        else:
+            end = items[stop] if stop < len(items) else None
+            candidates = shapes[list_key].larger_than(count_above, items[first], end)
+        for job_id in candidates:
+            job = jobs[job_id]
             on_capacity = free < job.amount - 1e-9
-            if not (on_capacity or any_may_count) or waits_on_policy(sched, job, queue):
+            if job_id in claims:
+                continue
+            if waits_on_policy(sched, job, queue):
                 continue
             if on_capacity:
                 reason = reasons.GPUS_BUSY.reason(gpus=job.amount, free=free)
@@ -162,8 +178,20 @@ def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -
                 reason = reason_behind(sched, pass_, job, free, reserved_free)
                 if reason.family == "policy":
                     continue
-            pass_.blocked += 1
-            sched._set_reason(job, reason)
+            blocked.append((key(job.id), job, reason))
+    cut = None
+    if pass_.blocked + len(blocked) >= depth:
+        blocked.sort(key=lambda found: found[0])
+        del blocked[depth - pass_.blocked :]
+        cut = blocked[-1][0]  # the walk ends after this job
+    for _, job, reason in blocked:
+        sched._set_reason(job, reason)
+    pass_.blocked += len(blocked)
+    for left, stop, done_at in walks:
+        if cut is not None:
+            stop = min(stop, bisect_right(left.items, cut, lo=left.position, key=by_key))
+        left.position = stop
+        left.done = done_at is not None and (cut is None or done_at <= cut)
 
 
 def waits_on_policy(sched, job: Job, queue) -> bool:

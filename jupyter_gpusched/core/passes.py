@@ -61,12 +61,13 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()
     left_out = pass_.left_out
     for job_id in candidates:
         job = sched.jobs[job_id]
-        if left_out:  # walk the lists left out up to this job, as examining them would
+        if full:  # the pass is over when neither this job nor any after it can start
             if nothing_usable(sched, pass_, job, now):
                 break
-            count_blocked(sched, pass_, sched._key(job_id))
-        if full and pass_is_over(sched, pass_, job, now):
-            break
+            if left_out:
+                count_blocked(sched, pass_, sched._key(job_id))
+            if pass_.blocked >= sched.settings.backfill_depth:
+                break
         if job_id in sched._claims:
             continue
         behind = pass_.reserved_key is not None and sched._key(job_id) > pass_.reserved_key
@@ -128,11 +129,6 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()
         sched.left_out = left_out
         sched.lists_left_out += len(left_out)
     return stopped
-
-
-def pass_is_over(sched, pass_: Pass, job: Job, now: float) -> bool:
-    """True when neither ``job`` nor any job after it can start in this pass."""
-    return pass_.blocked >= sched.settings.backfill_depth or nothing_usable(sched, pass_, job, now)
 
 
 def nothing_usable(sched, pass_: Pass, job: Job, now: float) -> bool:

@@ -75,6 +75,8 @@ def resource_rejection(job: Job, queue) -> tuple[str, str] | None:
 
 def resource_block(job: Job, queue) -> Reason | None:
     """The policy reason a CPU or memory limit on ``queue``'s chain keeps ``job`` waiting."""
+    if not job.cpus and not job.memory_gb:
+        return None  # it asks for neither
     asks = _asks(job)
     for node in queue.chain():
         for key, (limit_name, _unit) in QUEUE_RESOURCES.items():

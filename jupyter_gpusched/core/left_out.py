@@ -20,6 +20,7 @@ counted one gets its ``capacity`` reason); a pass never reaches all jobs anyway.
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
@@ -43,6 +44,29 @@ class LeftOut:
         return (
             None if self.done or self.position >= len(self.items) else self.items[self.position][1]
         )
+
+
+class LeftOutLists(dict):
+    """The lists a pass left out (list key -> :class:`LeftOut`), and when each is due: the
+    priority key of its next job to walk (so a walk looks only at the lists it reaches)."""
+
+    def __init__(self):
+        super().__init__()
+        self.next: list[tuple[tuple, tuple]] = []  # heap of (key of its next job, list key)
+
+    def add(self, list_key: tuple, left: LeftOut, next_key: tuple) -> None:
+        self[list_key] = left
+        heapq.heappush(self.next, (next_key, list_key))
+
+    def due(self, before: tuple | None, inclusive: bool) -> list[tuple[tuple, LeftOut]]:
+        """Take out the lists whose next job comes before ``before`` (None: all)."""
+        out = []
+        while self.next and (
+            before is None or self.next[0][0] < before or (inclusive and self.next[0][0] == before)
+        ):
+            _, list_key = heapq.heappop(self.next)
+            out.append((list_key, self[list_key]))
+        return out
 
 
 def list_cannot_start(sched, pass_, job: Job, now: float) -> bool:
@@ -100,7 +124,7 @@ def leave_out(sched, pass_, job: Job) -> None:
     list_key = sched.pending.list_of(job)
     items = sched.pending.lists[list_key]
     position = bisect_left(items, (job.submit_time, job.id))
-    pass_.left_out[list_key] = LeftOut(items, position)
+    pass_.left_out.add(list_key, LeftOut(items, position), sched._key(job.id))
 
 
 def walked(sched, left_out: dict, job_id: str) -> bool:
@@ -128,6 +152,9 @@ def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -
     depth = sched.settings.backfill_depth
     if pass_.blocked >= depth:
         return
+    due = pass_.left_out.due(before, inclusive)
+    if not due:
+        return
     quotas, free = sched.policy.quotas, sched.state.free_total
     reserved_free = any(sched.state.free[n] for n in sched.reservation.nodes)
     # which jobs may count: with the reserved nodes full, any; else one asking for more GPUs
@@ -137,10 +164,8 @@ def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -
     by_key = lambda entry: key(entry[1])  # noqa: E731 (a list is in priority order)
     blocked, walks = [], []  # (key, job, reason); (list, where its walk ends, why done)
     shapes = sched.pending.shapes
-    for list_key, left in pass_.left_out.items():
+    for list_key, left in due:
         items = left.items
-        if left.done or left.position >= len(items):
-            continue
         if before is None:
             stop = len(items)
         else:
@@ -150,16 +175,16 @@ def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -
         while first < stop and items[first][1] in claims:
             first += 1  # a job waiting for its victims is passed by
         if first >= stop:
-            left.position = stop
+            walks.append((list_key, left, stop, None))
             continue
         head = jobs[items[first][1]]
         queue = sched.tree.get(head.queue) if quotas else sched.tree.root
         if quotas:  # (the quotas do not change while the pass walks these jobs)
             room = headroom(head, queue, sched.policy.guarantees)
             if room < sched.pending.smallest_in(sched.pending.list_of(head)) - 1e-9:
-                walks.append((left, first + 1, key(head.id)))  # it waits on policy, and so
-                continue  # does the rest of its list: the full walk skips the rest
-        walks.append((left, stop, None))
+                walks.append((list_key, left, first + 1, key(head.id)))  # it waits on policy
+                continue  # and so does the rest of its list: the full walk skips the rest
+        walks.append((list_key, left, stop, None))
         if not reserved_free:
             candidates = [entry[1] for entry in items[first:stop]]
         else:
@@ -187,11 +212,13 @@ def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -
     for _, job, reason in blocked:
         sched._set_reason(job, reason)
     pass_.blocked += len(blocked)
-    for left, stop, done_at in walks:
+    for list_key, left, stop, done_at in walks:
         if cut is not None:
             stop = min(stop, bisect_right(left.items, cut, lo=left.position, key=by_key))
         left.position = stop
         left.done = done_at is not None and (cut is None or done_at <= cut)
+        if not left.done and stop < len(left.items):
+            pass_.left_out.add(list_key, left, key(left.items[stop][1]))
 
 
 def waits_on_policy(sched, job: Job, queue) -> bool:

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from . import reasons
 from .admission import headroom, policy_block, user_block
 from .jobs import Job
-from .left_out import count_blocked, first_head, leave_out, list_cannot_start, walked
+from .left_out import (
+    LeftOutLists,
+    count_blocked,
+    first_head,
+    leave_out,
+    list_cannot_start,
+    walked,
+)
 from .placement import find_placement, shape_reason
 from .reservation import may_backfill, reserve
 from .resources import place_cpu_only_or_reason
@@ -38,7 +45,7 @@ class Pass:
     cpu_only_reasons: dict = field(default_factory=dict)  # the same for CPU-only requests
     # lists left out behind the reservation (.left_out), and what their test read of the free
     # GPUs, kept while nothing starts: (free total, outside view)
-    left_out: dict = field(default_factory=dict)
+    left_out: LeftOutLists = field(default_factory=LeftOutLists)
     outside: tuple | None = None
 
 

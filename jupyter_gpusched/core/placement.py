@@ -68,10 +68,34 @@ def find_placement(
         return _fractional(state, job, exclude, topology)
     if job.gpus == 0:  # CPU-only: one node with the CPUs and memory (see .resources)
         return place_cpu_only(state, job, exclude)
+    if not may_fit(state, job, exclude):
+        return None
     per_node = job.gpus_per_node or job.gpus
     if per_node <= state.cluster.max_node_gpus and (job.gpus_per_node or 0) in (0, job.gpus):
         return _single_node(state, job, exclude, topology)
     return _multi_node(state, job, exclude, topology, one_leaf)
+
+
+def may_fit(state: ClusterState, job: Job, exclude: frozenset) -> bool:
+    """False when the free GPUs cannot hold a whole-GPU ``job`` whatever its models, labels and
+    topology (k GPUs on each of n nodes needs n nodes outside ``exclude`` with k free; a gang
+    spread as it fits needs that many free in all): a count, before any search."""
+    by_free = state.nodes_by_free
+    free_total = state.free_total
+    if len(exclude) > 64:
+        return True  # (not worth counting)
+    if exclude:
+        by_free = list(by_free)
+        for idx in exclude:
+            if state.schedulable(idx):
+                by_free[state.free[idx]] -= 1
+                free_total -= state.free[idx]
+    if job.gpus_per_node is None and job.gpus > state.cluster.max_node_gpus:
+        return free_total >= job.gpus
+    per_node = job.gpus_per_node or job.gpus
+    if per_node >= len(by_free):
+        return False
+    return sum(by_free[per_node:]) >= job.gpus // per_node
 
 
 def _fractional(state, job, exclude, topology) -> Placement | None:

@@ -234,31 +234,55 @@ def _candidates(state, job, exclude, minimum: int, share: float | None):
     return by_leaf
 
 
+def _leaf_candidates(state, job, exclude, minimum: int, share: float | None, leaf: str):
+    """:func:`_candidates` of one leaf: [(free, idx)]."""
+    out = []
+    for model in models_for(state, job):
+        buckets = state.index[model]
+        for count in range(max(minimum, 1), len(buckets)):
+            for idx in buckets[count].get(leaf, ()):
+                if idx not in exclude and node_fits(state, job, idx, share or 0.0):
+                    out.append((count, idx))
+    return out
+
+
 def _multi_node(state, job, exclude, topology, one_leaf=False) -> Placement | None:
     cluster = state.cluster
     shape = job.gpus_per_node
     count = job.gpus // shape if shape else None
-    by_leaf = _candidates(state, job, exclude, shape or 1, (1 / count) if count else None)
+    share = (1 / count) if count else None
     if not topology:
+        by_leaf = _candidates(state, job, exclude, shape or 1, share)
         flat = sorted((c for cands in by_leaf.values() for c in cands), key=lambda c: c[1])
-        return _gather(state, job, flat, shape, count)
-    # 1. inside one leaf: best fit (fewest nodes, then the leaf with the fewest free GPUs)
+        return _build(state, job, _plan(state, job, flat, shape, count), shape, count)
+    # 1. inside one leaf: best fit (fewest nodes, least waste, then the leaf with the fewest
+    # free GPUs). Leaves are tried fullest first, so the first whose fit has the fewest nodes
+    # possible and no waste wins: no later leaf can beat it
+    fewest = count if shape else -(-job.gpus // cluster.max_node_gpus)
     best = None
-    for leaf, cands in by_leaf.items():
-        chosen = _gather(state, job, _order(cands, shape), shape, count)
-        if chosen is not None:
-            key = (len(chosen.parts), _waste(state, chosen), state.leaf_free[leaf], leaf)
+    for leaf in sorted(cluster.leaves, key=lambda leaf: (state.leaf_free[leaf], leaf)):
+        if state.leaf_free[leaf] < job.gpus:
+            continue
+        cands = _leaf_candidates(state, job, exclude, shape or 1, share, leaf)
+        plan = _plan(state, job, _order(cands, shape), shape, count)
+        if plan is not None:
+            waste = sum(state.free[idx] - take for idx, take in plan)
+            key = (len(plan), waste, state.leaf_free[leaf], leaf)
             if best is None or key < best[0]:
-                best = (key, chosen)
+                best = (key, plan)
+            if key[0] == fewest and waste == 0:
+                break
     if best is not None or one_leaf:
-        return best[1] if best is not None else None
+        return _build(state, job, best[1], shape, count) if best is not None else None
     # 2. inside one spine, then 3. anywhere: fill from the leaves with the most room first
+    by_leaf = _candidates(state, job, exclude, shape or 1, share)
     for spine in sorted(cluster.spines):
         leaves = [leaf for leaf in cluster.spines[spine] if leaf in by_leaf]
-        chosen = _gather(state, job, _pooled(by_leaf, leaves, shape), shape, count)
-        if chosen is not None:
-            return chosen
-    return _gather(state, job, _pooled(by_leaf, list(by_leaf), shape), shape, count)
+        plan = _plan(state, job, _pooled(by_leaf, leaves, shape), shape, count)
+        if plan is not None:
+            return _build(state, job, plan, shape, count)
+    plan = _plan(state, job, _pooled(by_leaf, list(by_leaf), shape), shape, count)
+    return _build(state, job, plan, shape, count)
 
 
 def _order(cands, shape):
@@ -276,19 +300,10 @@ def _pooled(by_leaf, leaves, shape):
     return out
 
 
-def _waste(state, placement) -> int:
-    return sum(state.free[p.node] - p.gpus for p in placement.parts)
-
-
-def _gather(state, job, cands, shape, count) -> Placement | None:
-    """Take nodes from ``cands`` (in order) until the job is whole, or return None."""
+def _plan(state, job, cands, shape, count) -> list[tuple[int, int]] | None:
+    """Take nodes from ``cands`` (in order) until the job is whole: [(node, GPUs)], or None."""
     if shape:
-        if len(cands) < count:
-            return None
-        parts = tuple(
-            _part(state, job, idx, _pick(state, idx, shape), 1 / count) for _, idx in cands[:count]
-        )
-        return Placement(parts)
+        return [(idx, shape) for _, idx in cands[:count]] if len(cands) >= count else None
     need, taken = job.gpus, []
     for position, (free, idx) in enumerate(cands):
         take = min(free, need)
@@ -303,11 +318,18 @@ def _gather(state, job, cands, shape, count) -> Placement | None:
         need -= take
         if need == 0:
             break
-    if need:
+    return None if need else taken
+
+
+def _build(state, job, plan, shape, count) -> Placement | None:
+    if plan is None:
         return None
     return Placement(
         tuple(
-            _part(state, job, idx, _pick(state, idx, take), take / job.gpus) for idx, take in taken
+            _part(
+                state, job, idx, _pick(state, idx, take), (1 / count) if shape else take / job.gpus
+            )
+            for idx, take in plan
         )
     )
 

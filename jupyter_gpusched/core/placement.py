@@ -260,9 +260,8 @@ def _multi_node(state, job, exclude, topology, one_leaf=False) -> Placement | No
     # possible and no waste wins: no later leaf can beat it
     fewest = count if shape else -(-job.gpus // cluster.max_node_gpus)
     best = None
-    for leaf in sorted(cluster.leaves, key=lambda leaf: (state.leaf_free[leaf], leaf)):
-        if state.leaf_free[leaf] < job.gpus:
-            continue
+    roomy = [(free, leaf) for leaf, free in state.leaf_free.items() if free >= job.gpus]
+    for _, leaf in sorted(roomy):
         cands = _leaf_candidates(state, job, exclude, shape or 1, share, leaf)
         plan = _plan(state, job, _order(cands, shape), shape, count)
         if plan is not None:

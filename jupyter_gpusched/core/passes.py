@@ -23,7 +23,7 @@ from .left_out import (
     list_cannot_start,
     walked,
 )
-from .placement import find_placement, shape_reason
+from .placement import find_placement, placement_exists, shape_reason
 from .reservation import may_backfill, reserve
 from .resources import place_cpu_only_or_reason
 from .shapes import ShapeCache
@@ -199,7 +199,7 @@ def evaluate(sched, job: Job, now: float, reservation, pass_: Pass):
     )
     if placement is not None:
         return placement
-    if patient and find_placement(sched.state, job, exclude=exclude) is not None:
+    if patient and placement_exists(sched.state, job, exclude):
         if job.one_leaf_since is None:  # its patience runs from now
             job.one_leaf_since = now
         sched.agenda.wake_at(job.one_leaf_since + sched.settings.leaf_patience)
@@ -207,7 +207,7 @@ def evaluate(sched, job: Job, now: float, reservation, pass_: Pass):
         reason = reasons.ONE_LEAF.reason(free=free, patience_min=patience)
         pass_.shapes.remember(shape, job.amount, reason)
         return reason
-    if maintenance and find_placement(sched.state, job, exclude=exclude - maintenance):
+    if maintenance and placement_exists(sched.state, job, exclude - maintenance):
         reason = reasons.MAINTENANCE.reason(walltime_h=sched._walltime(job) / 3600)
     elif reservation is not None and exclude and any(sched.state.free[n] for n in exclude):
         reason = reasons.RESERVATION.reason(job=reservation.job_id)

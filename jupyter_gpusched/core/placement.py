@@ -76,6 +76,16 @@ def find_placement(
     return _multi_node(state, job, exclude, topology, one_leaf)
 
 
+def placement_exists(state: ClusterState, job: Job, exclude: frozenset = frozenset()) -> bool:
+    """True when ``job`` can be placed now, anywhere (keeping off ``exclude``): for a whole-GPU
+    job that takes any model and asks for no labels, CPUs or memory, :func:`may_fit`'s count
+    says it exactly; for others, a search."""
+    plain = not (job.fractional or job.labels or job.cpus or job.memory_gb or job.gpu_models)
+    if plain and job.gpus and len(exclude) <= 64:
+        return may_fit(state, job, exclude)
+    return find_placement(state, job, exclude=exclude) is not None
+
+
 def may_fit(state: ClusterState, job: Job, exclude: frozenset) -> bool:
     """False when the free GPUs cannot hold a whole-GPU ``job`` whatever its models, labels and
     topology (k GPUs on each of n nodes needs n nodes outside ``exclude`` with k free; a gang
@@ -261,7 +271,16 @@ def _multi_node(state, job, exclude, topology, one_leaf=False) -> Placement | No
     fewest = count if shape else -(-job.gpus // cluster.max_node_gpus)
     best = None
     roomy = [(free, leaf) for leaf, free in state.leaf_free.items() if free >= job.gpus]
+    # a leaf holds a gang of ``count`` x ``shape`` only with that many nodes with ``shape`` free
+    counted, nodes_by_free, kept_off = shape and len(exclude) <= 64, state.leaf_nodes_by_free, {}
+    if counted:
+        for idx in exclude:
+            if state.schedulable(idx) and state.free[idx] >= shape:
+                leaf = cluster.nodes[idx].leaf
+                kept_off[leaf] = kept_off.get(leaf, 0) + 1
     for _, leaf in sorted(roomy):
+        if counted and sum(nodes_by_free[leaf][shape:]) - kept_off.get(leaf, 0) < count:
+            continue
         cands = _leaf_candidates(state, job, exclude, shape or 1, share, leaf)
         plan = _plan(state, job, _order(cands, shape), shape, count)
         if plan is not None:

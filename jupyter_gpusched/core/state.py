@@ -61,6 +61,9 @@ class ClusterState:
         self.model_free = dict.fromkeys(cluster.gpu_models, 0)
         self.free_total = 0
         self.nodes_by_free = [0] * (cluster.max_node_gpus + 1)  # up nodes with c GPUs free
+        self.leaf_nodes_by_free = {  # the same per leaf
+            leaf: [0] * (cluster.max_node_gpus + 1) for leaf in cluster.leaves
+        }
         self.allocations: dict[str, Placement] = {}
         self.holders: list[set[str]] = [set() for _ in nodes]  # who holds GPUs on each node
         self.shared: list[dict[int, float]] = [{} for _ in nodes]  # node -> {GPU bit: used}
@@ -84,6 +87,7 @@ class ClusterState:
         self.model_free[node.gpu_model] += free
         self.free_total += free
         self.nodes_by_free[free] += 1
+        self.leaf_nodes_by_free[node.leaf][free] += 1
 
     def _remove(self, idx: int) -> None:
         node = self.cluster.nodes[idx]
@@ -97,6 +101,7 @@ class ClusterState:
         self.model_free[node.gpu_model] -= free
         self.free_total -= free
         self.nodes_by_free[free] -= 1
+        self.leaf_nodes_by_free[node.leaf][free] -= 1
 
     def schedulable(self, idx: int) -> bool:
         return self.node_state[idx] == "up"

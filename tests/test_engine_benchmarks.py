@@ -1,0 +1,46 @@
+"""The engine benchmarks run and measure what they say, at a size that takes seconds (their
+figures are measured by running them in full; see the README)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(script: str, *args: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+def test_bench_engine_deep_queue_replays_every_job():
+    out = run("bench_engine.py", "--workload", "deep", "--nodes", "64", "--jobs", "600")
+    assert out["workload"] == "deep" and out["seed"] == 2 and out["gpus"] == 512
+    # (a tier-1 job larger than its team's guarantee of 8 GPUs is rejected)
+    assert out["completed"] + out["rejected"] == 600 and out["completed"] > 550
+    assert out["passes"] > 600  # a pass per submission time at least, and more as jobs end
+    assert out["steady_placements"] > 0 and out["placements_per_s"] > 0
+    assert (
+        set(out["met"])
+        == set(out["targets"])
+        == {"sim_wall_s", "placements_per_s", "peak_memory_mb"}
+    )
+
+
+def test_bench_live_pass_times_passes_on_a_deep_queue():
+    out = run("bench_live_pass.py", "--nodes", "64", "--pending", "500", "--passes", "60")
+    assert out["gpus"] == 512 and out["pending"] >= 400  # the queue stays about as deep
+    assert out["running"] > 0
+    timed = out["deep"]["passes"] + out["quick"]["passes"]
+    assert timed == out["all"]["passes"] > 0
+    assert out["deep"]["passes"] > 0  # with 1 s between ends, a deep pass every 30 s at least
+    assert 0 < out["all"]["p50_ms"] <= out["all"]["p99_ms"] <= out["all"]["max_ms"]

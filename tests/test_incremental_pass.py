@@ -140,3 +140,20 @@ def test_deep_queue_replays_decide_as_the_full_scan(seed, policy, depth, interva
         assert (now, decisions) == (full_now, full_decisions), f"first difference at t={now}"
     assert new_jobs == full_jobs
     assert {state for state, _, _ in new_jobs.values()} == {"completed"}
+
+
+def test_smallest_forgets_removed_entries_and_keeps_copies():
+    from jupyter_gpusched.core.ordering import Smallest
+
+    rng = random.Random(7)
+    tracker, present = Smallest(), []
+    for step in range(3000):
+        if present and rng.random() < 0.5:
+            entry = present.pop(rng.randrange(len(present)))
+            tracker.remove(entry)
+        else:
+            entry = (float(rng.randrange(50)), f"j{rng.randrange(40)}")  # repeats on purpose
+            present.append(entry)
+            tracker.add(entry)
+        assert tracker.first() == (min(present) if present else None), step
+    assert len(tracker.heap) <= 2 * max(tracker.count, 64) + 1  # removed entries do not pile up

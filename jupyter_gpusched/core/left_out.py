@@ -88,7 +88,7 @@ def list_cannot_start(sched, pass_, job: Job, now: float) -> bool:
     reservation = sched.reservation
     if reservation is None or reservation.start is None or sched.maintenance:
         return False
-    if now + shapes.walltimes[0][0] <= reservation.start:
+    if now + shapes.walltimes.first()[0] <= reservation.start:
         return False  # its shortest job would end before the reservation starts: it may backfill
     state = sched.state
     if pass_.outside is None or pass_.outside[0] != state.free_total:

@@ -25,6 +25,43 @@ from dataclasses import dataclass, field
 from .jobs import Job
 
 
+class Smallest:
+    """The smallest of a changing set of entries (``(walltime, job id)``): a heap from which
+    entries leave lazily, so that adding and removing cost O(log n), not a list's O(n)."""
+
+    def __init__(self):
+        self.heap: list = []
+        self.gone: dict = {}  # entry -> copies removed but still in the heap
+        self.count = 0
+
+    def add(self, entry) -> None:
+        heapq.heappush(self.heap, entry)
+        self.count += 1
+
+    def remove(self, entry) -> None:
+        self.gone[entry] = self.gone.get(entry, 0) + 1
+        self.count -= 1
+        if len(self.heap) > 64 and len(self.heap) > 2 * self.count:  # mostly gone: rebuild
+            kept = []
+            for item in self.heap:
+                if self.gone.get(item):
+                    self.gone[item] -= 1
+                else:
+                    kept.append(item)
+            heapq.heapify(kept)
+            self.heap, self.gone = kept, {}
+
+    def first(self):
+        """The smallest entry, or None."""
+        heap, gone = self.heap, self.gone
+        while heap and heap[0] in gone:
+            entry = heapq.heappop(heap)
+            gone[entry] -= 1
+            if not gone[entry]:
+                del gone[entry]
+        return heap[0] if heap else None
+
+
 @dataclass
 class ListShapes:
     """What the jobs of one list ask for, in the terms of a pass's test that none of them can
@@ -34,7 +71,7 @@ class ListShapes:
     on_nodes: dict[tuple[int, int], int] = field(default_factory=dict)
     spanning: dict[int, int] = field(default_factory=dict)  # GPUs -> gangs spread as they fit
     other: int = 0  # fractional, CPU-only or GPU-model jobs: the test does not cover them
-    walltimes: list[tuple[float, str]] = field(default_factory=list)  # ascending
+    walltimes: Smallest = field(default_factory=Smallest)  # (walltime, job id)
     # GPUs asked -> the list's entries (submit time, id) of jobs asking that many, in order
     by_size: dict[float, list[tuple[float, str]]] = field(default_factory=dict)
 
@@ -63,10 +100,10 @@ class ListShapes:
                 del sizes[shape]
         entry = (job.submit_time, job.id)
         if sign > 0:
-            insort(self.walltimes, (walltime, job.id))
+            self.walltimes.add((walltime, job.id))
             insort(self.by_size.setdefault(job.amount, []), entry)
         else:
-            del self.walltimes[bisect_left(self.walltimes, (walltime, job.id))]
+            self.walltimes.remove((walltime, job.id))
             same = self.by_size[job.amount]
             del same[bisect_left(same, entry)]
             if not same:
@@ -85,7 +122,7 @@ class PendingQueue:
         self.heads: dict[tuple, tuple] = {}  # list -> key of its first job
         self.sizes: dict[float, int] = {}  # GPUs asked -> number of pending jobs asking that
         self.list_sizes: dict[tuple, dict[float, int]] = {}  # the same, per list
-        self.walltimes: list[tuple[float, str]] = []  # (walltime estimate, id), ascending
+        self.walltimes = Smallest()  # (walltime estimate, id)
         self.count = 0
 
     def list_of(self, job: Job) -> tuple:
@@ -104,7 +141,7 @@ class PendingQueue:
         sizes = self.list_sizes.setdefault(list_key, {})
         sizes[job.amount] = sizes.get(job.amount, 0) + 1
         self.shapes.setdefault(list_key, ListShapes()).count(job, walltime, self.node_gpus, +1)
-        insort(self.walltimes, (walltime, job.id))
+        self.walltimes.add((walltime, job.id))
         self.count += 1
 
     def remove(self, job: Job, walltime: float) -> None:
@@ -130,7 +167,7 @@ class PendingQueue:
             sizes[job.amount] -= 1
             if not sizes[job.amount]:
                 del sizes[job.amount]
-        del self.walltimes[bisect_left(self.walltimes, (walltime, job.id))]
+        self.walltimes.remove((walltime, job.id))
         self.count -= 1
 
     def refresh(self) -> None:
@@ -145,7 +182,8 @@ class PendingQueue:
         return min(sizes) if sizes else 0.0
 
     def shortest_walltime(self) -> float:
-        return self.walltimes[0][0] if self.walltimes else 0.0
+        shortest = self.walltimes.first()
+        return 0.0 if shortest is None else shortest[0]
 
     def ahead_of(self, key: tuple) -> int:
         """How many pending jobs have a smaller key than ``key`` (each list is in key order,

@@ -42,6 +42,14 @@ class _Pool:
         if self.avail[idx] >= self.threshold:
             self.ready.add(idx)
 
+    def fits(self) -> bool:
+        """As ``chosen() is not None``, without choosing."""
+        if self.single:
+            return bool(self.ready)
+        if self.job.gpus_per_node:
+            return len(self.ready) >= self.job.gpus // self.job.gpus_per_node
+        return self.total >= self.job.gpus
+
     def chosen(self) -> frozenset[int] | None:
         """The nodes the job would use, or None if it does not fit yet."""
         job, avail, ready = self.job, self.avail, self.ready
@@ -108,17 +116,14 @@ def reserve(
 
     def in_one_leaf(touched) -> frozenset[int] | None:
         # among leaves that fit it at the same time, the one with the fewest free GPUs (best fit)
-        fits = [(leaves[leaf].total, leaf) for leaf in touched if leaves[leaf].chosen()]
+        fits = [(leaves[leaf].total, leaf) for leaf in touched if leaves[leaf].fits()]
         return leaves[min(fits)[1]].chosen() if fits else None
 
-    cross = pool.chosen()  # (nodes, start) of the cross-leaf reservation once found
-    found = (cross, now) if cross is not None else None
-    if found is not None and leaves is not None:
-        nodes = in_one_leaf(leaves)
+    found = (pool.chosen(), now) if pool.fits() else None  # the cross-leaf (nodes, start)
+    if found is not None:
+        nodes = in_one_leaf(leaves) if leaves is not None else found[0]
         if nodes is not None:
             return Reservation(job.id, now, nodes)
-    if found is not None and leaves is None:
-        return Reservation(job.id, now, cross)
     for end, job_id in ends:
         if found is not None and end > found[1] + one_leaf_within:
             break  # one leaf frees too late: the cross-leaf reservation stands
@@ -134,12 +139,10 @@ def reserve(
             nodes = in_one_leaf(touched)
             if nodes is not None:
                 return Reservation(job.id, start, nodes)
-        if found is None:
-            nodes = pool.chosen()
-            if nodes is not None:
-                if leaves is None:
-                    return Reservation(job.id, start, nodes)
-                found = (nodes, start)
+        if found is None and pool.fits():
+            if leaves is None:
+                return Reservation(job.id, start, pool.chosen())
+            found = (pool.chosen(), start)
     if found is not None:
         return Reservation(job.id, found[1], found[0])
     return Reservation(job.id, None, frozenset())

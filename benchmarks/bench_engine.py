@@ -61,6 +61,8 @@ def targets(workload: str, nodes: int) -> dict:
     if nodes >= 16_384:
         return SCALE_TARGETS
     return DEEP_TARGETS if workload == "deep" else TARGETS
+
+
 SUBMIT_WINDOW_S = 10.0
 
 

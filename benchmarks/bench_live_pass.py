@@ -3,7 +3,7 @@ deep queue on a large cluster.
 
 Run from the project root::
 
-    .venv/bin/python benchmarks/bench_live_pass.py                    # 16,384 nodes, 100,000 pending
+    .venv/bin/python benchmarks/bench_live_pass.py          # 16,384 nodes, 100,000 pending
     .venv/bin/python benchmarks/bench_live_pass.py --nodes 1024 --pending 10000 --passes 300
 
 The cluster and queues are bench_engine's (nodes of 8 GPUs, leaves of 32 nodes, 64 teams each
@@ -33,9 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_engine import build_cluster, build_queues, make_trace  # noqa: E402
+from bench_engine import build_cluster, build_queues, make_trace
 
-from jupyter_gpusched.core import PolicySettings, Preempt, Scheduler, Start, Stop  # noqa: E402
+from jupyter_gpusched.core import PolicySettings, Preempt, Scheduler, Start, Stop
 
 TARGET_P99_MS = 20.0
 
@@ -72,7 +72,9 @@ def main(argv=None) -> int:
     if args.interval is not None:
         settings = settings.replace(backfill_interval=args.interval)
     # enough jobs to fill the cluster (about 3.8 GPUs each), the queue, and one per pass
-    supply = make_trace(cluster.total_gpus // 3 + args.pending + args.passes, teams, args.seed, True)
+    supply = make_trace(
+        cluster.total_gpus // 3 + args.pending + args.passes, teams, args.seed, True
+    )
     durations = {t.id: t.duration for t in supply}
     scheduler = Scheduler(cluster, queues, settings, "gpusched")
     ends: list[tuple[float, str]] = []  # (end, job id) of running jobs

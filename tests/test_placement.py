@@ -106,7 +106,8 @@ def test_a_gang_waits_for_one_leaf_within_its_patience_then_may_span():
     assert rows["gang"]["start_time"] == 1000  # leaf-1 frees at 1000, inside the 30 min
     assert rows["gang"]["leaves"] == 1
     assert rows["gang"]["first_reason_detail"] == "one-leaf"
-    impatient = PolicySettings().replace(leaf_patience=60.0)
+    # (and does not reserve leaf-1, which frees more than a minute after it could span)
+    impatient = PolicySettings().replace(leaf_patience=60.0, leaf_reservation_slack=60.0)
     _, rows = run_replay(trace, c, settings=impatient)
     assert rows["gang"]["start_time"] == 70 and rows["gang"]["leaves"] == 2
     # the slurm baseline does not wait for one leaf (--switches unset, Slurm's default)

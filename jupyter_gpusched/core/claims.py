@@ -104,18 +104,19 @@ class Preemptions:
         queue, and every ancestor, stays within its guarantee (invariant 4)."""
         return self.policy.guarantees and under_guarantee(job, self.tree.get(job.queue))
 
-    def try_preempt(self, job: Job, now: float, pass_, limit_node=None) -> bool:
+    def try_preempt(self, job: Job, now: float, pass_, limit_node=None, behind=False) -> bool:
         """Pre-emption is tried in priority order and stops for the rest of the pass (``pass_``,
-        a :class:`~.passes.Pass`) at the first job it cannot help, or after a few successes."""
+        a :class:`~.passes.Pass`) at the first job it cannot help, or after a few successes.
+        ``behind``: the job comes after the reservation (a gang there waits for one leaf)."""
         if pass_.tries <= 0 or job.refusals:  # a refused launch would stop its victims again
             return False
-        attempted = self._preempt(job, now, limit_node)
+        attempted = self._preempt(job, now, limit_node, behind)
         if attempted is None:
             return False
         pass_.tries = pass_.tries - 1 if attempted else 0
         return attempted
 
-    def _preempt(self, job: Job, now: float, limit_node=None) -> bool | None:
+    def _preempt(self, job: Job, now: float, limit_node=None, behind=False) -> bool | None:
         """Try to pre-empt for ``job``: None if there was nothing to try, else success."""
         if job.tier == 3 or job.fractional or not job.gpus:
             return None  # fractional and CPU-only jobs neither pre-empt nor are pre-empted
@@ -136,7 +137,7 @@ class Preemptions:
                 now,
                 reclaim=reclaiming,
                 limit_node=limit_node,
-                one_leaf=self._patient(job, now),
+                one_leaf=self._patient(job, now, behind=behind),
             )
             if found is not None:
                 break

@@ -74,6 +74,7 @@ class Job:
     preemptions: int = 0
     preempted_by: str | None = None  # while a pre-emption signal is pending
     one_leaf_since: float | None = None  # first seen placeable only across leaf switches
+    leaf_reserved_until: float | None = None  # its reservation inside one leaf starts then
     retry_at: float | None = None  # the launcher refused its placement: retried from then
     refusals: int = 0  # refused launches in a row
     first_reason: Reason | None = None

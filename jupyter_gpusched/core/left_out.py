@@ -237,7 +237,7 @@ def reason_behind(sched, pass_, job: Job, free: float, reserved_free: bool):
     then GPUs were only taken), so it is the reason cached for its shape, else the reservation
     if the reserved nodes have GPUs free, else its shape."""
     exclude = sched.reservation.nodes
-    patient = sched._patient(job, now=pass_.now)
+    patient = sched._patient(job, now=pass_.now, behind=True)
     shape = pass_.shapes.shape(sched, job, exclude, patient, frozenset())
     cached = pass_.shapes.reason_for(sched, job, shape, exclude, free)
     if cached is not None:

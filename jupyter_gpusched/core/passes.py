@@ -23,6 +23,7 @@ from .left_out import (
     list_cannot_start,
     walked,
 )
+from .one_leaf import hold_one_leaf
 from .placement import find_placement, placement_exists, shape_reason
 from .reservation import may_backfill, reserve
 from .resources import place_cpu_only_or_reason
@@ -98,12 +99,16 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()
             if room < sched.pending.smallest_in(list_key) - 1e-9:
                 skip.add(list_key)  # no job of its list fits under the same quota
         if outcome.family in ("capacity", "placement"):
-            if sched.preemptions.try_preempt(job, now, pass_):
+            if sched.preemptions.try_preempt(job, now, pass_, behind=behind):
                 continue
             pass_.blocked += 1
             if sched.policy.backfill and (sched.reservation is None or not behind):
                 if deep or previous is None or previous.job_id != job_id:
-                    previous = reserve(sched.state, job, sched.ledger.ends, sched.jobs, now)
+                    within = (
+                        sched.settings.leaf_reservation_slack if sched._fits_one_leaf(job) else None
+                    )
+                    previous = reserve(sched.state, job, sched.ledger.ends, sched.jobs, now, within)
+                    hold_one_leaf(sched.cluster, job, previous, within)
                 sched.reservation = previous  # a quick pass keeps the last one's estimate
                 pass_.reserved_key = sched._key(job_id)
                 pass_.shapes.clear()  # the reserved nodes changed
@@ -166,7 +171,8 @@ def evaluate(sched, job: Job, now: float, reservation, pass_: Pass):
                 and sched.preemptions.reclaims(job)
             ):
                 sched._set_reason(job, reason)
-                if sched.preemptions.try_preempt(job, now, pass_, limit_node):
+                behind = reservation is not None
+                if sched.preemptions.try_preempt(job, now, pass_, limit_node, behind):
                     return None
             return reason
     if sched.tree.user_limits:
@@ -187,7 +193,7 @@ def evaluate(sched, job: Job, now: float, reservation, pass_: Pass):
     exclude = sched.admin.maintenance_excluded(job, now)
     if reservation is not None and not may_backfill(reservation, sched._walltime(job), now):
         exclude = exclude | reservation.nodes
-    patient = sched._patient(job, now)
+    patient = sched._patient(job, now, behind=reservation is not None)
     maintenance = sched.admin.maintenance_excluded(job, now)
     shape = pass_.shapes.shape(sched, job, exclude, patient, maintenance)
     reason = pass_.shapes.reason_for(sched, job, shape, exclude, free)
@@ -200,9 +206,13 @@ def evaluate(sched, job: Job, now: float, reservation, pass_: Pass):
     if placement is not None:
         return placement
     if patient and placement_exists(sched.state, job, exclude):
-        if job.one_leaf_since is None:  # its patience runs from now
+        # its patience runs from now, unless it waits behind the reservation: a gang there is
+        # no worse off inside one leaf (it cannot take the reserved nodes either way), and one
+        # that spanned leaves there would give up the locality it will reserve at the head
+        if job.one_leaf_since is None and reservation is None:
             job.one_leaf_since = now
-        sched.agenda.wake_at(job.one_leaf_since + sched.settings.leaf_patience)
+        if job.one_leaf_since is not None:
+            sched.agenda.wake_at(job.one_leaf_since + sched.settings.leaf_patience)
         patience = sched.settings.leaf_patience / 60
         reason = reasons.ONE_LEAF.reason(free=free, patience_min=patience)
         pass_.shapes.remember(shape, job.amount, reason)
@@ -215,16 +225,3 @@ def evaluate(sched, job: Job, now: float, reservation, pass_: Pass):
         reason = shape_reason(sched.cluster, job, free)
     pass_.shapes.remember(shape, job.amount, reason)
     return reason
-
-
-def patient_for_one_leaf(policy, cluster, settings, leaf_gpus: float, job: Job, now: float) -> bool:
-    """A gang that fits one leaf switch waits a while for one before it spans leaves: for
-    ``leaf_patience`` from the first pass that could have placed it across leaves (time
-    spent waiting for GPUs at all does not use its patience up)."""
-    return (
-        policy.topology
-        and policy.leaf_patience
-        and len(cluster.leaves) > 1
-        and cluster.max_node_gpus < job.gpus <= leaf_gpus
-        and (job.one_leaf_since is None or now < job.one_leaf_since + settings.leaf_patience)
-    )

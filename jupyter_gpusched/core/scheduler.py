@@ -38,8 +38,9 @@ from .errors import ConfigError
 from .fragmentation import Fragmentation
 from .jobs import Job, JobState, Reason, set_reason
 from .ledger import RunningLedger
+from .one_leaf import fits_one_leaf, patient_for_one_leaf
 from .ordering import PendingQueue
-from .passes import patient_for_one_leaf, run_pass
+from .passes import run_pass
 from .policies import Policy, get_policy
 from .priority import PriorityKeys
 from .quotas import QueueTree
@@ -99,6 +100,7 @@ class Scheduler:
         self._patient = partial(
             patient_for_one_leaf, self.policy, cluster, self.settings, leaf_gpus
         )
+        self._fits_one_leaf = partial(fits_one_leaf, self.policy, cluster, leaf_gpus)
         self.preemptions = Preemptions(
             self.state,
             self.tree,

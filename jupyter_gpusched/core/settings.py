@@ -25,6 +25,9 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
     placement:
       leaf_patience: 3h            # a gang that fits one leaf switch waits this long for one
                                    # before it may span leaves
+      leaf_reservation_slack: 7d   # such a gang reserves one leaf's nodes if that leaf frees
+                                   # at most this long after GPUs enough free across leaves
+                                   # (and then waits for it past its patience)
       fragmentation: true          # gpusched: single-node jobs go where the expected GPU
                                    # fragmentation grows least (FGD); false: best fit
       workload_half_life: 2000     # FGD's histogram of job shapes: a job's weight halves
@@ -76,6 +79,7 @@ class PolicySettings:
     backfill_depth: int = 200
     backfill_interval: float = 30.0
     leaf_patience: float = 3 * 3600.0
+    leaf_reservation_slack: float = 7 * 86400.0
     fragmentation: bool = True
     workload_half_life: float = 2000.0
     launch_retry_delay: float = 30.0
@@ -132,7 +136,8 @@ class PolicySettings:
         walltime = reader.section("walltime", {"batch", "notebook"})
         backfill = reader.section("backfill", {"depth", "interval"})
         placement = reader.section(
-            "placement", {"leaf_patience", "fragmentation", "workload_half_life"}
+            "placement",
+            {"leaf_patience", "leaf_reservation_slack", "fragmentation", "workload_half_life"},
         )
         fragmentation = placement.get("fragmentation", True)
         if not isinstance(fragmentation, bool):
@@ -179,6 +184,9 @@ class PolicySettings:
             backfill_depth=int(reader.number(backfill, "depth", 200, "backfill")),
             backfill_interval=reader.duration(backfill, "interval", 30.0, "backfill"),
             leaf_patience=reader.duration(placement, "leaf_patience", 3 * 3600.0, "placement"),
+            leaf_reservation_slack=reader.duration(
+                placement, "leaf_reservation_slack", 7 * 86400.0, "placement"
+            ),
             fragmentation=fragmentation,
             workload_half_life=reader.number(placement, "workload_half_life", 2000, "placement"),
             launch_retry_delay=reader.duration(launch, "retry_delay", 30.0, "launch"),

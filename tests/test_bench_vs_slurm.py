@@ -87,6 +87,15 @@ def test_compare_reports_the_real_run_and_each_replay():
     assert replayed["gang_wait_mean_s"] == 0.0 and replayed["gang_wait_mean_s_vs_real"] == 0.0
     assert replayed["wait_mean_s_vs_real"] == round(replayed["wait_mean_s"] / 17.67, 3)
     assert replayed["wait_r_vs_real"] > 0.99
+    assert replayed["wait_mean_s_vs_replay"] == 1.0  # the first replay is the yardstick
+
+
+def test_later_replays_are_also_compared_with_the_first():
+    variants = {"slurm": ("slurm", {}), "fifo": ("fifo", {})}
+    out = bvs.compare(_record(), variants)
+    first, later = out["slurm"], out["fifo"]
+    assert later["wait_mean_s_vs_replay"] == round(later["wait_mean_s"] / first["wait_mean_s"], 3)
+    assert later["policy"] == "fifo" and first["settings"] == {}
 
 
 def test_correlation():
@@ -103,3 +112,13 @@ def test_figures_of_rows_in_any_order():
     assert out["wait_p95_s"] == 28.0  # between 10 and 30, nearer 30
     assert out["gang_wait_mean_s"] == 30.0 and out["gang_jobs"] == 1
     assert out["jct_mean_s"] == round((40 + 4 + 40) / 3, 2) and out["makespan_s"] == 50
+
+
+def test_a_saved_record_reads_back_as_it_was(tmp_path):
+    record = {**_record(), "seed": 3}
+    path = tmp_path / "run.json"
+    bvs.save_record(record, path)
+    back = bvs.load_record(path)
+    keep = set(bvs.SAVED)
+    assert back["seed"] == 3 and back["scheduler_parameters"] == bvs.TUNED
+    assert back["jobs"] == [{k: v for k, v in j.items() if k in keep} for j in record["jobs"]]

@@ -19,6 +19,8 @@
 #     gres.conf (AutoDetect=off, File=...). slurmd drops a GRES without files; with them, a job
 #     sees the GPUs Slurm gave it in CUDA_VISIBLE_DEVICES (0,1,... on each node).
 #   * ReturnToService=1: a node set DOWN by scontrol stays down until resumed.
+#   * SchedulerParameters=bf_interval=1, or $GPUSCHED_SLURM_SCHEDULER_PARAMETERS when set (read
+#     when DIR's slurm.conf is written: at a start with no slurmctld running there).
 #   * Finished jobs stay readable with `scontrol show job` for MinJobAge (1 h): there is no
 #     slurmdbd, so no sacct.
 #
@@ -30,6 +32,8 @@ set -euo pipefail
 NODES=(n1 n2)
 GPUS_PER_NODE=4
 TIMEOUT=${GPUSCHED_SLURM_START_TIMEOUT:-60} # seconds until both nodes must be idle
+# slurm.conf's SchedulerParameters (e.g. bf_interval=1,sched_interval=5 for short jobs)
+SCHEDULER_PARAMETERS=${GPUSCHED_SLURM_SCHEDULER_PARAMETERS:-bf_interval=1}
 
 usage() {
     echo "usage: $0 start DIR | $0 stop DIR" >&2
@@ -149,8 +153,8 @@ TopologyPlugin=topology/tree
 # (seen here within a second), and the tests down a node on purpose.
 ReturnToService=1
 # heterogeneous jobs (gangs with different GPU counts per node) are started by the backfill
-# scheduler: look every second, not every 30
-SchedulerParameters=bf_interval=1
+# scheduler: look every second, not every 30 (GPUSCHED_SLURM_SCHEDULER_PARAMETERS replaces it)
+SchedulerParameters=$SCHEDULER_PARAMETERS
 MinJobAge=3600
 KillWait=5
 InactiveLimit=0

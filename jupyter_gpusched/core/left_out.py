@@ -9,13 +9,15 @@ list's jobs ask (:class:`~.ordering.ListShapes`) and from the free GPUs outside 
 reservation, that no job of the list can start, pre-empt, or be refused a placement; the pass
 then leaves the list out (:func:`leave_out`).
 
-What a left-out list still does in the pass is count: a job that asks for more GPUs than are
-free counts against ``backfill.depth``, where the full walk would have reached it. Before the
-pass examines its next job, :func:`count_blocked` walks the left-out lists up to that job (a
-comparison of sizes per job, no placement search), so the pass stops at the job it would have
-stopped at. The decisions are those of examining every job; ``tests/test_incremental_pass.py``
-runs both and compares every decision. Jobs of a left-out list keep the reason they had (a
-counted one gets its ``capacity`` reason); a pass never reaches all jobs anyway.
+What a left-out list still does in the pass is count against ``backfill.depth``, where the
+full walk would have reached it: a job that asks for more GPUs than are free, one of a shape
+refused a placement earlier in the pass, any job once the reserved nodes are full. Before the
+pass examines its next job, :func:`count_blocked` walks the left-out lists up to that job (it
+looks only at the jobs that can count, by size; no placement search), so the pass stops at the
+job it would have stopped at. The decisions are those of examining every job;
+``tests/test_incremental_pass.py`` runs both and compares every decision. Jobs of a left-out
+list keep the reason they had (a counted one gets the reason it would have got); a pass never
+reaches all jobs anyway.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ class Smallest:
 @dataclass
 class ListShapes:
     """What the jobs of one list ask for, in the terms of a pass's test that none of them can
-    start (:func:`.passes.list_cannot_start`)."""
+    start (:func:`.left_out.list_cannot_start`)."""
 
     # (GPUs on each node, nodes) -> jobs of that shape: one-node jobs and gangs of gpus_per_node
     on_nodes: dict[tuple[int, int], int] = field(default_factory=dict)

@@ -138,7 +138,6 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()
     for job in pass_.started:
         sched._leave_pending(job)
     if full:
-        sched.left_out = left_out
         sched.lists_left_out += len(left_out)
     return stopped
 

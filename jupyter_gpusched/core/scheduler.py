@@ -83,7 +83,6 @@ class Scheduler:
         # a deep pass leaves out the lists behind the reservation that cannot start (see
         # .left_out); False: it examines every job, the reference the tests compare with
         self.leave_out_lists = True
-        self.left_out: dict = {}  # the lists the last full pass left out
         self.reached_left_out: list[str] = []  # new jobs of those that its walk went past
         self.lists_left_out = 0  # in all passes (for tests and benchmarks)
         self.tier_first = self.policy.order not in ("arrival", "multifactor")

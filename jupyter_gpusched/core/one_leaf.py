@@ -6,9 +6,9 @@ A gang that one leaf switch can hold is placed inside one leaf, or waits. It wai
 - at the head, for ``leaf_patience`` from the first pass there that could have placed it across
   leaves (time spent waiting for GPUs at all does not use its patience up);
 - and, past its patience, for as long as its reservation lies inside one leaf: the reservation
-  (:func:`.reservation.reserve`) chose that leaf because it frees within ``leaf_patience`` of
-  the time the gang would fit across leaves, and giving up while the leaf drains would waste
-  the wait.
+  (:func:`.reservation.reserve`) chose that leaf because it frees within
+  ``placement.leaf_reservation_slack`` of the time the gang would fit across leaves, and giving
+  up while the leaf drains would waste the wait.
 After that it may span leaves (one spine first, see :mod:`.placement`).
 """
 

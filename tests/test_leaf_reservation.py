@@ -20,14 +20,21 @@ def on(model):
     return {"gpu_models": frozenset((model,))}
 
 
+def busy_nodes(a2_ends: float) -> list:
+    """Each node full at time 0: a1 frees at 100, b1 at 200, a2 at ``a2_ends``, b2 much later."""
+    return [
+        trace_job("a1-busy", 0, 100, 8, walltime=100, **on("A1")),
+        trace_job("b1-busy", 0, 200, 8, walltime=200, **on("B1")),
+        trace_job("a2-busy", 0, a2_ends, 8, walltime=a2_ends, **on("A2")),
+        trace_job("b2-busy", 0, 100_000, 8, walltime=100_000, **on("B2")),
+    ]
+
+
 def test_a_gang_reserves_the_leaf_that_frees_soon_and_leaves_the_other_nodes_to_backfill():
     # 16 GPUs are free across leaves at 200 (a1 + b1), under leaf-1 alone at 300 (a1 + a2): the
     # gang waits for leaf-1, so its reservation is a1 + a2, and the long job may take b1 at 200
     trace = [
-        trace_job("a1-busy", 0, 100, 8, walltime=100, **on("A1")),
-        trace_job("b1-busy", 0, 200, 8, walltime=200, **on("B1")),
-        trace_job("a2-busy", 0, 300, 8, walltime=300, **on("A2")),
-        trace_job("b2-busy", 0, 100_000, 8, walltime=100_000, **on("B2")),
+        *busy_nodes(a2_ends=300),
         trace_job("gang", 1, 1000, 16, walltime=1000),
         trace_job("long", 2, 50_000, 8, walltime=50_000),
     ]
@@ -42,13 +49,7 @@ def test_a_gang_reserves_the_leaf_that_frees_soon_and_leaves_the_other_nodes_to_
 def test_one_leaf_much_later_than_across_leaves_keeps_the_cross_leaf_reservation():
     # leaf-1 frees at 5000, more than leaf_reservation_slack (600 s) after the GPUs free across
     # leaves at 200: the gang reserves a1 + b1 and spans leaves once its patience is over
-    trace = [
-        trace_job("a1-busy", 0, 100, 8, walltime=100, **on("A1")),
-        trace_job("b1-busy", 0, 200, 8, walltime=200, **on("B1")),
-        trace_job("a2-busy", 0, 5000, 8, walltime=5000, **on("A2")),
-        trace_job("b2-busy", 0, 100_000, 8, walltime=100_000, **on("B2")),
-        trace_job("gang", 1, 1000, 16, walltime=1000),
-    ]
+    trace = [*busy_nodes(a2_ends=5000), trace_job("gang", 1, 1000, 16, walltime=1000)]
     slack = PolicySettings().replace(leaf_patience=600.0, leaf_reservation_slack=600.0)
     _, rows = run_replay(trace, four_nodes(), settings=slack)
     assert rows["gang"]["start_time"] == 800 and rows["gang"]["leaves"] == 2

@@ -11,10 +11,10 @@ own, and maps each running notebook job (its user and hub server name) to its se
 
 The service's own notices to a server (the reaper's warning first of all) pass through the
 proxy, which records them as the server's activity: a figure that falls within one of them
-(:attr:`.hubclient.HubClient.notice_posts`, give or take :data:`NOTICE_SLACK`) is not taken,
-the server's previous one stays. Else a warning would count as the use that cancels it, and an
-idle CPU-only server would never be culled. (Use of the server in those moments is masked too,
-until its next request.)
+(:attr:`.hubclient.HubClient.notice_posts`, give or take :data:`NOTICE_SLACK`; one still under
+way covers everything since its start) is not taken, the server's previous one stays. Else a
+warning would count as the use that cancels it, and an idle CPU-only server would never be
+culled. (Use of the server in those moments is masked too, until its next request.)
 
 A failed read keeps the last figures (logged by :class:`~.hubclient.HubClient`); how long
 "unknown" may last before a server counts as unmonitored is the reaper's setting.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -29,8 +30,9 @@ class HubClient:
         self.api_url = api_url.rstrip("/")
         self.token = token
         self.proxy_url = proxy_url.rstrip("/")
-        # (user, server name) -> (start, end) epoch seconds of the latest notice posts to it
-        self.notice_posts: dict[tuple[str, str], deque[tuple[float, float]]] = {}
+        # (user, server name) -> [start, end] epoch seconds of the latest notice posts to it;
+        # the end is infinite while the post is under way (the proxy may record it meanwhile)
+        self.notice_posts: dict[tuple[str, str], deque[list[float]]] = {}
 
     @classmethod
     def from_environment(cls, proxy_url: str) -> HubClient | None:
@@ -80,12 +82,12 @@ class HubClient:
     async def post_notice(self, user: str, server_name: str, notice: dict) -> bool:
         url = self.proxy_url + self.server_path(user, server_name)
         url += "gpusched/api/notices?no_track_activity=1"  # jupyter-server's own switch
-        start = time.time()
+        post = [time.time(), math.inf]  # in the record from its start: see notice_posts
+        self.notice_posts.setdefault((user, server_name), deque(maxlen=8)).append(post)
         try:
             return await self._call("POST", url, notice)
         finally:
-            posts = self.notice_posts.setdefault((user, server_name), deque(maxlen=8))
-            posts.append((start, time.time()))
+            post[1] = time.time()
 
     async def user_groups(self, user: str) -> frozenset[str] | None:
         """The hub groups of ``user``, or None when the hub cannot say."""

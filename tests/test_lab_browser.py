@@ -138,7 +138,7 @@ _CLIPPED = """panel => {
   for (const node of panel.querySelectorAll('*')) {
     const box = node.getBoundingClientRect();
     if (!box.width || !node.getClientRects().length) continue; // hidden
-    const text = (node.textContent || node.className).trim().slice(0, 40);
+    const text = (node.textContent || node.getAttribute('class') || '').trim().slice(0, 40);
     if (node.clientWidth && node.scrollWidth > node.clientWidth + 1) {
       clipped.push(`${node.tagName} "${text}": ${node.scrollWidth} > ${node.clientWidth} px`);
     } else if (box.right > edge + 1) {
@@ -207,6 +207,26 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
     sync_api.expect(mine).to_contain_text("2x H100")
     sync_api.expect(mine).not_to_contain_text("queued")
     sync_api.expect(mine).not_to_contain_text(reason["family"])
+    # her server's recent GPU utilization, a line that grows at each refresh
+    sync_api.expect(mine.locator(".jp-gpusched-spark svg path")).to_have_attribute(
+        "d", re.compile(r"^M[\d.]+,[\d.]+ L"), timeout=TIMEOUT_MS
+    )
+    # her queues as the service counts them (api/me): in use against guarantee and limit
+    me = hub.service("GET", "api/me", token).json()
+    assert me["queues"], me
+    for queue in me["queues"]:
+        block = panel.locator(f'.jp-gpusched-myqueue[data-queue="{queue["path"]}"]')
+        limit = "no limit" if queue["limit"] is None else f"limit {queue['limit']:g}"
+        sync_api.expect(block).to_contain_text(
+            f"{queue['in_use']:g} in use · {queue['guaranteed']:g} guaranteed · {limit}"
+        )
+        sync_api.expect(block.locator(".jp-gpusched-bar")).to_be_visible()
+    # her GPUs marked in the cluster's grid: the 2 of her server
+    sync_api.expect(panel.locator(".jp-gpusched-node .jp-gpusched-gpu-mine")).to_have_count(2)
+    # the link to the scheduler's page, as the hub's proxy serves it
+    assert status["page_url"] == "/services/gpusched/", status
+    link = panel.locator("a.jp-gpusched-page-link")
+    sync_api.expect(link).to_have_attribute("href", status["page_url"])
     _assert_nothing_clipped(panel)
     # her server's own job: the GPU utilization its monitor reported (simulated GPUs: 0%)
     server_row = panel.locator(f'.jp-gpusched-job[data-job-id="{status["job_id"]}"]')
@@ -218,6 +238,7 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
     sync_api.expect(panel.locator(".jp-gpusched-reaper")).to_be_hidden()
     assert panel.locator(".jp-gpusched-reaper-input:visible").count() == 0
     _shot(page, "2-panel-queued")
+    panel.screenshot(path=str(SHOTS / "panel.png"))  # docs/panel.png is a copy of it
 
     row.locator(".jp-gpusched-cancel").click()
     sync_api.expect(row).to_have_count(0)

@@ -24,6 +24,7 @@ export interface IStatus {
     timeout: number | null;
     exempt: boolean | null;
   } | null;
+  page_url?: string | null;
   pending: {
     id: string;
     name: string | null;
@@ -175,4 +176,70 @@ export function reasonNode(reason: IReason | null | undefined): HTMLElement | nu
 /** A tier as a small tag in the one tier palette (docs/notebook.md: tier colours). */
 export function tierTag(tier: number): HTMLElement {
   return el('span', { class: `jp-gpusched-tag jp-gpusched-tier jp-gpusched-t${tier}` }, `tier ${tier}`);
+}
+
+const SVG = 'http://www.w3.org/2000/svg';
+
+function svg(tag: string, attrs: Record<string, string>): SVGElement {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    node.setAttribute(key, value);
+  }
+  return node;
+}
+
+/**
+ * A queue's GPUs as a bar: in use filled (past the guarantee: borrowed, in the warning colour),
+ * the guarantee a tick, the bar's end the limit (no limit: the larger of the two, and a bit).
+ */
+export function queueBar(inUse: number, guaranteed: number, limit: number | null): HTMLElement {
+  const scale = Math.max(limit ?? Math.max(guaranteed, inUse) * 1.25, inUse, guaranteed, 1);
+  const percent = (value: number) => `${Math.min(100, (100 * value) / scale)}%`;
+  const owned = Math.min(inUse, guaranteed);
+  return el(
+    'div',
+    {
+      class: 'jp-gpusched-bar',
+      role: 'img',
+      'aria-label': `${num(inUse)} of ${limit === null ? 'unlimited' : num(limit)} GPUs in use, ${num(guaranteed)} guaranteed`
+    },
+    el('span', { class: 'jp-gpusched-bar-used', style: `width: ${percent(owned)}` }),
+    inUse > guaranteed
+      ? el('span', {
+          class: 'jp-gpusched-bar-borrowed',
+          style: `left: ${percent(guaranteed)}; width: ${percent(inUse - guaranteed)}`
+        })
+      : null,
+    el('span', { class: 'jp-gpusched-bar-guarantee', style: `left: ${percent(guaranteed)}` })
+  );
+}
+
+/** Utilization readings (percent; null: unknown) as a small line, newest on the right. */
+export function sparkline(values: (number | null)[], title: string): HTMLElement {
+  const width = 120;
+  const height = 24;
+  const step = values.length > 1 ? width / (values.length - 1) : width;
+  const chart = svg('svg', {
+    class: 'jp-gpusched-sparkline',
+    viewBox: `0 0 ${width} ${height}`,
+    width: String(width),
+    height: String(height)
+  });
+  let path = '';
+  values.forEach((value, i) => {
+    if (value === null) {
+      return; // a gap: unknown is not 0%
+    }
+    const x = (i * step).toFixed(1);
+    const y = (height - 1 - ((height - 2) * Math.max(0, Math.min(100, value))) / 100).toFixed(1);
+    path += `${path && values[i - 1] !== null ? 'L' : 'M'}${x},${y} `;
+  });
+  chart.append(svg('path', { d: path.trim(), fill: 'none', 'stroke-width': '1.5' }));
+  const last = [...values].reverse().find(v => v !== null);
+  return el(
+    'div',
+    { class: 'jp-gpusched-spark', title },
+    chart as unknown as Node,
+    ` ${last === undefined || last === null ? '\u2014' : `${Math.round(last)}%`} now`
+  );
 }

@@ -1,6 +1,8 @@
 /**
- * The side panel: this server's own job, my jobs, the queue (others anonymised), the cluster by
- * node and tier, and for admins of the scheduler the reaper's timeouts, editable.
+ * The side panel: this server's own job (with its recent GPU utilization), my jobs, my queues (in
+ * use against guarantee and limit), the queue (others anonymised), the cluster by node and tier
+ * (my GPUs marked), and for admins of the scheduler the reaper's timeouts, editable. Its header
+ * links to the scheduler's web page, which shows the same and more at a page's width.
  *
  * It must be readable at the right sidebar's default width (about 300 px): jobs and queue entries
  * are stacked blocks (a head line, a details line, why it waits, the actions), never tables of
@@ -20,6 +22,8 @@ import {
   el,
   num,
   parseTimeout,
+  queueBar,
+  sparkline,
   queued,
   reasonNode,
   serverText,
@@ -30,6 +34,7 @@ import {
 import { INotice, noticeText } from './notices';
 
 export const PANEL_ID = 'jp-gpusched-panel';
+const UTIL_POINTS = 60; // the sparkline's readings: 5 min at the panel's 5 s refresh
 
 const gpuIcon = new LabIcon({
   name: 'jupyter-gpusched:gpu',
@@ -146,6 +151,16 @@ export class GPUPanel extends Widget {
   private readonly errorLine = el('div', { class: 'jp-gpusched-error' });
   private logJob: string | null = null;
   private readonly reaperEditor: ReaperEditor;
+  private readonly pageLink = el(
+    'a',
+    { class: 'jp-gpusched-page-link', target: '_blank', rel: 'noopener', hidden: '' },
+    'Open the scheduler page'
+  );
+  // this server's utilization at each refresh (the sparkline): the last UTIL_POINTS readings
+  private readonly utilization: { job: string | null; values: (number | null)[] } = {
+    job: null,
+    values: []
+  };
 
   /**
    * `onChange`: the panel changed something (refresh everything that shows it);
@@ -167,6 +182,7 @@ export class GPUPanel extends Widget {
     refresh.addEventListener('click', () => this.changed());
     this.node.append(
       el('header', {}, el('h2', {}, 'GPU scheduler'), refresh),
+      this.pageLink,
       this.errorLine,
       this.body,
       this.reaperEditor.node,
@@ -199,7 +215,12 @@ export class GPUPanel extends Widget {
       ]);
       this.errorLine.textContent = '';
       this.onStatus(status);
-      this.render(status, jobs.jobs, queue, cluster, me?.admin ? reaper : null);
+      if (status.page_url) {
+        this.pageLink.href = status.page_url;
+        this.pageLink.hidden = false;
+      }
+      this.remember(status);
+      this.render(status, jobs.jobs, queue, cluster, me, me?.admin ? reaper : null);
       if (this.logJob) {
         await this.show_log(this.logJob);
       }
@@ -207,6 +228,17 @@ export class GPUPanel extends Widget {
       this.errorLine.textContent = `Cannot reach the GPU scheduler: ${(error as Error).message}`;
       throw error;
     }
+  }
+
+  /** This server's utilization now, kept for its sparkline (a new job starts a new line). */
+  private remember(status: IStatus): void {
+    if (this.utilization.job !== status.job_id) {
+      this.utilization.job = status.job_id;
+      this.utilization.values = [];
+    }
+    const values = this.utilization.values;
+    values.push(status.utilization ?? null);
+    values.splice(0, Math.max(0, values.length - UTIL_POINTS));
   }
 
   /** This server's own job only (GPUSCHED_JOB_ID of this server: serverext/proxy.py). */
@@ -240,6 +272,9 @@ export class GPUPanel extends Widget {
       );
       if (job.state === 'pending') {
         section.append(reasonNode(job.reason) ?? '');
+      }
+      if (job.state === 'running' && job.gpus !== 0 && this.utilization.values.some(v => v !== null)) {
+        section.append(sparkline(this.utilization.values, 'GPU utilization of this server, at each refresh of the panel'));
       }
     }
     const notice = this.lastNotice();
@@ -296,7 +331,7 @@ export class GPUPanel extends Widget {
     );
   }
 
-  private render(status: IStatus, jobs: any[], queue: any, cluster: any, reaper: any): void {
+  private render(status: IStatus, jobs: any[], queue: any, cluster: any, me: any, reaper: any): void {
     const sections: HTMLElement[] = [this.serverSection(status)];
 
     sections.push(
@@ -309,6 +344,31 @@ export class GPUPanel extends Widget {
           : [el('p', { class: 'jp-gpusched-empty' }, 'No pending or running jobs.')])
       )
     );
+
+    // my queues: GPUs in use against the guarantee and the limit (api/me)
+    const queues = (me?.queues ?? []) as any[];
+    if (queues.length) {
+      sections.push(
+        el(
+          'section',
+          { class: 'jp-gpusched-myqueues' },
+          el('h3', {}, 'My queues'),
+          ...queues.map(q =>
+            el(
+              'div',
+              { class: 'jp-gpusched-myqueue', 'data-queue': q.path },
+              el(
+                'div',
+                { class: 'jp-gpusched-myqueue-text' },
+                `${q.path}${q.default ? ' (default)' : ''}: ${num(q.in_use)} in use · ${num(q.guaranteed)} guaranteed · ` +
+                  (q.limit === null ? 'no limit' : `limit ${num(q.limit)}`)
+              ),
+              queueBar(q.in_use, q.guaranteed, q.limit)
+            )
+          )
+        )
+      );
+    }
 
     // the queue: one block per waiting job, others anonymised by the service
     const entries = (queue.jobs as any[]).map(j =>
@@ -334,7 +394,7 @@ export class GPUPanel extends Widget {
       )
     );
 
-    sections.push(this.clusterSection(cluster));
+    sections.push(this.clusterSection(cluster, me?.name ?? null));
 
     // the reaper's settings: admins only (the caller passes null to others). The editor stays
     // in the page between refreshes (a field being typed in keeps its focus); hidden otherwise.
@@ -346,8 +406,8 @@ export class GPUPanel extends Widget {
     this.body.replaceChildren(...sections);
   }
 
-  /** The cluster, by node and tier: one square per GPU in its holder's tier colour. */
-  private clusterSection(cluster: any): HTMLElement {
+  /** The cluster, by node and tier: one square per GPU in its holder's tier colour, mine outlined. */
+  private clusterSection(cluster: any, me: string | null): HTMLElement {
     const nodes = (cluster.nodes as any[]).map(node => {
       const tiers: Record<string, number> = {};
       const cells = (node.gpu_list as any[]).map(gpu => {
@@ -357,8 +417,9 @@ export class GPUPanel extends Widget {
         }
         const tier = holders.length ? `t${holders[0].tier}` : 'free';
         const who = holders.map(h => h.user || 'someone').join(', ');
+        const mine = me !== null && holders.some(h => h.user === me);
         return el('span', {
-          class: `jp-gpusched-gpu jp-gpusched-${tier}`,
+          class: `jp-gpusched-gpu jp-gpusched-${tier}${mine ? ' jp-gpusched-gpu-mine' : ''}`,
           title: `GPU ${gpu.index}: ${holders.length ? `${who} (tier ${holders[0].tier})` : 'free'}`
         });
       });
@@ -378,7 +439,8 @@ export class GPUPanel extends Widget {
       'div',
       { class: 'jp-gpusched-legend' },
       ...[1, 2, 3].map(t => el('span', {}, el('span', { class: `jp-gpusched-gpu jp-gpusched-t${t}` }), ` tier ${t} `)),
-      el('span', {}, el('span', { class: 'jp-gpusched-gpu jp-gpusched-free' }), ' free')
+      el('span', {}, el('span', { class: 'jp-gpusched-gpu jp-gpusched-free' }), ' free '),
+      el('span', {}, el('span', { class: 'jp-gpusched-gpu jp-gpusched-free jp-gpusched-gpu-mine' }), ' mine')
     );
     return el(
       'section',

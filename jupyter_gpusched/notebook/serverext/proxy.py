@@ -12,9 +12,11 @@ Routes under ``<base_url>gpusched/api/``:
 * ``GET status``: this server's allocation and the user's waiting jobs, in one answer for the
   status bar: ``{"configured", "time", "job_id", "job", "gpus", "gpu_model", "node",
   "utilization", "devices", "reaper": {"timeout", "idle_since", "reclaim_at", "exempt",
-  "warned"} | null, "pending": [my pending jobs with position and reason (with ETA)]}``;
-  utilization (mean percent over this server's GPUs) comes from the GPU monitor
-  (:mod:`.monitor`).
+  "warned"} | null, "pending": [my pending jobs with position and reason (with ETA)],
+  "page_url"}``; utilization (mean percent over this server's GPUs) comes from the GPU monitor
+  (:mod:`.monitor`); ``page_url`` is the scheduler's web page as the browser reaches it (the
+  path of ``GPUSCHED_SERVICE_URL``: the hub's proxy serves the service under the same prefix),
+  or null.
 * ``GET cluster``, ``GET queue``, ``GET jobs`` (query passed on; default: my pending and running
   jobs), ``GET jobs/<id>``, ``GET jobs/<id>/log``, ``DELETE jobs/<id>``, ``GET reaper``
   (the reaper's settings), ``PUT reaper`` (admins: change them; the body passed on),
@@ -30,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
@@ -148,6 +150,7 @@ async def build_status(client: ServiceClient, monitor=None) -> dict:
         "telemetry_error": (snapshot or {}).get("telemetry_error"),
         "reaper": None,
         "pending": [],
+        "page_url": urlsplit(env.service_url).path or None,
     }
     if not client.configured:
         return out

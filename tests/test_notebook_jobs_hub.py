@@ -18,14 +18,12 @@ import json
 import os
 import pwd
 import re
-import uuid
 
 import hub_harness
 import pytest
 import requests
 import test_spawner as ts
-from tornado.httpclient import HTTPRequest
-from tornado.websocket import websocket_connect
+from kernel_ws import run_cell
 
 DEMO = hub_harness.ROOT / "hub_config"
 JOB_TIMEOUT = 120  # seconds a job may take in the kernel (a notebook job starts a kernel)
@@ -56,41 +54,11 @@ def kernel(hub):
     return response.json()["id"]
 
 
-async def _execute(ws_url: str, token: str, code: str, timeout: float) -> tuple[str, str]:
-    """Run ``code`` in the kernel; (the reply's status, everything the cell showed as text)."""
-    request = HTTPRequest(ws_url, headers={"Authorization": f"token {token}"})
-    connection = await asyncio.wait_for(websocket_connect(request), 30)
-    msg_id, shown = uuid.uuid4().hex, []
-    header = {"msg_id": msg_id, "msg_type": "execute_request", "username": "alice"}
-    header.update(session=uuid.uuid4().hex, version="5.3", date="")
-    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {}}
-    content.update(allow_stdin=False, stop_on_error=True)
-    message = {"header": header, "parent_header": {}, "metadata": {}, "content": content}
-    message.update(channel="shell", buffers=[])
-    try:
-        await connection.write_message(json.dumps(message))
-        while True:
-            raw = await asyncio.wait_for(connection.read_message(), timeout)
-            assert raw is not None, "the kernel websocket closed before the reply"
-            reply = json.loads(raw)
-            if reply["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind = reply["header"]["msg_type"]
-            if kind == "stream":
-                shown.append(reply["content"]["text"])
-            elif kind == "error":
-                shown.append("\n".join(reply["content"]["traceback"]))
-            elif kind == "execute_reply":
-                return reply["content"]["status"], "".join(shown)
-    finally:
-        connection.close()
-
-
 def execute(hub, kernel_id: str, code: str, timeout: float = JOB_TIMEOUT) -> str:
     """Run ``code`` in alice's kernel; what it printed (the cell must succeed)."""
     ws_url = hub.url.replace("http", "ws", 1) + f"/user/alice/api/kernels/{kernel_id}/channels"
-    status, shown = asyncio.run(_execute(ws_url, hub.token("alice"), code, timeout))
-    assert status == "ok", shown
+    reply, shown = asyncio.run(run_cell(ws_url, hub.token("alice"), code, timeout))
+    assert reply["status"] == "ok", shown
     return shown
 
 

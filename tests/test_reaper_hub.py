@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import pwd
 import re
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import hub_harness
@@ -41,8 +39,7 @@ import psutil
 import pytest
 import requests
 import test_spawner as ts
-from tornado.httpclient import HTTPRequest
-from tornado.websocket import websocket_connect
+from kernel_ws import run_cell
 
 from jupyter_gpusched.core.durations import describe_duration
 
@@ -242,53 +239,9 @@ def start_kernel(hub, user) -> str:
     return response.json()["id"]
 
 
-async def _execute(ws_url: str, token: str, code: str, timeout: float) -> dict:
-    """Run ``code`` in the kernel over its websocket (the Jupyter protocol's JSON form); return
-    the execute_reply's content."""
-    request = HTTPRequest(ws_url, headers={"Authorization": f"token {token}"})
-    connection = await asyncio.wait_for(websocket_connect(request), timeout)
-    try:
-        msg_id = uuid.uuid4().hex
-        message = {
-            "header": {
-                "msg_id": msg_id,
-                "msg_type": "execute_request",
-                "username": "test",
-                "session": uuid.uuid4().hex,
-                "version": "5.3",
-                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            },
-            "parent_header": {},
-            "metadata": {},
-            "content": {
-                "code": code,
-                "silent": False,
-                "store_history": False,
-                "user_expressions": {},
-                "allow_stdin": False,
-                "stop_on_error": True,
-            },
-            "channel": "shell",
-            "buffers": [],
-        }
-        await connection.write_message(json.dumps(message))
-        while True:
-            raw = await asyncio.wait_for(connection.read_message(), timeout)
-            assert raw is not None, "the kernel websocket closed before the reply"
-            reply = json.loads(raw)
-            if (
-                reply.get("channel") == "shell"
-                and reply["header"]["msg_type"] == "execute_reply"
-                and reply["parent_header"].get("msg_id") == msg_id
-            ):
-                return reply["content"]
-    finally:
-        connection.close()
-
-
 def execute(hub, user, kernel_id, code, timeout=30.0) -> dict:
     ws_url = hub.url.replace("http", "ws", 1) + f"/user/{user}/api/kernels/{kernel_id}/channels"
-    return asyncio.run(_execute(ws_url, hub.token(user), code, timeout))
+    return asyncio.run(run_cell(ws_url, hub.token(user), code, timeout))[0]
 
 
 # -- the scenarios -------------------------------------------------------------------------------

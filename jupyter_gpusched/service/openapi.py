@@ -198,6 +198,15 @@ PATHS = {
             ],
         ),
     },
+    "/api/estimate": {
+        "post": _op(
+            "estimateJob",
+            "When would it start? A job body as for submitJob; nothing is queued",
+            ref("Estimate"),
+            body=JOB_REQUEST,
+            errors=("429",),
+        )
+    },
     "/api/jobs/{id}": {
         "get": _op(
             "getJob",

@@ -12,12 +12,16 @@ from __future__ import annotations
 import heapq
 import pickle
 import random
+from collections import deque
+from enum import Enum
+from functools import partial
+from types import BuiltinFunctionType, FunctionType, MethodType
 
 import pytest
 from helpers import cluster, job, queues
 
 from jupyter_gpusched.core import PolicySettings, Preempt, Scheduler, Start
-from jupyter_gpusched.core.estimate import estimate
+from jupyter_gpusched.core.estimate import estimate, snapshot
 from jupyter_gpusched.core.jobs import JobState
 
 
@@ -112,6 +116,48 @@ def test_the_scheduler_estimated_on_is_unchanged():
         estimate(sched, job("a", 1), 900)  # a job it already has
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_a_snapshot_is_an_equal_copy_that_shares_no_state(seed):
+    """The snapshot holds what the scheduler holds; driving it on (every running job ends, new
+    jobs, passes) leaves the scheduler's pickled bytes as they were."""
+    run, _, _, t, _ = workload(seed, users=1 + seed % 3)
+    sched = run.sched
+    before = pickle.dumps(sched)
+    trial = snapshot(sched)
+    assert contents(trial) == contents(sched)
+    for job_id in list(trial.running):
+        trial.job_ended(job_id, t + 1)
+    trial.submit(job("new", 4, t=t + 1), t + 1)
+    trial.schedule(t + 1)
+    for job_id in list(trial.running)[:2]:
+        trial.job_ended(job_id, t + 2, "preempted")
+    trial.schedule(t + 2)
+    assert pickle.dumps(sched) == before
+
+
+def contents(obj, seen=None):
+    """``obj``'s values as nested lists, sets sorted (a copied set may iterate in another
+    order, so a copy need not pickle to the same bytes); callables by their name."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, (str, int, float, bool, type(None), Enum)):
+        return obj
+    # (before any hasattr: asking a partial for its __dict__ gives it one, which it pickles)
+    if isinstance(obj, (partial, MethodType, FunctionType, BuiltinFunctionType)):
+        return getattr(obj, "__name__", type(obj).__name__)
+    if id(obj) in seen:
+        return "<seen>"
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        return sorted((repr(k), contents(v, seen)) for k, v in obj.items())
+    if isinstance(obj, (set, frozenset)):
+        return sorted(repr(item) for item in obj)
+    if isinstance(obj, (list, tuple, deque)):
+        return [contents(item, seen) for item in obj]
+    if not hasattr(obj, "__dict__"):  # (a value of a type without attributes of its own)
+        return (type(obj).__name__, repr(obj))
+    return (type(obj).__name__, contents(vars(obj), seen))
+
+
 # -- the estimate is a reservation: replay-like scenarios ----------------------------------------
 class Run:
     """Jobs submitted at their times, ending after their durations, a pass after each instant's
@@ -162,10 +208,10 @@ class Run:
                 self.push(wake, "wake", None)
 
 
-def scenario(seed: int, users: int):
-    """A random small cluster and workload; an estimate at a random instant ``t`` for one more
-    job, which is then submitted at ``t``. Every job ends by its walltime; jobs keep arriving
-    after ``t``, all of the same tier (and, with one user, all behind the estimated job)."""
+def workload(seed: int, users: int):
+    """A random small cluster and workload run to a random instant ``t``: (the run, the users,
+    the queue tree or None, ``t``, the random generator). Every job ends by its walltime; jobs
+    keep arriving after ``t``, all of the same tier."""
     rng = random.Random(seed)
     c = cluster(("n[1-3]", 8, "leaf-1"), ("n[4-5]", 4, "leaf-2"))
     names = [f"u{i}" for i in range(users)]
@@ -174,8 +220,7 @@ def scenario(seed: int, users: int):
         spec = {name: {"guaranteed": c.total_gpus / users, "users": [name]} for name in names}
         tree = queues(spec, c)
     settings = PolicySettings(backfill_interval=rng.choice([0.0, 30.0]))
-    sched = Scheduler(c, tree, settings)
-    run = Run(sched)
+    run = Run(Scheduler(c, tree, settings))
     horizon = 4 * 3600.0
     for i in range(rng.randint(20, 80)):
         walltime = rng.uniform(60, 3 * 3600)
@@ -191,6 +236,16 @@ def scenario(seed: int, users: int):
         run.add(background, rng.uniform(0.1, 1.0) * walltime)
     t = round(rng.uniform(600, horizon * 0.75))
     run.run_until(t)
+    return run, names, tree, t, rng
+
+
+def scenario(seed: int, users: int):
+    """An estimate at the workload's ``t`` for one more job, which is then submitted at ``t``
+    and the run goes on to the end: (the scheduler, the estimate, ``t``, the ids of the jobs
+    submitted after ``t``, the job that took the estimated job's reservation or None). With one
+    user, every later job ranks behind the estimated one."""
+    run, names, tree, t, rng = workload(seed, users)
+    sched = run.sched
     user = rng.choice(names)
     walltime = rng.uniform(60, 3 * 3600)
     gpus = rng.choice([1, 2, 4, 8, 16])
@@ -200,11 +255,9 @@ def scenario(seed: int, users: int):
     run.add(job("x", gpus, t=t, walltime=walltime, user=user, queue=asked.queue), walltime)
     seen = len(run.holders)
     run.run_until(float("inf"))
-    # who took the reservation from x, if anyone did before it started
     after = run.holders[seen:]
-    taken_by = (
-        next((h for h in after[after.index("x") :] if h != "x"), None) if "x" in after else None
-    )
+    held_from = after.index("x") if "x" in after else len(after)
+    taken_by = next((h for h in after[held_from:] if h != "x"), None)
     return sched, answer, t, late_arrivals, taken_by
 
 

@@ -38,7 +38,13 @@ from jupyter_gpusched.core.estimate import estimate, snapshot
 from jupyter_gpusched.files import load_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET_P95_MS = 50.0  # an estimate per spawn-form profile: a form of 4 profiles in 0.2 s
+TARGET_P95_MS = 50.0
+OPTIONS = (  # (flag, default, what it sets): whole numbers all
+    ("--nodes", 256, "8-GPU nodes of the large state (a multiple of 32)"),
+    ("--pending", 2000, "jobs waiting in the large state"),
+    ("--demo-pending", 20, "jobs waiting in the demo state"),
+    ("--estimates", 200, "estimates timed per state"),
+)  # an estimate per spawn-form profile: a form of 4 profiles in 0.2 s
 
 
 def figures(values: list[float]) -> dict:
@@ -114,10 +120,8 @@ def large_state(nodes: int, pending: int) -> tuple[Scheduler, list]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--nodes", type=int, default=256, help="8-GPU nodes (multiple of 32)")
-    parser.add_argument("--pending", type=int, default=2000, help="jobs waiting (large state)")
-    parser.add_argument("--demo-pending", type=int, default=20, help="jobs waiting (demo)")
-    parser.add_argument("--estimates", type=int, default=200, help="estimates timed per state")
+    for flag, default, what in OPTIONS:
+        parser.add_argument(flag, type=int, default=default, help=what)
     args = parser.parse_args(argv)
     out = {
         "demo": measure(*demo_state(args.demo_pending), args.estimates),

@@ -140,33 +140,22 @@ class Client:
             def payload(where):
                 return payloads.function_payload(call, where)
 
-        fields = _fields(gpus, more, notebook, tier, queue, gpu_model, walltime, env, name)
+        named = {"tier": tier, "queue": queue, "gpu_model": gpu_model, "walltime": walltime}
+        named.update(env=env, name=name)
+        fields = _fields(gpus, more, notebook=notebook, **named)
         return self._submit(fields, command=command, payload=payload, cwd=cwd)
 
-    def estimate(
-        self,
-        command: str | None = None,
-        *,
-        notebook: str | None = None,
-        function: Callable | None = None,
-        args: tuple = (),
-        kwargs: dict | None = None,
-        gpus: int = 1,
-        tier: int | None = None,
-        queue: str | None = None,
-        gpu_model: str | list[str] | None = None,
-        walltime: str | float | None = None,
-        env: dict[str, str] | None = None,
-        cwd: str | os.PathLike | None = None,
-        name: str | None = None,
-        **more,
-    ) -> Estimate:
+    def estimate(self, command: str | None = None, **options) -> Estimate:
         """When would this job start? The arguments of :meth:`submit`; nothing is submitted
         (nor pickled, nor written: what a job runs does not change when it starts). Returns an
         :class:`~.estimate.Estimate`, printed as "starts now", "about 25 min (at 14:05 UTC)"
         or "waits: <reason>"; refused as the submission would be (GPUSchedError)."""
+        notebook, function = options.pop("notebook", None), options.pop("function", None)
         _exactly_one(command, notebook, function)
-        fields = _fields(gpus, more, notebook, tier, queue, gpu_model, walltime, env, name)
+        options.pop("args", None), options.pop("kwargs", None)  # (the function's: not sent)
+        cwd = options.pop("cwd", None)
+        named = {key: options.pop(key, None) for key in _NAMED_FIELDS}
+        fields = _fields(options.pop("gpus", 1), options, notebook=notebook, **named)
         if cwd is not None:  # (None: submit's own fallback would find a directory it may use)
             fields["cwd"] = os.path.abspath(os.fspath(cwd))
         return self._estimate(fields, command)
@@ -267,23 +256,17 @@ def _exactly_one(command, notebook, function) -> None:
         )
 
 
-def _fields(gpus, more, notebook, tier, queue, gpu_model, walltime, env, name) -> dict:
+_NAMED_FIELDS = ("tier", "queue", "gpu_model", "walltime", "env", "name")  # submit's own
+
+
+def _fields(gpus, more: dict, notebook=None, **named) -> dict:
     """The body of POST api/jobs for submit's (and estimate's) arguments, without the command
-    and the directory."""
+    and the directory: ``named``, those of :data:`_NAMED_FIELDS` (left out when None), and
+    ``more``, the other fields, as given."""
     if notebook is not None:  # relative to this directory, wherever the job runs
-        notebook = os.path.abspath(os.fspath(notebook))
+        named["notebook"] = os.path.abspath(os.fspath(notebook))
     fields: dict[str, Any] = {"gpus": gpus, **more}
-    for key, value in (
-        ("notebook", notebook),
-        ("tier", tier),
-        ("queue", queue),
-        ("gpu_model", gpu_model),
-        ("walltime", walltime),
-        ("env", env),
-        ("name", name),
-    ):
-        if value is not None:
-            fields[key] = value
+    fields.update((key, value) for key, value in named.items() if value is not None)
     return fields
 
 

@@ -158,7 +158,10 @@ def job_request(handler: APIHandler):
 class EstimateHandler(APIHandler):
     """``POST api/estimate``: what the job in the body (``POST api/jobs``'s fields, refused
     as a submission would be) would meet if submitted now, from the engine's own pass on a
-    copy of its state (core/estimate.py). Nothing is queued, stored or audited."""
+    copy of its state (core/estimate.py). Nothing is queued, stored or audited, so a browser
+    session's cookie is enough (the service's page asks it)."""
+
+    reads_only = True
 
     @api
     def post(self):

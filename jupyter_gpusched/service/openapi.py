@@ -59,7 +59,8 @@ SECURITY_SCHEMES = {
         "in": "cookie",
         "name": "jupyterhub-services-gpusched",
         "description": "The hub's OAuth cookie of a browser session (<prefix>login starts "
-        "one). Reads only: every change needs a token in the Authorization header.",
+        "one). Reads only (and estimateJob): every change needs a token in the Authorization "
+        "header.",
     },
 }
 

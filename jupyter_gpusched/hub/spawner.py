@@ -195,11 +195,13 @@ class GPUSchedSpawner(SchedulerClient, AllocationState):
         chosen = _first((self.user_options or {}).get("queue"))
         if not mine:
             return render_options_form(mine, previous, None, chosen)
-        if self.estimate_timeout > 0:
+        # the queues first: that request makes (or renews) the spawner's token, which the
+        # estimates then share (asked together, a revoked token would be renewed by each); a
+        # service that did not answer it is not asked again
+        queues, estimates = await self.my_queues(), {}
+        if self.estimate_timeout > 0 and not isinstance(queues, str):
             queue = chosen if isinstance(chosen, str) and valid_queue_path(chosen) else None
-            queues, estimates = await asyncio.gather(self.my_queues(), self.estimates(mine, queue))
-        else:
-            queues, estimates = await self.my_queues(), {}
+            estimates = await self.estimates(mine, queue)
         return render_options_form(mine, previous, queues, chosen, estimates)
 
     def run_pre_spawn_hook(self):

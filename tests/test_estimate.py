@@ -319,3 +319,24 @@ def test_the_scenarios_reach_each_kind_of_answer():
         _, answer, _, _, _ = scenario(seed, users=1)
         kinds.add("now" if answer.start_now else "eta" if answer.eta is not None else "behind")
     assert kinds == {"now", "eta", "behind"}
+
+
+def test_the_words_for_an_estimate():
+    from jupyter_gpusched.core.wording import estimate_text
+
+    now = 1_764_684_300.0  # 2025-12-02 14:05 UTC
+    words = [estimate_text(False, now + wait, None, now) for wait in (0, 1500, 3600, 3900, 10000)]
+    assert words == [
+        "about 1 min (at 14:05 UTC)",
+        "about 25 min (at 14:30 UTC)",
+        "about 1 h (at 15:05 UTC)",
+        "about 1 h 5 min (at 15:10 UTC)",
+        "about 2 h 50 min (at 16:51 UTC)",
+    ]
+    assert (
+        estimate_text(False, now + 3 * 86400, None, now) == "about 3 days (at 2025-12-05 14:05 UTC)"
+    )
+    assert estimate_text(False, now + 1500, None, now, clock=False) == "about 25 min"
+    assert estimate_text(True, None, None, now) == "starts now"
+    assert estimate_text(False, None, "team at its limit", now) == "waits: team at its limit"
+    assert estimate_text(False, None, None, now) == "waits"

@@ -10,7 +10,8 @@
   DELETE is what the API promises, not the use after free Schemathesis' ``use_after_free``
   takes it for; only that is dropped;
 * :func:`positive_data_acceptance_here`: Schemathesis' ``positive_data_acceptance`` (excluded
-  on the command line), less the 400s the document says JSON Schema cannot describe
+  on the command line), less the 400s (of ``POST api/jobs``, and of ``POST api/estimate``, which
+  refuses what a submission would) the document says JSON Schema cannot describe
   (``service/openapi.py``): a job must fit this cluster and name one of its queues and GPU
   models, ``gpus_per_node`` must divide ``gpus``, ``cwd`` must be a directory the user may enter,
   a queue document must keep the queues, and
@@ -52,6 +53,8 @@ STATE_DEPENDENT = {
     ),
     ("GET", "/api/usage"): {"since": "^'since' must be before 'until'"},
 }
+# what refuses a submission refuses an estimate of it
+STATE_DEPENDENT[("POST", "/api/estimate")] = STATE_DEPENDENT[("POST", "/api/jobs")]
 
 
 @schemathesis.hook

@@ -309,6 +309,46 @@ def test_gpujob_bad_options_are_one_line_usage_errors(shell, workdir, capsys):
         run(shell, "%%gpujob --gpus 1\nprint(1)\n")
 
 
+def test_client_estimate_prints_when_it_would_start_and_submits_nothing(service, workdir):
+    alice = service.client()
+    now = gc.estimate(command="true", gpus=2, client=alice)
+    assert (now.start_now, now.queue, str(now)) == (True, "team", "starts now")
+    fill_h100(alice)
+    before = (alice.queue(), [j.data for j in alice.jobs()])
+    later = alice.estimate(command="python train.py", gpus=8, gpu_model="H100", walltime="1h")
+    assert not later.start_now and later.position == 1 and later.eta > time.time()
+    assert str(later).startswith("about ") and str(later).endswith(" UTC)"), str(later)
+    assert later.reason["family"] == "capacity"
+    # the same arguments as submit, function= included: nothing pickled, written or queued
+    by_function = alice.estimate(function=print, gpus=8, gpu_model="H100", walltime="1h")
+    assert by_function.eta == later.eta
+    assert (alice.queue(), [j.data for j in alice.jobs()]) == before
+    assert not (workdir / ".gpusched").exists()
+    alice.submit(command="sleep 60", gpus=2, gpu_model="L40S", queue="small")
+    capped = alice.estimate(command="true", gpus=1, queue="small")
+    assert str(capped).startswith("waits: ") and "small" in str(capped)
+    with pytest.raises(GPUSchedError) as info:
+        alice.estimate(command="true", gpus=99)
+    assert (info.value.status, info.value.field) == (400, "gpus")
+
+
+def test_gpujob_estimate_prints_it_and_submits_nothing(shell, service, workdir, capsys):
+    from IPython.core.error import UsageError
+
+    alice = service.client()
+    fill_h100(alice)
+    before = alice.queue()
+    estimate = run(shell, "%%gpujob --estimate --gpus 8 --gpu-model H100 --walltime 1h\nprint(1)\n")
+    out = capsys.readouterr().out
+    assert out.startswith("%%gpujob: about ") and "UTC) (queue team)" in out, out
+    assert estimate.position == 1 and alice.queue() == before
+    assert not list(workdir.glob(".gpusched/cell-*.py"))  # no cell file either
+    run(shell, "%%gpujob --estimate --gpus 1 --gpu-model L40S\nprint(1)\n")
+    assert capsys.readouterr().out.startswith("%%gpujob: starts now (queue team)\n")
+    result = shell.run_cell("%%gpujob --estimate --tier 9\nprint(1)\n", store_history=False)
+    assert isinstance(result.error_in_exec, UsageError)  # a bad option: as without --estimate
+
+
 # -- the widget --------------------------------------------------------------------------------
 def test_queue_widget_rows_and_cancel(service):
     from jupyter_gpusched.notebook.widgets import QueueWidget

@@ -44,3 +44,13 @@ def test_bench_live_pass_times_passes_on_a_deep_queue():
     assert timed == out["all"]["passes"] > 0
     assert out["deep"]["passes"] > 0  # with 1 s between ends, a deep pass every 30 s at least
     assert 0 < out["all"]["p50_ms"] <= out["all"]["p99_ms"] <= out["all"]["max_ms"]
+
+
+def test_bench_estimate_times_estimates_at_two_sizes():
+    out = run("bench_estimate.py", "--nodes", "32", "--pending", "100", "--estimates", "5")
+    assert out["demo"]["gpus"] == 24 and out["large"]["gpus"] == 256
+    for size in ("demo", "large"):
+        assert out[size]["pending"] >= (20 if size == "demo" else 100)
+        assert out[size]["running"] > 0
+        assert set(out[size]["estimate"]) == {"p50_ms", "p95_ms", "max_ms"}
+    assert isinstance(out["met"], bool)

@@ -191,6 +191,12 @@ def test_browser_sessions_through_oauth(hub):
     response = session.get(hub.service_url + "login", params={"next": job_path}, timeout=10)
     assert response.status_code == 404 and response.url == hub.url + job_path
     assert session.get(hub.service_url + "api/queue", timeout=10).status_code == 200
+    # a browser session reads, and POSTs api/estimate (it changes nothing), but submits nothing
+    body = {"command": "true", "gpus": 1}
+    estimate = session.post(hub.service_url + "api/estimate", json=body, timeout=10)
+    assert estimate.status_code == 200 and estimate.json()["start_now"] is True, estimate.text
+    refused = session.post(hub.service_url + "api/jobs", json=body, timeout=10)
+    assert refused.status_code == 403 and "token in the Authorization" in refused.text
     assert set(oauth_token(hub, "bob")["scopes"]) == {
         ACCESS,
         "read:users:name!user=bob",

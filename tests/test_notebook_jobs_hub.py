@@ -169,3 +169,25 @@ def test_a_working_directory_the_job_cannot_enter_falls_back_to_home(hub, kernel
         if cell_file:  # this test's cell, in alice's real home
             cleanup += f"; os.remove({cell_file!r})"
         execute(hub, kernel, cleanup)
+
+
+def test_gpujob_estimate_and_client_estimate_print_it_and_submit_nothing(hub, kernel):
+    """In alice's kernel (her server holds 1 of the 8 H100; research/vision's limit is 8):
+    ``%%gpujob --estimate`` and ``client.estimate`` print the scheduler's estimate, and no job
+    appears."""
+    token = hub.token("alice")
+    before = hub.service("GET", "api/jobs", token).json()["jobs"]
+    execute(hub, kernel, "%load_ext jupyter_gpusched")
+    shown = execute(hub, kernel, "%%gpujob --estimate --gpus 4\nprint('never run')\n")
+    assert shown == "%%gpujob: starts now (queue research/vision)\n", shown
+    shown = execute(
+        hub,
+        kernel,
+        "from jupyter_gpusched import client\n"
+        "print(client.estimate(command='python train.py', gpus=4))\n"
+        "print(client.estimate(command='python train.py', gpus=8))\n",
+    )
+    now, later = shown.splitlines()
+    assert now == "starts now", shown
+    assert later.startswith("waits: ") and "research/vision" in later, shown
+    assert hub.service("GET", "api/jobs", token).json()["jobs"] == before

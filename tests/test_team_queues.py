@@ -12,6 +12,7 @@ One hub for the module (``hub_harness.running_hub``) on ``hub_config/demo-cluste
 from __future__ import annotations
 
 import html
+import re
 import time
 
 import hub_harness
@@ -128,3 +129,38 @@ def test_a_queue_the_user_may_not_use_gets_the_schedulers_message_on_the_form(hu
     assert "carol may not submit to queue research/vision" in page
     assert 'name="queue"' in page  # the form again, to choose another
     assert not _my_jobs(hub, "carol")
+
+
+def _estimates(page: str) -> dict[str, str]:
+    """The spawn form's estimate of each profile, by slug."""
+    found = re.findall(r'id="gpusched-estimate-([^"]+)"> &middot; ([^<]*)</small>', page)
+    return {slug: html.unescape(text) for slug, text in found}
+
+
+def test_the_spawn_form_shows_when_each_profile_would_start(hub):
+    """Each profile with the scheduler's estimate for alice's default queue: all start now on
+    the empty cluster; with every H100 held by batch jobs (1 h and 2 h walltimes), the GPU
+    profiles wait about an hour (the first reservation) and the CPU-only one starts now."""
+    session = _login(hub, "alice")
+    page = session.get(hub.url + "/hub/spawn", timeout=30).text
+    assert _estimates(page) == dict.fromkeys(
+        ("gpu-1", "gpu-4", "gpu-2-opportunistic", "cpu-only"), "starts now"
+    ), page
+    held = []
+    try:
+        for user, walltime in (("bob", "1h"), ("carol", "2h")):
+            body = {"gpus": 4, "command": "sleep 600", "walltime": walltime}
+            response = hub.service("POST", "api/jobs", hub.token(user), json=body)
+            assert response.status_code == 201, response.text
+            held.append((user, response.json()["id"]))
+            assert response.json()["state"] == "running"
+        queue_before = hub.service("GET", "api/queue", hub.token("admin")).json()
+        estimates = _estimates(session.get(hub.url + "/hub/spawn", timeout=30).text)
+        assert estimates["cpu-only"] == "starts now"
+        for slug in ("gpu-1", "gpu-4"):
+            assert estimates[slug] in ("about 59 min", "about 1 h"), estimates
+        # nothing was queued by showing the form
+        assert hub.service("GET", "api/queue", hub.token("admin")).json() == queue_before
+    finally:
+        for user, job_id in held:
+            hub.service("DELETE", f"api/jobs/{job_id}", hub.token(user))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import deque
 
+from .copying import copy_parts
 from .jobs import Job
 from .state import Placement
 
@@ -26,6 +27,14 @@ class RunningLedger:
         self.ends: list[tuple[float, str]] = []  # (estimated end, job id), soonest first
         # (start, job id) of the tier-2 and tier-3 jobs started inside their minimum run time
         self.recent_starts = {2: deque(), 3: deque()}
+
+    def __deepcopy__(self, memo):  # (core/copying.py: ends are tuples, by_user numbers)
+        return copy_parts(
+            self,
+            memo,
+            flat=("tier3_on_node", "tiers23_on_node", "ends"),
+            nested=("by_user", "recent_starts"),
+        )
 
     def victim_room(self, reclaim: bool) -> list[float]:
         """Per node, the GPUs pre-emption could free: tier 3, or tiers 2 and 3 to reclaim."""

@@ -22,6 +22,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from .copying import copy_parts
 from .jobs import Job
 
 
@@ -33,6 +34,9 @@ class Smallest:
         self.heap: list = []
         self.gone: dict = {}  # entry -> copies removed but still in the heap
         self.count = 0
+
+    def __deepcopy__(self, memo):  # (core/copying.py: the entries are tuples)
+        return copy_parts(self, memo, flat=("heap", "gone"))
 
     def add(self, entry) -> None:
         heapq.heappush(self.heap, entry)
@@ -74,6 +78,9 @@ class ListShapes:
     walltimes: Smallest = field(default_factory=Smallest)  # (walltime, job id)
     # GPUs asked -> the list's entries (submit time, id) of jobs asking that many, in order
     by_size: dict[float, list[tuple[float, str]]] = field(default_factory=dict)
+
+    def __deepcopy__(self, memo):  # (core/copying.py)
+        return copy_parts(self, memo, flat=("on_nodes", "spanning"), nested=("by_size",))
 
     def larger_than(self, gpus: float, first: tuple, stop: tuple | None) -> list[str]:
         """The jobs asking for more than ``gpus`` from entry ``first`` to entry ``stop`` (not
@@ -124,6 +131,9 @@ class PendingQueue:
         self.list_sizes: dict[tuple, dict[float, int]] = {}  # the same, per list
         self.walltimes = Smallest()  # (walltime estimate, id)
         self.count = 0
+
+    def __deepcopy__(self, memo):  # (core/copying.py: entries and keys are tuples)
+        return copy_parts(self, memo, flat=("heads", "sizes"), nested=("lists", "list_sizes"))
 
     def list_of(self, job: Job) -> tuple:
         if self.by_queue_and_tier:

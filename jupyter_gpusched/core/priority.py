@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from .copying import copy_parts
 from .fairshare import fair_share_factors
 from .jobs import Job
 from .policies import SLURM_WEIGHTS, Policy
@@ -26,6 +27,9 @@ class PriorityKeys:
         self.factors: dict[str, float] = {}  # queue path -> fair-share factor
         self.computed_at = -math.inf  # when the factors (and the cached keys) were computed
         self._keys: dict[str, tuple] = {}
+
+    def __deepcopy__(self, memo):  # (core/copying.py: factors are numbers, keys tuples)
+        return copy_parts(self, memo, flat=("factors", "_keys"))
 
     def refresh(self, now: float, half_life: float) -> bool:
         """Recompute the factors if they are due; True when they were (the keys changed)."""

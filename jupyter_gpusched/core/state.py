@@ -15,6 +15,7 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 from .cluster import Cluster
+from .copying import copy_parts
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,10 @@ class ClusterState:
                 self._add(node.index)
 
     # -- the index ---------------------------------------------------------------------------
+    def __deepcopy__(self, memo):  # (core/copying.py: numbers, states, frozen placements)
+        flat = ("free_mask", "free", "cpu_free", "mem_free", "node_state", "allocations")
+        return copy_parts(self, memo, flat=flat)
+
     def _add(self, idx: int) -> None:
         node = self.cluster.nodes[idx]
         free = self.free[idx]

@@ -249,10 +249,14 @@ def render_options_form(
     selected: str | None = None,
     queues: list[dict] | str | None = None,
     chosen_queue: str | None = None,
+    estimates: dict[str, str] | None = None,
 ) -> str:
     """The HTML of the options form (JupyterHub adds the <form> and the start button).
     ``queues``: the user's queues as ``GET api/me`` lists them (a list to choose from below the
-    profiles), or why they could not be listed (a string), or None (no queue section)."""
+    profiles), or why they could not be listed (a string), or None (no queue section);
+    ``estimates``: when a server of each profile would start, in words, by slug (a profile
+    without one shows none)."""
+    estimates = estimates or {}
     if not profiles:
         return (
             '<p class="alert alert-warning">No GPU profile is available to you: ask the hub '
@@ -285,7 +289,13 @@ def render_options_form(
         )
         if profile["description"]:
             rows.append(f" &mdash; {html.escape(profile['description'])}")
-        rows.append(f"<br><small>{html.escape(', '.join(facts))}</small></label>")
+        rows.append(f"<br><small>{html.escape(', '.join(facts))}</small>")
+        if profile["slug"] in estimates:  # (the scheduler's, for the preselected queue)
+            rows.append(
+                f'<small class="gpusched-estimate" id="gpusched-estimate-{slug}"> &middot; '
+                f"{html.escape(estimates[profile['slug']])}</small>"
+            )
+        rows.append("</label>")
         if len(profile["gpu_models"]) > 1:
             rows.append(
                 f'<select class="form-control" name="gpu_model:{slug}" '

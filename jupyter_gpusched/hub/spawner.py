@@ -54,6 +54,7 @@ import time
 
 from traitlets import Bool, Dict, Float, List, Unicode, default, validate
 
+from ..core.quotas import valid_queue_path
 from .allocation_state import AllocationState
 from .profiles import (  # noqa: F401 (importable from here too)
     PROFILE_KEYS,
@@ -125,6 +126,14 @@ class GPUSchedSpawner(SchedulerClient, AllocationState):
         20.0, help="Seconds to wait for one answer of the scheduler service."
     ).tag(config=True)
 
+    estimate_timeout = Float(
+        2.0,
+        help="""Seconds the options form waits for the scheduler's estimate of when a server of
+        each profile would start (POST api/estimate, all profiles at once). A profile without
+        an answer by then is listed without an estimate: a slow or stopped scheduler never
+        holds the form up longer. 0 turns the estimates off.""",
+    ).tag(config=True)
+
     enable_server_extension = Bool(
         True,
         help="""Enable the jupyter_gpusched server extension in the servers it starts (pre-emption
@@ -183,9 +192,17 @@ class GPUSchedSpawner(SchedulerClient, AllocationState):
             return await super().get_options_form()
         mine = allowed_profiles(self.profile_list, self.user_groups())
         previous = _first((self.user_options or {}).get("profile"))
-        queues = await self.my_queues() if mine else None
         chosen = _first((self.user_options or {}).get("queue"))
-        return render_options_form(mine, previous, queues, chosen)
+        if not mine:
+            return render_options_form(mine, previous, None, chosen)
+        # the queues first: that request makes (or renews) the spawner's token, which the
+        # estimates then share (asked together, a revoked token would be renewed by each); a
+        # service that did not answer it is not asked again
+        queues, estimates = await self.my_queues(), {}
+        if self.estimate_timeout > 0 and not isinstance(queues, str):
+            queue = chosen if isinstance(chosen, str) and valid_queue_path(chosen) else None
+            estimates = await self.estimates(mine, queue)
+        return render_options_form(mine, previous, queues, chosen, estimates)
 
     def run_pre_spawn_hook(self):
         self.server_account()  # before the profile: a refused account gets nothing at all

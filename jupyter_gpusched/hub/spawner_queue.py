@@ -1,9 +1,9 @@
 """The scheduler service as GPUSchedSpawner talks to it: the user's tokens for the service,
 submitting the notebook job, waiting in the queue (with progress events: position, reason,
-ETA) and giving the allocation back. A mixin of
+ETA), giving the allocation back, and the options form's estimates. A mixin of
 :class:`~jupyter_gpusched.hub.spawner.GPUSchedSpawner`, whose traits (``service_url``,
-``service_name``, ``request_timeout``, ``queue_poll_interval``) and profile (``_profile``) it
-reads."""
+``service_name``, ``request_timeout``, ``estimate_timeout``, ``queue_poll_interval``) and
+profile (``_profile``) it reads."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import json
 import time
 from urllib.parse import urlencode
 
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from ..core.wording import estimate_text
 from .profiles import GPUSchedSpawnError, describe_duration
 
 
@@ -120,28 +121,33 @@ class SchedulerClient:
             self.user.db.delete(found)
             self.user.db.commit()
 
-    async def api(self, method: str, path: str, body=None) -> tuple[int, object]:
+    async def api(
+        self, method: str, path: str, body=None, timeout: float | None = None
+    ) -> tuple[int, object]:
         """One request to the service as the user: ``(status, JSON body)``;
-        ServiceUnavailable when it does not answer."""
+        ServiceUnavailable when it does not answer (within ``timeout``, default
+        ``request_timeout``)."""
         reused = self._service_token is not None
-        status, data = await self._request(method, path, body)
+        status, data = await self._request(method, path, body, timeout)
         if status == 401 and reused:  # the token was revoked or expired: a new one, once
             self._drop_token()
-            status, data = await self._request(method, path, body)
+            status, data = await self._request(method, path, body, timeout)
         return status, data
 
-    async def _request(self, method: str, path: str, body) -> tuple[int, object]:
+    async def _request(self, method: str, path: str, body, timeout=None) -> tuple[int, object]:
         request = HTTPRequest(
             self._base_url() + path,
             method=method,
             headers={"Authorization": f"token {self._token()}", "Accept": "application/json"},
             body=json.dumps(body) if body is not None else None,
-            request_timeout=self.request_timeout,
+            request_timeout=self.request_timeout if timeout is None else timeout,
             allow_nonstandard_methods=True,
         )
         try:
             response = await AsyncHTTPClient().fetch(request, raise_error=False)
         except OSError as exc:  # connection refused, reset, unreachable (not HTTP errors)
+            raise ServiceUnavailable(str(exc)) from None
+        except HTTPClientError as exc:  # a timeout (599): raised despite raise_error=False
             raise ServiceUnavailable(str(exc)) from None
         if response.code == 599 or response.code >= 502:
             raise ServiceUnavailable(str(response.error or response.code))
@@ -152,7 +158,12 @@ class SchedulerClient:
         return response.code, data
 
     def job_request(self) -> dict:
-        profile = self._profile
+        return self.notebook_request(self._profile, self._gpu_models, self._queue)
+
+    def notebook_request(self, profile: dict, gpu_models, queue: str | None) -> dict:
+        """The body of the notebook job of a server of ``profile`` (``gpu_models``: the models
+        it may have; ``queue``: None for the user's team queue): what a start submits, and
+        what the options form asks an estimate for."""
         body = {
             "kind": "notebook",
             "gpus": profile["gpus"],
@@ -161,13 +172,13 @@ class SchedulerClient:
             "server_name": self.name,
             "profile": profile["slug"],  # the reaper's timeout (the server's env is the user's)
         }
-        if self._gpu_models:
-            body["gpu_model"] = self._gpu_models
+        if gpu_models:
+            body["gpu_model"] = gpu_models
         for key in ("cpus", "memory_gb"):  # what the scheduler places a CPU-only server by
             if profile.get(key) is not None:
                 body[key] = profile[key]
-        if self._queue:  # the profile's queue or the user's choice (profiles.select_queue)
-            body["queue"] = self._queue
+        if queue:  # the profile's queue or the user's choice (profiles.select_queue)
+            body["queue"] = queue
         if profile["max_lifetime"]:
             body["walltime"] = profile["max_lifetime"]
         return body
@@ -183,6 +194,30 @@ class SchedulerClient:
         if status != 200 or not isinstance(data, dict) or "queues" not in data:
             return f"the GPU scheduler answered {status}"
         return data["queues"]
+
+    async def estimates(self, profiles: list[dict], queue: str | None) -> dict[str, str]:
+        """When a server of each profile would start, in words ("starts now", "about 25 min",
+        "waits: <reason>"), by slug, for the options form (``POST api/estimate``, in ``queue``
+        unless the profile names its own). All asked at once, each within
+        ``estimate_timeout``: a profile the service does not answer for in time (slow, down,
+        refusing it) has no estimate, and the form is shown without it."""
+
+        async def one(profile: dict) -> str | None:
+            body = self.notebook_request(profile, profile["gpu_models"], profile["queue"] or queue)
+            try:
+                status, data = await self.api(
+                    "POST", "api/estimate", body, timeout=self.estimate_timeout
+                )
+            except (ServiceUnavailable, GPUSchedSpawnError) as exc:
+                self.log.debug("%s: no estimate for %s: %s", self._log_name, profile["slug"], exc)
+                return None
+            if status != 200 or not isinstance(data, dict) or "start_now" not in data:
+                return None
+            message = (data.get("reason") or {}).get("message")
+            return estimate_text(data["start_now"], data["eta"], message, time.time(), False)
+
+        answers = await asyncio.gather(*(one(p) for p in profiles))
+        return {p["slug"]: text for p, text in zip(profiles, answers, strict=True) if text}
 
     async def release(self, job_id: str, why: str, server_gone: bool = True) -> None:
         """Give the allocation (or the queued request) back, saying why (the job's message).

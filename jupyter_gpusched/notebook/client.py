@@ -8,6 +8,7 @@ give the URL and a token (``Client(url, token)``, or those environment variables
     job = client.submit(command="python train.py", gpus=2, walltime="2h")
     job.logs(follow=True)       # prints the output as it comes, until the job ends
     job.wait()                  # -> "completed"
+    client.estimate(command="python train.py", gpus=8)   # -> about 25 min (at 14:05 UTC)
 
     job = client.submit(function=train, args=(config,), gpus=1)
     model_path = job.result()   # waits, then the function's return value
@@ -31,14 +32,17 @@ import requests
 from . import payloads
 from .environment import JobEnvironment
 from .errors import GPUSchedError, JobFailedError
+from .estimate import Estimate
 from .job import Job
 
 __all__ = [
     "Client",
+    "Estimate",
     "GPUSchedError",
     "Job",
     "JobFailedError",
     "cluster",
+    "estimate",
     "jobs",
     "queue",
     "submit",
@@ -124,13 +128,7 @@ class Client:
         the current directory, or your home if the job could not enter it (a warning says so).
         ``more``: other fields of POST api/jobs
         (``gpus_per_node``, ``gpu_fraction``, ``cpus``, ``memory_gb``, ``labels``, ``held``)."""
-        given = [n for n, v in (("command", command), ("notebook", notebook)) if v is not None]
-        if function is not None:
-            given.append("function")
-        if len(given) != 1:
-            raise GPUSchedError(
-                "give exactly one of command=, notebook= and function=", (given or ["command"])[0]
-            )
+        _exactly_one(command, notebook, function)
         payload = None
         if function is not None:
             try:
@@ -142,21 +140,33 @@ class Client:
             def payload(where):
                 return payloads.function_payload(call, where)
 
-        if notebook is not None:  # relative to this directory, wherever the job runs
-            notebook = os.path.abspath(os.fspath(notebook))
-        fields: dict[str, Any] = {"gpus": gpus, **more}
-        for key, value in (
-            ("notebook", notebook),
-            ("tier", tier),
-            ("queue", queue),
-            ("gpu_model", gpu_model),
-            ("walltime", walltime),
-            ("env", env),
-            ("name", name),
-        ):
-            if value is not None:
-                fields[key] = value
+        named = {"tier": tier, "queue": queue, "gpu_model": gpu_model, "walltime": walltime}
+        named.update(env=env, name=name)
+        fields = _fields(gpus, more, notebook=notebook, **named)
         return self._submit(fields, command=command, payload=payload, cwd=cwd)
+
+    def estimate(self, command: str | None = None, **options) -> Estimate:
+        """When would this job start? The arguments of :meth:`submit`; nothing is submitted
+        (nor pickled, nor written: what a job runs does not change when it starts). Returns an
+        :class:`~.estimate.Estimate`, printed as "starts now", "about 25 min (at 14:05 UTC)"
+        or "waits: <reason>"; refused as the submission would be (GPUSchedError)."""
+        notebook, function = options.pop("notebook", None), options.pop("function", None)
+        _exactly_one(command, notebook, function)
+        options.pop("args", None), options.pop("kwargs", None)  # (the function's: not sent)
+        cwd = options.pop("cwd", None)
+        named = {key: options.pop(key, None) for key in _NAMED_FIELDS}
+        fields = _fields(options.pop("gpus", 1), options, notebook=notebook, **named)
+        if cwd is not None:  # (None: submit's own fallback would find a directory it may use)
+            fields["cwd"] = os.path.abspath(os.fspath(cwd))
+        return self._estimate(fields, command)
+
+    def _estimate(self, fields: dict, command: str | None = None) -> Estimate:
+        """POST api/estimate with ``fields`` (a placeholder command where there is none: the
+        body must have one of command and notebook, and what runs does not matter here)."""
+        body = dict(fields)
+        if "notebook" not in body:
+            body["command"] = command or "true"
+        return Estimate(self.request("POST", "api/estimate", body))
 
     def _submit(self, fields: dict, command=None, payload=None, cwd=None) -> Job:
         """POST api/jobs with ``fields``, and ``command`` or the command of ``payload(cwd)``
@@ -236,6 +246,30 @@ class Client:
             return ""
 
 
+def _exactly_one(command, notebook, function) -> None:
+    given = [n for n, v in (("command", command), ("notebook", notebook)) if v is not None]
+    if function is not None:
+        given.append("function")
+    if len(given) != 1:
+        raise GPUSchedError(
+            "give exactly one of command=, notebook= and function=", (given or ["command"])[0]
+        )
+
+
+_NAMED_FIELDS = ("tier", "queue", "gpu_model", "walltime", "env", "name")  # submit's own
+
+
+def _fields(gpus, more: dict, notebook=None, **named) -> dict:
+    """The body of POST api/jobs for submit's (and estimate's) arguments, without the command
+    and the directory: ``named``, those of :data:`_NAMED_FIELDS` (left out when None), and
+    ``more``, the other fields, as given."""
+    if notebook is not None:  # relative to this directory, wherever the job runs
+        named["notebook"] = os.path.abspath(os.fspath(notebook))
+    fields: dict[str, Any] = {"gpus": gpus, **more}
+    fields.update((key, value) for key, value in named.items() if value is not None)
+    return fields
+
+
 # -- module-level shortcuts (a client from the environment) -----------------------------------
 def _client(client: Client | None) -> Client:
     return client if client is not None else Client()
@@ -244,6 +278,11 @@ def _client(client: Client | None) -> Client:
 def submit(command: str | None = None, *, client: Client | None = None, **options) -> Job:
     """:meth:`Client.submit` with the client from the environment (see :class:`Client`)."""
     return _client(client).submit(command, **options)
+
+
+def estimate(command: str | None = None, *, client: Client | None = None, **options) -> Estimate:
+    """:meth:`Client.estimate` with the client from the environment (see :class:`Client`)."""
+    return _client(client).estimate(command, **options)
 
 
 def jobs(state: str | list[str] | None = None, *, client: Client | None = None) -> list[Job]:

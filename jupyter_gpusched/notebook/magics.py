@@ -1,6 +1,7 @@
 """IPython magics: ``%load_ext jupyter_gpusched``, then
 
 ``%%gpujob --gpus 2 --tier 2 [--queue Q] [--gpu-model M] [--walltime 2h] [--name N] [--wait]``
+``[--estimate]``
     (``--gpus 0 --cpus 4 [--memory-gb 16]``: a CPU-only job)
     Runs the cell's code as a batch job. The cell text is written to
     ``.gpusched/cell-<time>-<id>.py`` under the kernel's working directory (your home, with a
@@ -15,7 +16,10 @@
     ``UsageError`` naming it; any other service error raises
     :class:`~jupyter_gpusched.notebook.client.GPUSchedError`.
     Prints the job id and returns the :class:`~jupyter_gpusched.notebook.client.Job`; ``--wait``
-    prints the job's output as it comes and returns once it ended.
+    prints the job's output as it comes and returns once it ended. ``--estimate`` submits
+    nothing (and writes no file): it prints when such a job would start ("starts now",
+    "about 25 min (at 14:05 UTC)", "waits: <reason>") and returns the
+    :class:`~jupyter_gpusched.notebook.estimate.Estimate`.
 
 ``%gpusched status``
     My jobs (pending and running) with their place in the queue, reason and ETA.
@@ -73,6 +77,7 @@ class GPUSchedMagics(Magics):
     @argument("--memory-gb", dest="memory_gb", type=float, default=None, help="memory in GB")
     @argument("--name", default=None, help="a label (default: gpujob)")
     @argument("--wait", action="store_true", help="print the output as it comes, until the end")
+    @argument("--estimate", action="store_true", help="print when it would start; submit nothing")
     @cell_magic
     def gpujob(self, line, cell):
         """Run this cell as a batch job on the GPU scheduler (see the module's docstring)."""
@@ -89,6 +94,10 @@ class GPUSchedMagics(Magics):
             return command, result, path
 
         try:
+            if args.estimate:  # nothing written, nothing submitted
+                estimate = self.client._estimate(fields)
+                print(f"%%gpujob: {estimate} (queue {estimate.queue})")
+                return estimate
             job = self.client._submit(fields, payload=payload)
         except GPUSchedError as exc:
             option = OPTIONS.get(exc.field or "")

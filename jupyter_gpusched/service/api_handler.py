@@ -92,6 +92,10 @@ class APIHandler(web.RequestHandler):
             if method is not None and not getattr(method, "_checks_caller", False):
                 setattr(cls, name, _checking_caller(method))
 
+    # a POST that changes nothing (api/estimate): a browser session's cookie may send it, as it
+    # may a GET (a cross-site form could too, and learn nothing: it cannot read the answer)
+    reads_only = False
+
     @property
     def live(self):
         return self.settings["gpusched_live"]
@@ -153,10 +157,14 @@ class APIHandler(web.RequestHandler):
         self.identity = await self.settings["gpusched_auth"].identify(self)
         if self.identity is None:
             raise APIError(401, "not authenticated: send 'Authorization: token <hub API token>'")
-        if self.request.method not in ("GET", "HEAD") and (
-            "Authorization" not in self.request.headers
-            # the hub may have identified the caller by cookie after a bad header token
-            or not getattr(self, "_token_authenticated", False)
+        if (
+            self.request.method not in ("GET", "HEAD")
+            and not self.reads_only
+            and (
+                "Authorization" not in self.request.headers
+                # the hub may have identified the caller by cookie after a bad header token
+                or not getattr(self, "_token_authenticated", False)
+            )
         ):
             raise APIError(403, "changes need a token in the Authorization header")
 

@@ -145,13 +145,42 @@ class QueueHandler(APIHandler):
         }
 
 
+def job_request(handler: APIHandler):
+    """The body of ``POST api/jobs`` (or ``api/estimate``) as a JobRequest: a 400 naming the
+    field for anything wrong, and a notebook profile the reaper refuses."""
+    request = parse_job_request(handler.body())
+    live = handler.live
+    if request.kind == "notebook" and live.reaper is not None:
+        live.reaper.check_profile(request, live.default_tier)
+    return request
+
+
+class EstimateHandler(APIHandler):
+    """``POST api/estimate``: what the job in the body (``POST api/jobs``'s fields, refused
+    as a submission would be) would meet if submitted now, from the engine's own pass on a
+    copy of its state (core/estimate.py). Nothing is queued, stored or audited, so a browser
+    session's cookie is enough (the service's page asks it)."""
+
+    reads_only = True
+
+    @api
+    def post(self):
+        answer = self.live.estimate(self.identity, job_request(self))
+        self.send(
+            {
+                "start_now": answer.start_now,
+                "eta": answer.eta,
+                "reason": reason_dict(answer.reason),  # the caller's own job: nothing hidden
+                "queue": answer.job.queue,
+                "position": answer.position,
+            }
+        )
+
+
 class JobsHandler(APIHandler):
     @api
     async def post(self):
-        request = parse_job_request(self.body())
-        if request.kind == "notebook" and self.live.reaper is not None:
-            self.live.reaper.check_profile(request, self.live.default_tier)
-        job = self.live.submit(self.identity, request)
+        job = self.live.submit(self.identity, job_request(self))
         try:
             await self.live.saved(job.id)
         except Exception as exc:

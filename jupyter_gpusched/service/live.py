@@ -102,6 +102,10 @@ class LiveScheduler:
         """A pending job from ``request`` (a RequestError when refused): submissions.py."""
         return self.submissions.submit(who, request)
 
+    def estimate(self, who: Identity, request: JobRequest):
+        """What ``request`` would meet if submitted now; nothing queued (submissions.py)."""
+        return self.submissions.estimate(who, request)
+
     async def saved(self, job_id: str) -> None:
         """Wait until the submission of ``job_id`` is committed (submissions.py)."""
         await self.submissions.saved(job_id)

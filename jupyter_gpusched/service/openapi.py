@@ -59,7 +59,8 @@ SECURITY_SCHEMES = {
         "in": "cookie",
         "name": "jupyterhub-services-gpusched",
         "description": "The hub's OAuth cookie of a browser session (<prefix>login starts "
-        "one). Reads only: every change needs a token in the Authorization header.",
+        "one). Reads only (and estimateJob): every change needs a token in the Authorization "
+        "header.",
     },
 }
 
@@ -197,6 +198,15 @@ PATHS = {
                 ("offset", "query", whole(0)),
             ],
         ),
+    },
+    "/api/estimate": {
+        "post": _op(
+            "estimateJob",
+            "When would it start? A job body as for submitJob; nothing is queued",
+            ref("Estimate"),
+            body=JOB_REQUEST,
+            errors=("429",),
+        )
     },
     "/api/jobs/{id}": {
         "get": _op(

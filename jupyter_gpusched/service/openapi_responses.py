@@ -246,6 +246,17 @@ SESSION = strict(
     }
 )
 
+# POST api/estimate (service/handlers.py EstimateHandler): what a job submitted now would meet
+ESTIMATE = strict(
+    {
+        "start_now": BOOLEAN,
+        "eta": nullable("number"),  # epoch seconds: its reservation's start, where it has one
+        "reason": ref("Reason"),  # as the job's record would carry it (null: it starts now)
+        "queue": STRING,  # the leaf queue it would go to
+        "position": {"type": ["integer", "null"], "minimum": 1},  # 1-based; null: starts now
+    }
+)
+
 SCHEMAS = {
     "Error": {
         "description": "Every 4xx: what to fix, and the request field it is about (or null).",
@@ -253,6 +264,7 @@ SCHEMAS = {
     },
     "Reason": REASON,
     "Job": JOB,
+    "Estimate": ESTIMATE,
     "JobList": strict({"jobs": {"type": "array", "items": ref("Job")}}),
     "Me": strict(
         {

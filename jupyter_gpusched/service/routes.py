@@ -37,6 +37,7 @@ ROUTES = [
     (r"api/cluster", user.ClusterHandler),
     (r"api/queue", user.QueueHandler),
     (r"api/jobs", user.JobsHandler),
+    (r"api/estimate", user.EstimateHandler),
     (rf"api/jobs/{_JOB}", user.JobHandler),
     (rf"api/jobs/{_JOB}/log", user.JobLogHandler),
     (rf"api/jobs/{_JOB}/(?P<action>hold|release)", admin.HoldHandler),

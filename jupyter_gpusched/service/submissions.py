@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from ..backends.accounts import AccountRefused
 from ..core.errors import ConfigError
+from ..core.estimate import Estimate, estimate
 from ..core.jobs import Job, JobState
 from ..core.submission import check_submission
 from ..core.wording import gpus_text
@@ -46,32 +47,9 @@ class Submissions:
 
     def submit(self, who: Identity, request: JobRequest) -> Job:
         live = self.live
-        self._check_account(who, request)
-        tree = live.engine.tree
-        allowed = tree.queues_for(who.name, who.groups)
-        queue_path = request.queue
-        if queue_path is None:  # the user's team queue (core/quotas.py: default_for)
-            default = tree.default_for(who.name, who.groups)
-            if default is None:
-                raise RequestError(f"{who.name} belongs to no queue", "queue", status=403)
-            queue_path = default.path
-        queue = tree.get(queue_path)
-        if queue is None:
-            known = ", ".join(q.path for q in allowed) or "none"
-            raise RequestError(f"no queue {queue_path!r}; yours: {known}", "queue")
-        if queue not in allowed and not who.admin:
-            raise RequestError(f"{who.name} may not submit to queue {queue.path}", "queue", 403)
-        now = live.clock()
-        job_id = job_id_for(self.number)
-        filled = replace(
-            request, queue=queue.path, tier=request.tier or live.default_tier, user=who.name
-        )
-        job = Job.from_spec(filled, job_id, now)
-        refusal = check_submission(job, live.cluster, tree, self.pending_of)
-        if refusal is not None:  # core/submission.py: a model the cluster lacks, a pending limit
-            raise RequestError(refusal.message, refusal.field, 429 if refusal.limit else 400)
+        job = self._job_for(who, request)
         try:
-            live.engine.submit(job, now)
+            live.engine.submit(job, job.submit_time)
         except ConfigError as exc:
             raise RequestError(exc.message, exc.field) from None
         if job.state == JobState.REJECTED:  # it could never run here: a 400, nothing stored
@@ -80,10 +58,7 @@ class Submissions:
             live.engine.forget(job.id)
             if live.metrics is not None:
                 live.metrics.refused(job.reject_field)
-            raise RequestError(
-                f"this job can never run here: {job.reject_reason}",
-                job.reject_field,
-            )
+            raise _never_runs(job)
         self.number += 1
         extra = Extra.from_spec(self.number - 1, request)
         message = f"{gpus_text(job.gpus)}, tier {job.tier}"
@@ -101,6 +76,47 @@ class Submissions:
                 loop.call_soon(self.save)
             self._batch_of[job.id] = self._saved
         live.run_pass()
+        return job
+
+    def estimate(self, who: Identity, request: JobRequest) -> Estimate:
+        """What ``request`` would meet if submitted now (core/estimate.py), refused as
+        :meth:`submit` would refuse it; nothing is queued, numbered or stored."""
+        job = self._job_for(who, request)
+        try:
+            answer = estimate(self.live.engine, job, job.submit_time)
+        except ConfigError as exc:
+            raise RequestError(exc.message, exc.field) from None
+        if answer.rejected:
+            raise _never_runs(job)
+        return answer
+
+    def _job_for(self, who: Identity, request: JobRequest) -> Job:
+        """The job ``request`` asks for, as ``who``, numbered as the next submission (a
+        RequestError for what a submission may not ask: an account, a queue not theirs, a
+        model the cluster lacks, a pending limit)."""
+        live = self.live
+        self._check_account(who, request)
+        tree = live.engine.tree
+        allowed = tree.queues_for(who.name, who.groups)
+        queue_path = request.queue
+        if queue_path is None:  # the user's team queue (core/quotas.py: default_for)
+            default = tree.default_for(who.name, who.groups)
+            if default is None:
+                raise RequestError(f"{who.name} belongs to no queue", "queue", status=403)
+            queue_path = default.path
+        queue = tree.get(queue_path)
+        if queue is None:
+            known = ", ".join(q.path for q in allowed) or "none"
+            raise RequestError(f"no queue {queue_path!r}; yours: {known}", "queue")
+        if queue not in allowed and not who.admin:
+            raise RequestError(f"{who.name} may not submit to queue {queue.path}", "queue", 403)
+        filled = replace(
+            request, queue=queue.path, tier=request.tier or live.default_tier, user=who.name
+        )
+        job = Job.from_spec(filled, job_id_for(self.number), live.clock())
+        refusal = check_submission(job, live.cluster, tree, self.pending_of)
+        if refusal is not None:  # core/submission.py: a model the cluster lacks, a pending limit
+            raise RequestError(refusal.message, refusal.field, 429 if refusal.limit else 400)
         return job
 
     def _check_account(self, who: Identity, request: JobRequest) -> None:
@@ -151,3 +167,8 @@ class Submissions:
             return
         if future is not None and not future.done():
             future.set_result(None)
+
+
+def _never_runs(job: Job) -> RequestError:
+    """The 400 for a job the engine rejected: it can never run here."""
+    return RequestError(f"this job can never run here: {job.reject_reason}", job.reject_field)

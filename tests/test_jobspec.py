@@ -81,7 +81,8 @@ def test_the_request_parser_and_schema_list_exactly_the_specs_request_fields():
         schema = JOB_REQUEST["properties"][spec_field.wire]
         assert schema["description"] == JOB_FIELDS[spec_field.wire] == spec_field.spec.help
     assert {f.setter for f in (s.spec for s in REQUEST_FIELDS)} <= {"user", "admin"}
-    assert {f.name for f in FIELDS if f.spec.setter == "engine"} == {"user"}
+    engine_set = {f.name for f in FIELDS if f.spec.setter == "engine"}
+    assert engine_set == {"user", "array_id", "array_index", "array_max_running"}
 
 
 def test_the_jobs_table_has_a_column_of_the_declared_type_for_each_stored_field():

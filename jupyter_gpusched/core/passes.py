@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from . import reasons
 from .admission import headroom, policy_block, user_block
+from .arrays import array_block
 from .jobs import Job
 from .left_out import (
     LeftOutLists,
@@ -177,6 +178,11 @@ def evaluate(sched, job: Job, now: float, reservation, pass_: Pass):
     if sched.tree.user_limits:
         claimants = (sched.jobs[owner] for owner in sched._claims)
         block = user_block(job, sched.tree, sched.ledger.by_user, claimants)
+        if block is not None:
+            return block
+    if job.array_max_running is not None:
+        claimants = (sched.jobs[owner] for owner in sched._claims)
+        block = array_block(job, sched.ledger.by_array, claimants)
         if block is not None:
             return block
     if job.gpus == 0:  # CPU-only: one node with the CPUs and memory (see .resources)

@@ -15,8 +15,9 @@ from tornado import web
 
 from ..core.jobs import JobState
 from .api_handler import APIError, APIHandler, api
+from .arrays import cancel_array, unfinished_elements
 from .records import reason_dict
-from .requests import MAX_LIST_LIMIT, MAX_LOG_BYTES, parse_job_request
+from .requests import MAX_LIST_LIMIT, MAX_LOG_BYTES, parse_job_request, take_array
 from .server_stops import MAX_REASON
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode's control characters (Cc)
@@ -148,15 +149,28 @@ class QueueHandler(APIHandler):
 class JobsHandler(APIHandler):
     @api
     async def post(self):
-        request = parse_job_request(self.body())
+        data = self.body()
+        array = take_array(data)  # "array": "0-99%8": the jobs of an array (core/arrays.py)
+        request = parse_job_request(data)
         if request.kind == "notebook" and self.live.reaper is not None:
             self.live.reaper.check_profile(request, self.live.default_tier)
+        if array is not None:
+            submissions = self.live.submissions
+            array_id, jobs = submissions.submit_array(self.identity, request, array)
+            await self._stored(submissions.saved_all(jobs))
+            views = [self.view(self.live.row(job.id)) for job in jobs]
+            self.send({"array_id": array_id, "jobs": views}, status=201)
+            return
         job = self.live.submit(self.identity, request)
+        await self._stored(self.live.saved(job.id))
+        self.send(self.view(self.live.row(job.id)), status=201)
+
+    @staticmethod
+    async def _stored(saving) -> None:
         try:
-            await self.live.saved(job.id)
+            await saving
         except Exception as exc:
             raise APIError(503, f"the job could not be stored, please retry: {exc}") from None
-        self.send(self.view(self.live.row(job.id)), status=201)
 
     @api
     def get(self):
@@ -201,6 +215,22 @@ class JobHandler(APIHandler):
             )
         self.live.cancel(job_id, self.identity.name, server_gone=gone == "true", reason=reason)
         self.send(self.view(self.live.row(job_id)))
+
+
+class ArrayHandler(APIHandler):
+    """``DELETE api/arrays/<id>``: cancel every element of a job array still pending or
+    running (as ``scancel`` of an array's id)."""
+
+    @api
+    def delete(self, array_id):
+        live = self.live
+        jobs = unfinished_elements(live, array_id, self.identity)
+        if not jobs:
+            raise APIError(
+                404, f"no pending or running job of array {array_id} of yours", "array_id"
+            )
+        cancel_array(live, jobs, self.identity.name)
+        self.send({"array_id": array_id, "jobs": [self.view(live.row(job.id)) for job in jobs]})
 
 
 class JobLogHandler(APIHandler):

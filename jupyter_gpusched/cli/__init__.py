@@ -1,7 +1,13 @@
 """``jupyter-gpusched`` (also ``jupyter gpusched``): the command line.
 
-Exit codes: 0 success, 1 unexpected failure, 2 bad input (a usage error or a file that says
-what to fix, with its line and field).
+For operators: ``serve``, ``replay``, ``pack`` (here), ``reaper`` (:mod:`.reaper`),
+``node-agent``. For users, in Slurm's habits: ``submit``, ``estimate``, ``cancel``, ``log``
+(:mod:`.jobs`), ``queue``, ``jobs`` (:mod:`.listings`), ``nodes``, ``usage`` (:mod:`.cluster`),
+talking to the service through the notebook client (:mod:`.service`).
+
+Exit codes: 0 success, 1 unexpected failure (the service unreachable or failing: a 5xx), 2 bad
+input (a usage error, a file that says what to fix, with its line and field, or a request the
+service refused: a 4xx, with its message).
 """
 
 from __future__ import annotations
@@ -25,7 +31,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve(argv[1:])
     parser = argparse.ArgumentParser(
-        prog="jupyter-gpusched", description="GPU scheduling for JupyterHub."
+        prog="jupyter-gpusched",
+        description="GPU scheduling for JupyterHub.",
+        epilog="Exit status: 0 ok; 1 failure (the service unreachable, or a 5xx); 2 bad input "
+        "(a usage error, a bad file, or a request the service refused with a 4xx).",
     )
     parser.add_argument("--version", action="version", version=__version__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -113,9 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     pack.add_argument("--skip-bad-rows", action="store_true", help="skip malformed node-list rows")
     pack.add_argument("--out", required=True, help="output folder (created)")
     pack.set_defaults(run=run_pack)
+    from . import cluster, jobs, listings
     from .reaper import add_parser as add_reaper
 
     add_reaper(commands)
+    for group in (jobs, listings, cluster):  # the user commands
+        group.add_parsers(commands)
     from ..backends.gpu.node_agent import add_parser as add_node_agent
 
     add_node_agent(commands)

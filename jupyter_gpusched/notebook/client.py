@@ -23,20 +23,22 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import requests
 
+from ..core.arrays import array_text
 from . import payloads
 from .environment import JobEnvironment
 from .errors import GPUSchedError, JobFailedError
-from .job import Job
+from .job import Job, JobArray
 
 __all__ = [
     "Client",
     "GPUSchedError",
     "Job",
+    "JobArray",
     "JobFailedError",
     "cluster",
     "jobs",
@@ -115,15 +117,20 @@ class Client:
         env: dict[str, str] | None = None,
         cwd: str | os.PathLike | None = None,
         name: str | None = None,
+        array: str | Iterable[int] | None = None,
+        max_running: int | None = None,
         **more,
-    ) -> Job:
+    ) -> Job | JobArray:
         """Submit a batch job: exactly one of ``command`` (a shell command), ``notebook`` (a
         notebook path, executed with nbclient) and ``function`` (a Python callable, called with
         ``args`` and ``kwargs`` in the job; see :meth:`Job.result`). The job's Python is
         ``$GPUSCHED_PYTHON``, the one the launcher chose for your account. ``cwd`` defaults to
         the current directory, or your home if the job could not enter it (a warning says so).
         ``more``: other fields of POST api/jobs
-        (``gpus_per_node``, ``gpu_fraction``, ``cpus``, ``memory_gb``, ``labels``, ``held``)."""
+        (``gpus_per_node``, ``gpu_fraction``, ``cpus``, ``memory_gb``, ``labels``, ``held``).
+        ``array``: a job array, its indices (``range(100)``) or Slurm's text (``"0-99%8"``),
+        with at most ``max_running`` elements running at once: a :class:`JobArray` of the
+        jobs, each with ``$GPUSCHED_ARRAY_INDEX``, instead of a Job."""
         given = [n for n, v in (("command", command), ("notebook", notebook)) if v is not None]
         if function is not None:
             given.append("function")
@@ -145,6 +152,10 @@ class Client:
         if notebook is not None:  # relative to this directory, wherever the job runs
             notebook = os.path.abspath(os.fspath(notebook))
         fields: dict[str, Any] = {"gpus": gpus, **more}
+        if array is not None:
+            fields["array"] = _array_field(array, max_running)
+        elif max_running is not None:
+            raise GPUSchedError("max_running= is for a job array: give array= too", "array")
         for key, value in (
             ("notebook", notebook),
             ("tier", tier),
@@ -158,7 +169,7 @@ class Client:
                 fields[key] = value
         return self._submit(fields, command=command, payload=payload, cwd=cwd)
 
-    def _submit(self, fields: dict, command=None, payload=None, cwd=None) -> Job:
+    def _submit(self, fields: dict, command=None, payload=None, cwd=None) -> Job | JobArray:
         """POST api/jobs with ``fields``, and ``command`` or the command of ``payload(cwd)``
         (see ``payloads.py``). ``cwd`` None: this directory, or, if the job's user may not
         enter it (the service's 400 for ``cwd``) or the payload cannot be written there, the
@@ -185,7 +196,7 @@ class Client:
         )
         return self._post(fields, command, payload, home)
 
-    def _post(self, fields: dict, command, payload, cwd: str) -> Job:
+    def _post(self, fields: dict, command, payload, cwd: str) -> Job | JobArray:
         result_path = written = None
         if payload is not None:
             command, result_path, written = payload(cwd)
@@ -197,6 +208,9 @@ class Client:
         except GPUSchedError:
             payloads.remove(written)
             raise
+        if "array_id" in view and "jobs" in view:  # a job array: its jobs, in index order
+            jobs = [Job(self, v["id"], v, result_path=result_path) for v in view["jobs"]]
+            return JobArray(self, view["array_id"], jobs)
         return Job(self, view["id"], view, result_path=result_path)
 
     def jobs(self, state: str | list[str] | None = None, limit: int | None = None) -> list[Job]:
@@ -225,6 +239,24 @@ class Client:
     def cancel(self, job_id: str) -> dict:
         return self.request("DELETE", f"api/jobs/{job_id}")
 
+    def cancel_array(self, array_id: str) -> dict:
+        """``DELETE api/arrays/ID``: cancel the array's pending and running jobs;
+        ``{"array_id", "jobs": [their views]}``."""
+        return self.request("DELETE", f"api/arrays/{array_id}")
+
+    def me(self) -> dict:
+        """``GET api/me``: my name, whether I am an admin, my queues (in use, guaranteed,
+        limit; the default one)."""
+        return self.request("GET", "api/me")
+
+    def usage(self, by: str = "user", since: float | None = None) -> dict:
+        """``GET api/usage``: GPU-hours by ``user`` (mine only, unless I am an admin),
+        ``queue`` or ``gpu_model``, over the last 30 days or from ``since`` (epoch)."""
+        params: dict[str, Any] = {"by": by}
+        if since is not None:
+            params["since"] = since
+        return self.request("GET", "api/usage", params=params)
+
     def log(self, job_id: str, nbytes: int = 64 * 1024) -> str:
         """The end of a job's output (at most ``nbytes``; "" while it has none)."""
         try:
@@ -236,12 +268,29 @@ class Client:
             return ""
 
 
+def _array_field(array, max_running: int | None) -> str:
+    """The ``array`` field of POST api/jobs: Slurm's text as given, or the text of indices."""
+    if isinstance(array, str):
+        if max_running is not None:
+            array = f"{array.partition('%')[0]}%{max_running}"
+        return array
+    try:
+        indices = sorted({int(i) for i in array})
+    except (TypeError, ValueError):
+        raise GPUSchedError("array= takes indices (e.g. range(100)) or '0-99%8'", "array") from None
+    if not indices:
+        raise GPUSchedError("array= has no indices", "array")
+    return array_text(indices, max_running)
+
+
 # -- module-level shortcuts (a client from the environment) -----------------------------------
 def _client(client: Client | None) -> Client:
     return client if client is not None else Client()
 
 
-def submit(command: str | None = None, *, client: Client | None = None, **options) -> Job:
+def submit(
+    command: str | None = None, *, client: Client | None = None, **options
+) -> Job | JobArray:
     """:meth:`Client.submit` with the client from the environment (see :class:`Client`)."""
     return _client(client).submit(command, **options)
 

@@ -143,6 +143,10 @@ class QueueHandler(APIHandler):
             "gpu_fraction": job.gpu_fraction,
             "submit_time": job.submit_time,
             "reason": reason,
+            # a job array's element (core/arrays.py): listed as one row of its array by the CLI
+            "array_id": job.array_id,
+            "array_index": job.array_index,
+            "array_max_running": job.array_max_running,
         }
 
 

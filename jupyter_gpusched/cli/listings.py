@@ -8,7 +8,6 @@ own. Other users' names are hidden as the API hides them (``-``).
 
 from __future__ import annotations
 
-from ..core.arrays import array_text
 from .service import OK, add_command, gpus_text, print_json, table, when
 
 QUEUE_HEADERS = ["ID", "USER", "QUEUE", "TIER", "GPUS", "STATE", "POS", "ETA", "REASON"]
@@ -80,6 +79,8 @@ def grouped(entries: list[dict]) -> list[dict]:
             row = arrays[key] = dict(entry, indices=[])
             rows.append(row)
         row["indices"].append(entry["array_index"])
+    if arrays:  # imported here: the engine's package is no part of a terminal command's start-up
+        from ..core.arrays import array_text
     for row in arrays.values():
         indices = array_text(row["indices"], row.get("array_max_running"))
         row["id"] = f"{row['array_id']}_[{indices}]"

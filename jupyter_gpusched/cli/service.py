@@ -69,9 +69,12 @@ def run_command(args, command) -> int:
         print(f"{name}: error: {exc}", file=sys.stderr)
         return BAD_INPUT
     except GPUSchedError as exc:
+        if exc.status is None and exc.field in ("url", "token"):  # a set-up to fix
+            print(f"{name}: error: no service {exc.field} given. {ENVIRONMENT}", file=sys.stderr)
+            return BAD_INPUT
         print(f"{name}: error: {exc}", file=sys.stderr)
-        if exc.status is None:  # no URL or token (set-up: bad input), or unreachable
-            return BAD_INPUT if exc.field in ("url", "token") else FAILED
+        if exc.status is None:  # unreachable
+            return FAILED
         return BAD_INPUT if 400 <= exc.status < 500 else FAILED
     except KeyboardInterrupt:
         return 130

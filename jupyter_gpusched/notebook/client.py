@@ -28,7 +28,6 @@ from typing import Any
 
 import requests
 
-from ..core.arrays import array_text
 from . import payloads
 from .environment import JobEnvironment
 from .errors import GPUSchedError, JobFailedError
@@ -280,6 +279,9 @@ def _array_field(array, max_running: int | None) -> str:
         raise GPUSchedError("array= takes indices (e.g. range(100)) or '0-99%8'", "array") from None
     if not indices:
         raise GPUSchedError("array= has no indices", "array")
+    # imported here: the engine's package (numpy and all) is not a kernel's to load for this
+    from ..core.arrays import array_text
+
     return array_text(indices, max_running)
 
 

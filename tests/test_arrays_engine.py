@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import cluster, job, started
+from helpers import cluster, job, run_replay, started, trace_job
 
 from jupyter_gpusched.core import PolicySettings, Scheduler
 from jupyter_gpusched.core.arrays import (
@@ -15,6 +15,7 @@ from jupyter_gpusched.core.arrays import (
     parse_array,
 )
 from jupyter_gpusched.core.errors import ConfigError
+from jupyter_gpusched.sim.trace import read_trace, write_trace
 
 
 @pytest.mark.parametrize(
@@ -85,3 +86,23 @@ def test_an_array_held_back_does_not_block_the_jobs_behind_it():
     sched.submit(job("later", 3, t=1.0), 1.0)
     assert sorted(started(sched.schedule(1.0))) == ["j0", "later"]
     assert sched.reservation is None
+
+
+def test_a_replayed_trace_keeps_an_arrays_cap_as_the_live_service(tmp_path):
+    """The trace's array columns (what a live export carries) reach the same engine rule: two
+    at a time on a node with room for all five."""
+    trace = [
+        trace_job(f"j{i}", 0.0, 100.0, 1, array_id="a-1", array_index=i, array_max_running=2)
+        for i in range(5)
+    ]
+    write_trace(tmp_path / "t.csv", trace)
+    assert read_trace(tmp_path / "t.csv") == trace
+    _, rows = run_replay(read_trace(tmp_path / "t.csv"), cluster(("n1", 8, "leaf-1")))
+    assert [rows[f"j{i}"]["start_time"] for i in range(5)] == [0, 0, 100, 100, 200]
+
+
+def test_a_trace_row_with_an_index_but_no_array_is_refused(tmp_path):
+    (tmp_path / "t.csv").write_text("job_id,submit_time,duration,gpus,array_index\nj1,0,10,1,3\n")
+    with pytest.raises(ConfigError) as caught:
+        read_trace(tmp_path / "t.csv")
+    assert caught.value.field == "array_id" and caught.value.line == 2

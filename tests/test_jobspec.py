@@ -133,6 +133,7 @@ def test_the_trace_columns_are_the_specs_trace_fields(tmp_path):
         TraceJob("b", 5.0, 1.5, 1, kind="notebook", gpu_models=frozenset({"A100", "H100"})),
         TraceJob("c", 7.0, 3.0, 1, gpu_fraction=0.5),
         TraceJob("d", 9.0, 3.0, 0, cpus=2.0, memory_gb=8.0),
+        TraceJob("e", 9.5, 3.0, 1, array_id="a-5", array_index=3, array_max_running=2),
     ]
     write_trace(tmp_path / "t.csv", trace)
     assert read_trace(tmp_path / "t.csv") == trace

@@ -28,6 +28,7 @@ import copy
 from .openapi_arrays import ARRAY_ID, JOB_ARRAY, SUBMIT_REQUEST, SUBMITTED
 from .openapi_requests import (
     JOB_ID,
+    JOB_REQUEST,  # noqa: F401 (one job's body, as it was here: POST api/jobs is SUBMIT_REQUEST)
     MAINTENANCE_REQUEST,
     NODE_NAME,
     PRIORITY_REQUEST,

@@ -2,7 +2,8 @@
 be accepted (one POST api/jobs with "array": "0-999"), and what 100 single submissions cost the
 service when they come from one kept-alive client or from 100 ``jupyter-gpusched submit``
 processes (each a new Python, a new TCP connection and a token check), in server CPU seconds and
-submissions per second.
+submissions per second. Last, in the engine alone: a pass after a job ends while an array of
+10,000 elements capped at 8 waits (every pass walks its pending elements: the cost of the cap).
 
 Starts ``jupyter-gpusched serve`` as a process of its own (a token file, SQLite, the tests'
 24-GPU cluster, one queue without limits) on 127.0.0.1, so its CPU is its own (psutil). The jobs
@@ -90,6 +91,32 @@ def measure(service: psutil.Process, work) -> dict:
     return {"wall_s": round(wall, 4), "server_cpu_s": round(cpu(service) - before, 4)}
 
 
+def capped_array_passes(elements: int = 10_000, passes: int = 20) -> dict:
+    """Milliseconds of a pass after a job ends, ``elements`` pending behind a cap of 8."""
+    from helpers import cluster, job
+
+    from jupyter_gpusched.core import PolicySettings, Scheduler
+
+    sched = Scheduler(cluster(("n[1-64]", 8, "leaf-1")), None, PolicySettings())
+    for i in range(elements):
+        element = job(f"j{i}", 1, array_id="a", array_index=i, array_max_running=8)
+        sched.submit(element, 0.0)
+    sched.schedule(0.0)
+    took, now = [], 10.0
+    for _ in range(passes):
+        sched.job_ended(sorted(sched.running)[0], now, "completed")
+        started = time.perf_counter()
+        sched.schedule(now)
+        took.append(1000 * (time.perf_counter() - started))
+        now += 40.0
+    took.sort()
+    return {
+        "elements": elements,
+        "p50_ms": round(took[len(took) // 2], 1),
+        "max_ms": round(took[-1], 1),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--array", type=int, default=1000, help="elements of the array")
@@ -150,6 +177,7 @@ def main() -> int:
                 commands["server_cpu_s"] / max(singles["server_cpu_s"], 1e-9), 2
             ),
             "cli_over_client_rate": round(commands["per_s"] / singles["per_s"], 3),
+            "engine_pass_with_capped_array": capped_array_passes(),
         }
         print(json.dumps(result, indent=2))
     finally:

@@ -15,6 +15,7 @@ are submitted held, so that none starts: what is measured is accepting them. Pri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -47,7 +48,10 @@ def free_port(first: int) -> int:
     raise RuntimeError("no free port in 9200-9299")
 
 
-def start(tmp: Path, port: int) -> subprocess.Popen:
+@contextlib.contextmanager
+def serving(tmp: Path, port: int):
+    """``jupyter-gpusched serve`` on ``port`` with its files in ``tmp``, while the block runs
+    (its psutil.Process); stopped after."""
     (tmp / "queues.yaml").write_text(yaml.safe_dump(QUEUES))
     args = [
         COMMAND,
@@ -62,17 +66,27 @@ def start(tmp: Path, port: int) -> subprocess.Popen:
         "--LocalLauncher.run_as_submitting_user=False",
     ]
     (tmp / "db").mkdir()
-    service = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/api/me"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(url, headers=auth(), timeout=2).status_code == 200:
-                return service
-        except requests.ConnectionError:
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}/api/me"
+        deadline = time.monotonic() + 60
+        while not _answers(url):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the service did not start")
             time.sleep(0.2)
-    service.kill()
-    raise RuntimeError("the service did not start")
+        yield psutil.Process(process.pid)
+    finally:
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(10)
+        process.kill()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, headers=auth(), timeout=2).status_code == 200
+    except requests.ConnectionError:
+        return False
 
 
 def auth() -> dict:
@@ -126,68 +140,65 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gpusched-bench-arrays-"))
     port = free_port(args.port)
     base = f"http://127.0.0.1:{port}/"
-    process = start(tmp, port)
-    service = psutil.Process(process.pid)
     try:
-        session = requests.Session()
-        session.headers.update(auth())
-        answer: dict = {}
-
-        def array():
-            response = session.post(
-                base + "api/jobs", json={**BODY, "array": f"0-{args.array - 1}"}
-            )
-            assert response.status_code == 201, response.text
-            answer.update(response.json())
-
-        arrays = measure(service, array)
-        assert len(answer["jobs"]) == args.array
-
-        def kept_alive():
-            for _ in range(args.singles):
-                response = session.post(base + "api/jobs", json=BODY)
-                assert response.status_code == 201, response.text
-
-        env = {
-            **os.environ,
-            "GPUSCHED_SERVICE_URL": base,
-            "GPUSCHED_SERVICE_TOKEN": TOKENS["alice"],
-        }
-
-        def processes():
-            for _ in range(args.singles):
-                subprocess.run(
-                    [COMMAND, "submit", "--walltime", "1h", "sleep", "3600"],
-                    env=env,
-                    check=True,
-                    stdout=subprocess.DEVNULL,
-                    cwd=tmp,
-                )
-
-        singles = measure(service, kept_alive)
-        commands = measure(service, processes)
-        for figures in (singles, commands):
-            figures["per_s"] = round(args.singles / figures["wall_s"], 1)
-            figures["server_cpu_ms_each"] = round(1000 * figures["server_cpu_s"] / args.singles, 3)
-        result = {
-            "array": {"elements": args.array, **arrays, "target_wall_s": 1.0},
-            "singles_kept_alive_client": singles,
-            "singles_cli_processes": commands,
-            "cli_over_client_server_cpu": round(
-                commands["server_cpu_s"] / max(singles["server_cpu_s"], 1e-9), 2
-            ),
-            "cli_over_client_rate": round(commands["per_s"] / singles["per_s"], 3),
-            "engine_pass_with_capped_array": capped_array_passes(),
-        }
-        print(json.dumps(result, indent=2))
+        with serving(tmp, port) as service:
+            print(json.dumps(measure_all(service, base, tmp, args), indent=2))
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def measure_all(service: psutil.Process, base: str, tmp: Path, args) -> dict:
+    """The figures (see the module docstring) of the service ``service`` at ``base``."""
+    session = requests.Session()
+    session.headers.update(auth())
+    answer: dict = {}
+
+    def array():
+        response = session.post(base + "api/jobs", json={**BODY, "array": f"0-{args.array - 1}"})
+        assert response.status_code == 201, response.text
+        answer.update(response.json())
+
+    arrays = measure(service, array)
+    assert len(answer["jobs"]) == args.array
+
+    def kept_alive():
+        for _ in range(args.singles):
+            response = session.post(base + "api/jobs", json=BODY)
+            assert response.status_code == 201, response.text
+
+    env = {
+        **os.environ,
+        "GPUSCHED_SERVICE_URL": base,
+        "GPUSCHED_SERVICE_TOKEN": TOKENS["alice"],
+    }
+
+    def processes():
+        for _ in range(args.singles):
+            subprocess.run(
+                [COMMAND, "submit", "--hold", "--walltime", "1h", "sleep", "3600"],
+                env=env,
+                check=True,
+                stdout=subprocess.DEVNULL,
+                cwd=tmp,
+            )
+
+    singles = measure(service, kept_alive)
+    commands = measure(service, processes)
+    for figures in (singles, commands):
+        figures["per_s"] = round(args.singles / figures["wall_s"], 1)
+        figures["server_cpu_ms_each"] = round(1000 * figures["server_cpu_s"] / args.singles, 3)
+    result = {
+        "array": {"elements": args.array, **arrays, "target_wall_s": 1.0},
+        "singles_kept_alive_client": singles,
+        "singles_cli_processes": commands,
+        "cli_over_client_server_cpu": round(
+            commands["server_cpu_s"] / max(singles["server_cpu_s"], 1e-9), 2
+        ),
+        "cli_over_client_rate": round(commands["per_s"] / singles["per_s"], 3),
+        "engine_pass_with_capped_array": capped_array_passes(),
+    }
+    return result
 
 
 if __name__ == "__main__":

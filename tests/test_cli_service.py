@@ -74,6 +74,9 @@ async def test_submit_queue_jobs_log_cancel_as_a_user_in_a_server(service, tmp_p
     await wait_job(alice, running, "running")
     rc, out, err = await cli(env, "submit", "--gpus", "16", "--gpu-model", "H100", "sleep", "60")
     waiting = out.strip()
+    rc, out, err = await cli(env, "submit", "--hold", "--json", "true")
+    assert rc == 0 and json.loads(out)["held"] is True, err
+    held = json.loads(out)["id"]
     rc, out, err = await cli(env, "queue")
     assert rc == 0, err
     lines = out.splitlines()
@@ -91,6 +94,7 @@ async def test_submit_queue_jobs_log_cancel_as_a_user_in_a_server(service, tmp_p
     row = next(line for line in lines if line.startswith(waiting))
     assert "pending" in row and "alice" in row and " 1 " in row  # first in line
     assert any(line.startswith(running) and "running" in line for line in lines)
+    assert any(line.startswith(held) and " held " in line for line in lines)
     assert all(len(line) <= TABLE_WIDTH for line in lines)
     rc, out, _ = await cli(env, "queue", "--json")
     data = json.loads(out)
@@ -102,13 +106,17 @@ async def test_submit_queue_jobs_log_cancel_as_a_user_in_a_server(service, tmp_p
     rc, out, _ = await cli(env, "jobs")
     assert rc == 0
     ids = [line.split()[0] for line in out.splitlines()[1:]]
-    assert ids == [waiting, running, job_id]  # newest first, the finished one too
+    assert ids == [held, waiting, running, job_id]  # newest first, the finished one too
     rc, out, _ = await cli(env, "jobs", "--json", "--state", "completed")
     assert [v["id"] for v in json.loads(out)["jobs"]] == [job_id]
 
-    rc, out, err = await cli(env, "cancel", waiting, running)
+    rc, out, err = await cli(env, "cancel", waiting, running, held)
     assert rc == 0, err
-    assert out.splitlines() == [f"{waiting}: cancelled", f"{running}: stopping"]
+    assert out.splitlines() == [
+        f"{waiting}: cancelled",
+        f"{running}: stopping",
+        f"{held}: cancelled",
+    ]
     await wait_job(alice, running, "cancelled")
     rc, _, err = await cli(env, "cancel", waiting)  # already ended: the service's 409
     assert rc == 2 and "already ended" in err

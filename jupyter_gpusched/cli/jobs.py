@@ -35,6 +35,9 @@ def add_parsers(commands) -> None:
         help="a job array in Slurm's syntax, e.g. 0-99%%8 (indices 0 to 99, at most 8 running "
         "at once) or 1,3,10-20; each job gets $GPUSCHED_ARRAY_INDEX and $GPUSCHED_ARRAY_ID",
     )
+    submit.add_argument(
+        "--hold", action="store_true", help="submit it held: it waits until released"
+    )
     submit.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND | NOTEBOOK")
     estimate = add_command(
         commands,
@@ -104,6 +107,8 @@ def run_submit(args, client) -> int:
     if command is None and notebook is None:
         raise UsageError("give the command to run, or a notebook (.ipynb)")
     fields = _fields(args)
+    if args.hold:
+        fields["held"] = True
     gpus, options = fields.pop("gpus"), fields
     submitted = client.submit(command, notebook=notebook, gpus=gpus, array=args.array, **options)
     if hasattr(submitted, "jobs"):  # a JobArray

@@ -40,7 +40,7 @@ def cancel_array(live, jobs: list[Job], actor: str) -> None:
         live.engine.cancel(job.id, now)
         live.submissions.count_pending(job, -1)
         changes.append((job.id, live._fields(job)))
-        events.append({**live._event("cancelled", job, actor, f"cancelled by {actor}")})
+        events.append(live._event("cancelled", job, actor, f"cancelled by {actor}"))
     if changes:
         live.store.apply(changes, [], [], events)
     for job in jobs:

@@ -200,6 +200,20 @@ async def test_outside_a_server_it_takes_url_and_the_hub_token(service):
     assert out.splitlines()[0].startswith("ID")
 
 
+async def test_cancel_json_answers_the_apis_views(service):
+    env = server_env(service, "alice")
+    _, out, _ = await cli(env, "submit", "--hold", "true")
+    job_id = out.strip()
+    _, out, _ = await cli(env, "submit", "--hold", "--array", "0-1", "true")
+    array_id = out.split()[0]
+    rc, out, err = await cli(env, "cancel", "--json", job_id, array_id)
+    assert rc == 0, err
+    job, array = json.loads(out)
+    assert (job["id"], job["state"]) == (job_id, "cancelled")
+    assert array["array_id"] == array_id
+    assert [v["state"] for v in array["jobs"]] == ["cancelled", "cancelled"]
+
+
 async def test_exit_codes(service):
     env = server_env(service, "alice")
     rc, _, err = await cli(env, "submit", "--gpus", "99", "true")  # more than the cluster has

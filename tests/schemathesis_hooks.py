@@ -3,8 +3,9 @@
 
 * :func:`map_case`: no generated command runs as a real user: a valid ``command`` becomes
   ``true``, and a job that would execute a notebook is submitted held (it never starts);
-* :func:`after_call`: a job a case submitted is cancelled as soon as it is answered, so that
-  generated jobs never fill the cluster (later cases would only see jobs waiting);
+* :func:`after_call`: a job (or job array) a case submitted is cancelled as soon as it is
+  answered, so that generated jobs never fill the cluster (later cases would only see jobs
+  waiting); a valid ``array`` is made ``0-1`` first by :func:`map_case` (two jobs, not 10,000);
 * :func:`filter_failure`: ``DELETE api/jobs/{id}`` cancels a job, which stays readable (ended:
   cancelled, or completed for a notebook server's allocation; its log): a 200 for it after the
   DELETE is what the API promises, not the use after free Schemathesis' ``use_after_free``
@@ -31,6 +32,8 @@ import schemathesis
 from schemathesis.openapi.checks import UseAfterFree
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from jupyter_gpusched.core.arrays import parse_array
+from jupyter_gpusched.core.errors import ConfigError
 from jupyter_gpusched.service.requests import MAX_COMMAND
 
 NEVER_HERE = "^this job can never run here"
@@ -45,6 +48,8 @@ STATE_DEPENDENT = {
         "gpu_model": "^no GPU of model ",
         # a directory the user may enter: which ones, the file system says
         "cwd": "^the working directory .* does not exist or .* may not enter it",
+        # an array's ranges upwards, its size and %MAX_RUNNING within bounds (core/arrays.py)
+        "array": "must go upwards|must be at least 1|elements$|indices go up to",
     },
     # a queue document must keep the queues; limits at least the guarantees, guarantees within
     # the cluster, the default queue one of them
@@ -67,6 +72,15 @@ def map_case(context, case):
             body["command"] = "true"
         if isinstance(body.get("notebook"), str) and body.get("held") in (None, False):
             body["held"] = True
+        # a valid array stays valid but small: "0-9999" would queue 10,000 jobs per case
+        array = body.get("array")
+        if isinstance(array, str):
+            try:
+                parse_array(array)
+            except ConfigError:
+                pass
+            else:
+                body["array"] = "0-1"
     return case
 
 
@@ -76,10 +90,17 @@ def after_call(context, case, response):
         return
     if response.status_code != 201:
         return
-    job = response.json()
-    if job.get("state") in ("pending", "running"):
-        url = response.request.url.rstrip("/") + "/" + job["id"]
-        token = os.environ["GPUSCHED_ADMIN_TOKEN"]
+    answer = response.json()
+    token = os.environ["GPUSCHED_ADMIN_TOKEN"]
+    if "array_id" in answer and "jobs" in answer:  # a job array: cancelled as one
+        url = response.request.url.rstrip("/").removesuffix("jobs") + "arrays/"
+        done = requests.delete(
+            url + answer["array_id"], headers={"Authorization": f"token {token}"}, timeout=30
+        )
+        assert done.status_code in (200, 404), done.text
+        return
+    if answer.get("state") in ("pending", "running"):
+        url = response.request.url.rstrip("/") + "/" + answer["id"]
         done = requests.delete(url, headers={"Authorization": f"token {token}"}, timeout=30)
         assert done.status_code in (200, 409), done.text
 

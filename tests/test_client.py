@@ -432,3 +432,27 @@ def test_job_display(service):
     assert widget.cancel_button.layout.display == "none"  # an ended job: no Cancel button
     assert "cancelled" in widget.html.value
     widget.close()
+
+
+def test_submit_an_array_with_max_running_and_cancel_it_whole(service):
+    client = service.client()
+    array = client.submit(command="sleep 60", gpus=1, array=range(6), max_running=2)
+    assert array.id.startswith("a-") and len(array) == 6
+    assert [job.data["array_index"] for job in array] == list(range(6))
+    assert array[0].data["array_max_running"] == 2
+    deadline = time.monotonic() + 15
+    while sum(job.status() == "running" for job in array) < 2:
+        assert time.monotonic() < deadline, "two elements never ran"
+        time.sleep(0.1)
+    assert sum(job.status() == "running" for job in array) == 2  # never more than the cap
+    cancelled = array.cancel()
+    assert len(cancelled) == 6
+    for job in array:
+        assert job.wait(timeout=15) == "cancelled"
+    with pytest.raises(GPUSchedError) as info:
+        array.cancel()  # nothing of it is left
+    assert info.value.status == 404
+    # Slurm's text works too; max_running without an array is a mistake
+    assert len(client.submit(command="true", gpus=0, cpus=1, array="1,3%1")) == 2
+    with pytest.raises(GPUSchedError, match="max_running= is for a job array"):
+        client.submit(command="true", max_running=2)

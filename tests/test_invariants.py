@@ -197,7 +197,11 @@ def submit_ops(draw, sizes: list[int], n_leaves: int, models: list, cpus: bool, 
         "memory_gb": draw(st.none() | st.integers(1, 300)) if memory else None,
         "models": draw(st.sampled_from([None, None, None, *([m] for m in models)])),
         "gpu_fraction": fraction,
+        # a job array (core/arrays.py): (elements, max_running), submitted together
+        "array": draw(st.sampled_from([None, None, None, None, (3, 1), (4, 2)])),
     }
+    if op["kind"] == "notebook":
+        op["array"] = None
     if gpus == 0:
         op["models"] = None
         if not (op["cpus"] or op["memory_gb"]):
@@ -310,24 +314,10 @@ class Harness:
     def apply(self, op: dict) -> None:
         kind = op["op"]
         if kind == "submit":
-            job_id = f"j{len(self.ids)}"
-            self.ids.append(job_id)
-            self.durations[job_id] = op["duration"]
-            job = Job(
-                id=job_id,
-                gpus=op["gpus"],
-                submit_time=self.now,
-                tier=op["tier"],
-                queue=self.leaves[op["queue"] % len(self.leaves)],
-                kind=op["kind"],
-                gpus_per_node=op["gpus_per_node"],
-                gpu_models=None if op["models"] is None else frozenset(op["models"]),
-                cpus=op["cpus"],
-                memory_gb=op["memory_gb"],
-                walltime=op["walltime"],
-                gpu_fraction=op.get("gpu_fraction", 1.0),
-            )
-            self.sched.submit(job, self.now)
+            count, cap = op.get("array") or (1, None)
+            array_id = f"a{len(self.ids)}" if op.get("array") else None
+            for index in range(count):
+                self._submit(op, array_id, index if array_id else None, cap)
             self.settle()
         elif kind == "advance":
             self.advance(self.now + op["seconds"])
@@ -347,6 +337,29 @@ class Harness:
             self.settle()
         else:  # pragma: no cover - the strategy makes only the kinds above
             raise AssertionError(kind)
+
+    def _submit(self, op: dict, array_id, index, cap) -> None:
+        job_id = f"j{len(self.ids)}"
+        self.ids.append(job_id)
+        self.durations[job_id] = op["duration"]
+        job = Job(
+            id=job_id,
+            gpus=op["gpus"],
+            submit_time=self.now,
+            tier=op["tier"],
+            queue=self.leaves[op["queue"] % len(self.leaves)],
+            kind=op["kind"],
+            gpus_per_node=op["gpus_per_node"],
+            gpu_models=None if op["models"] is None else frozenset(op["models"]),
+            cpus=op["cpus"],
+            memory_gb=op["memory_gb"],
+            walltime=op["walltime"],
+            gpu_fraction=op.get("gpu_fraction", 1.0),
+            array_id=array_id,
+            array_index=index,
+            array_max_running=cap,
+        )
+        self.sched.submit(job, self.now)
 
     def advance(self, until: float) -> None:
         while self.events and self.events[0][0] <= until:
@@ -633,6 +646,16 @@ class Harness:
                 assert tier1 <= queue.guaranteed + EPS, (
                     f"queue {queue.label()}: tier-1 jobs hold {tier1:g} GPUs, over its "
                     f"guarantee {queue.guaranteed:g}"
+                )
+
+        # -- a job array runs at most its max_running elements at once (core/arrays.py)
+        running_by_array: dict[str, int] = {}
+        for job in jobs.values():
+            if job.state == JobState.RUNNING and job.array_id is not None:
+                running_by_array[job.array_id] = running_by_array.get(job.array_id, 0) + 1
+                assert running_by_array[job.array_id] <= job.array_max_running, (
+                    f"array {job.array_id} runs {running_by_array[job.array_id]} elements, "
+                    f"over its max_running {job.array_max_running}"
                 )
 
         # -- invariant 6: every pending job has exactly one current reason

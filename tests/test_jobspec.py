@@ -81,7 +81,8 @@ def test_the_request_parser_and_schema_list_exactly_the_specs_request_fields():
         schema = JOB_REQUEST["properties"][spec_field.wire]
         assert schema["description"] == JOB_FIELDS[spec_field.wire] == spec_field.spec.help
     assert {f.setter for f in (s.spec for s in REQUEST_FIELDS)} <= {"user", "admin"}
-    assert {f.name for f in FIELDS if f.spec.setter == "engine"} == {"user"}
+    engine_set = {f.name for f in FIELDS if f.spec.setter == "engine"}
+    assert engine_set == {"user", "array_id", "array_index", "array_max_running"}
 
 
 def test_the_jobs_table_has_a_column_of_the_declared_type_for_each_stored_field():
@@ -132,6 +133,7 @@ def test_the_trace_columns_are_the_specs_trace_fields(tmp_path):
         TraceJob("b", 5.0, 1.5, 1, kind="notebook", gpu_models=frozenset({"A100", "H100"})),
         TraceJob("c", 7.0, 3.0, 1, gpu_fraction=0.5),
         TraceJob("d", 9.0, 3.0, 0, cpus=2.0, memory_gb=8.0),
+        TraceJob("e", 9.5, 3.0, 1, array_id="a-5", array_index=3, array_max_running=2),
     ]
     write_trace(tmp_path / "t.csv", trace)
     assert read_trace(tmp_path / "t.csv") == trace

@@ -191,3 +191,48 @@ def test_gpujob_estimate_and_client_estimate_print_it_and_submit_nothing(hub, ke
     assert now == "starts now", shown
     assert later.startswith("waits: ") and "research/vision" in later, shown
     assert hub.service("GET", "api/jobs", token).json()["jobs"] == before
+
+
+def test_the_command_line_in_the_server_needs_no_set_up_and_submits_an_array(hub, kernel):
+    """A terminal of alice's server has the environment the kernel has (the server's): the
+    ``jupyter-gpusched`` user commands find the service and her token without an option. An
+    array's jobs each see their GPUSCHED_ARRAY_INDEX, and run as alice."""
+    uid, account = alice()
+    shown = execute(
+        hub,
+        kernel,
+        "import json, os, subprocess, sys, time\n"
+        "os.chdir(os.path.expanduser('~'))\n"
+        "def run(*argv):  # python -m jupyter_gpusched: the jupyter-gpusched command\n"
+        "    command = [sys.executable, '-m', 'jupyter_gpusched', *argv]\n"
+        "    done = subprocess.run(command, capture_output=True, text=True)\n"
+        "    return done.returncode, done.stdout, done.stderr\n"
+        "out = {'submit': run('submit', '--json', '--array', '0-2%1', '--gpus', '1',\n"
+        "                     'echo index=$GPUSCHED_ARRAY_INDEX uid=$(id -u)')}\n"
+        "answer = json.loads(out['submit'][1])\n"
+        "ids = [job['id'] for job in answer['jobs']]\n"
+        "deadline = time.monotonic() + 120\n"
+        "while time.monotonic() < deadline:\n"
+        "    rc, text, err = run('jobs', '--json')\n"
+        "    states = {v['id']: v['state'] for v in json.loads(text)['jobs'] if v['id'] in ids}\n"
+        "    if set(states.values()) == {'completed'}:\n"
+        "        break\n"
+        "    time.sleep(0.5)\n"
+        "out['states'] = states\n"
+        "out['array_id'] = answer['array_id']\n"
+        "out['ids'] = ids\n"
+        "out['queue'] = run('queue', '--me')\n"
+        "out['bad'] = run('cancel', 'nonsense')\n"
+        "print(json.dumps(out))\n",
+        timeout=JOB_TIMEOUT + 30,
+    )
+    out = json.loads(shown.strip().splitlines()[-1])
+    assert out["submit"][0] == 0, out["submit"]
+    assert set(out["states"].values()) == {"completed"}, out
+    assert out["queue"][0] == 0 and out["queue"][1].startswith("ID"), out["queue"]
+    assert out["bad"][0] == 2 and "neither a job id" in out["bad"][2]
+    for index, job_id in enumerate(out["ids"]):
+        view, log = job_of_alice(hub, job_id)
+        assert (view["array_id"], view["array_index"]) == (out["array_id"], index)
+        assert f"index={index} uid={uid}\n" in log, log
+        assert f" as {account}: " in log

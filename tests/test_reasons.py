@@ -182,6 +182,11 @@ MESSAGES = [
         "held by an admin; it waits until released",
     ),
     (
+        reasons.ARRAY_LIMIT,
+        {"array": "a-000012", "limit": 8},
+        "array a-000012 is at its limit of 8 running",
+    ),
+    (
         reasons.GPUS_BUSY,
         {"gpus": 0.5, "free": 0.0},
         "needs 0.5 GPUs; 0 free",

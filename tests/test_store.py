@@ -90,6 +90,9 @@ def test_job_round_trip_every_field(store):
         exit_code=None,
         message=None,
         handle={"pid": 1234, "create_time": 1699999999.5},
+        array_id="a-000005",
+        array_index=2,
+        array_max_running=8,
     )
     store.add_job(row)
     assert store.get_job("j-000007") == row

@@ -1,7 +1,13 @@
 """``jupyter-gpusched`` (also ``jupyter gpusched``): the command line.
 
-Exit codes: 0 success, 1 unexpected failure, 2 bad input (a usage error or a file that says
-what to fix, with its line and field).
+For operators: ``serve``, ``replay``, ``pack`` (here), ``reaper`` (:mod:`.reaper`),
+``node-agent``. For users, in Slurm's habits: ``submit``, ``estimate``, ``cancel``, ``log``
+(:mod:`.jobs`), ``queue``, ``jobs`` (:mod:`.listings`), ``nodes``, ``usage`` (:mod:`.cluster`),
+talking to the service through the notebook client (:mod:`.service`).
+
+Exit codes: 0 success, 1 unexpected failure (the service unreachable or failing: a 5xx), 2 bad
+input (a usage error, a file that says what to fix, with its line and field, or a request the
+service refused: a 4xx, with its message).
 """
 
 from __future__ import annotations
@@ -13,9 +19,14 @@ import time
 from pathlib import Path
 
 from .. import __version__
-from ..core import ConfigError, PolicySettings, get_policy
-from ..files import load_policy
-from ..sim.loaders import FORMATS, WALLTIME_FACTORS
+
+# the commands of users in a terminal: parsed without the engine's package (numpy and all),
+# whose import is most of a command's start-up (a command per submission adds up)
+USER_COMMANDS = ("submit", "estimate", "cancel", "log", "queue", "jobs", "nodes", "usage")
+EXIT_STATUS = (
+    "Exit status: 0 ok; 1 failure (the service unreachable, or a 5xx); 2 bad input (a usage "
+    "error, a bad file, or a request the service refused with a 4xx)."
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,8 +35,16 @@ def main(argv: list[str] | None = None) -> int:
         from ..service.app import main as serve
 
         return serve(argv[1:])
+    if argv and argv[0] in USER_COMMANDS:
+        parser = argparse.ArgumentParser(prog="jupyter-gpusched", epilog=EXIT_STATUS)
+        add_user_commands(parser.add_subparsers(dest="command", required=True))
+        args = parser.parse_args(argv)
+        return args.run(args)
+    from ..core import ConfigError
+    from ..sim.loaders import FORMATS
+
     parser = argparse.ArgumentParser(
-        prog="jupyter-gpusched", description="GPU scheduling for JupyterHub."
+        prog="jupyter-gpusched", description="GPU scheduling for JupyterHub.", epilog=EXIT_STATUS
     )
     parser.add_argument("--version", action="version", version=__version__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -116,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     from .reaper import add_parser as add_reaper
 
     add_reaper(commands)
+    add_user_commands(commands)
     from ..backends.gpu.node_agent import add_parser as add_node_agent
 
     add_node_agent(commands)
@@ -127,9 +147,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def add_user_commands(commands) -> None:
+    """The parsers of :data:`USER_COMMANDS`."""
+    from . import cluster, jobs, listings
+
+    for group in (jobs, listings, cluster):
+        group.add_parsers(commands)
+
+
 def run_replay(args) -> int:
+    from ..core import ConfigError, PolicySettings, get_policy
+    from ..files import load_policy
     from ..sim.cluster_loaders import load_cluster_spec, load_queue_spec
-    from ..sim.loaders import load_trace, parse_tier_mix
+    from ..sim.loaders import WALLTIME_FACTORS, load_trace, parse_tier_mix
     from ..sim.metrics import comparison_table, metrics, write_jobs_csv
     from ..sim.replay import replay
     from ..sim.trace import with_walltimes
@@ -180,6 +210,7 @@ def run_replay(args) -> int:
 
 
 def run_pack(args) -> int:
+    from ..core import ConfigError
     from ..sim.cluster_loaders import load_cluster_spec
     from ..sim.pack import PACK_POLICIES, pack, plot_pack, read_tasks
 

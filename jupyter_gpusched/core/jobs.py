@@ -63,6 +63,9 @@ class Job:
     gpu_fraction: float = 1.0  # below 1: a share of one GPU (then gpus is 1)
     priority: int = 0  # an admin's override: higher goes first within the job's tier
     held: bool = False  # held by an admin: pending, but not considered until released
+    array_id: str | None = None  # a job of an array (core/arrays.py): the array
+    array_index: int | None = None  # its index in the array
+    array_max_running: int | None = None  # the array's %max_running (None: no cap)
 
     state: JobState = JobState.PENDING
     reason: Reason | None = None

@@ -275,6 +275,13 @@ class JobSpec:
         column=Column("string:255", nullable=False), trace=True, setter="engine", view="owner"
     )
     priority: int = declare(0, column=Column("integer", nullable=False, default=0), setter="admin")
+    # A job of an array (core/arrays.py; POST api/jobs with "array"): the array's id, this
+    # element's index, and the most elements of the array that may run at once (None: no cap).
+    # Set by the service from the request's "array", never a field of the body itself; trace
+    # columns, so that a replay keeps an array's cap as the live service does.
+    array_id: str | None = declare(column=Column("string:64"), setter="engine", trace=True)
+    array_index: int | None = declare(column=Column("integer"), setter="engine", trace=True)
+    array_max_running: int | None = declare(column=Column("integer"), setter="engine", trace=True)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """What the running jobs hold, counted the ways the engine asks about them: GPUs by tier
-(what pre-emption could take), by node and tier (where), by user (per-user limits), by
+(what pre-emption could take), by node and tier (where), by user (per-user limits), by job
+array (its ``%max_running``), by
 estimated end (reservations) and the recent starts still inside their minimum run time.
 
 The :class:`~.scheduler.Scheduler` records each start and end here; pre-emption
@@ -24,6 +25,7 @@ class RunningLedger:
         self.tier3_on_node = [0.0] * nodes
         self.tiers23_on_node = [0.0] * nodes
         self.by_user: dict[str, list] = {}  # user -> [running GPUs, running jobs]
+        self.by_array: dict[str, int] = {}  # array id -> its running elements
         self.ends: list[tuple[float, str]] = []  # (estimated end, job id), soonest first
         # (start, job id) of the tier-2 and tier-3 jobs started inside their minimum run time
         self.recent_starts = {2: deque(), 3: deque()}
@@ -55,6 +57,8 @@ class RunningLedger:
         used = self.by_user.setdefault(job.user, [0.0, 0])
         used[0] += job.amount
         used[1] += 1
+        if job.array_id is not None:
+            self.by_array[job.array_id] = self.by_array.get(job.array_id, 0) + 1
 
     def ended(self, job: Job, placement: Placement, end: float) -> None:
         """``job`` has stopped (``end``: the estimated end it was recorded with)."""
@@ -63,6 +67,12 @@ class RunningLedger:
         used = self.by_user[job.user]
         used[0] -= job.amount
         used[1] -= 1
+        if job.array_id is not None:
+            left = self.by_array[job.array_id] - 1
+            if left:
+                self.by_array[job.array_id] = left
+            else:
+                del self.by_array[job.array_id]
         del self.ends[bisect_left(self.ends, (end, job.id))]
 
     def _on_nodes(self, job: Job, placement: Placement, sign: int) -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from . import reasons
 from .admission import headroom, policy_block, user_block
+from .arrays import array_block
 from .jobs import Job
 from .placement import shape_reason
 
@@ -224,13 +225,16 @@ def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -
 
 
 def waits_on_policy(sched, job: Job, queue) -> bool:
-    """The first two steps of :func:`.passes.evaluate`: quotas and user limits."""
+    """The first three steps of :func:`.passes.evaluate`: its job array's ``%max_running``,
+    quotas and user limits."""
+    claimants = [sched.jobs[owner] for owner in sched._claims]
+    if array_block(job, sched.ledger.by_array, claimants) is not None:
+        return True
     if sched.policy.quotas and policy_block(job, queue, sched.policy.guarantees) is not None:
         return True
-    if not sched.tree.user_limits:
-        return False
-    claimants = (sched.jobs[owner] for owner in sched._claims)
-    return user_block(job, sched.tree, sched.ledger.by_user, claimants) is not None
+    return bool(
+        sched.tree.user_limits and user_block(job, sched.tree, sched.ledger.by_user, claimants)
+    )
 
 
 def reason_behind(sched, pass_, job: Job, free: float, reserved_free: bool):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from . import reasons
 from .admission import headroom, policy_block, user_block
+from .arrays import array_block
 from .jobs import Job
 from .left_out import (
     LeftOutLists,
@@ -48,6 +49,7 @@ class Pass:
     # GPUs, kept while nothing starts: (free total, outside view)
     left_out: LeftOutLists = field(default_factory=LeftOutLists)
     outside: tuple | None = None
+    capped_arrays: dict = field(default_factory=dict)  # array id -> its array-limit reason
 
 
 def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()) -> bool:
@@ -159,6 +161,17 @@ def nothing_usable(sched, pass_: Pass, job: Job, now: float) -> bool:
 
 def evaluate(sched, job: Job, now: float, reservation, pass_: Pass):
     """A placement to start now, the Reason it waits, or None if it pre-empted."""
+    if job.array_max_running is not None:
+        # an array at its cap stays at it for the rest of the pass (jobs only start in one):
+        # its other elements, maybe thousands, get the same reason without counting again, and
+        # first, before the quotas' sums
+        block = pass_.capped_arrays.get(job.array_id)
+        if block is None:
+            claimants = (sched.jobs[owner] for owner in sched._claims)
+            block = array_block(job, sched.ledger.by_array, claimants)
+        if block is not None:
+            pass_.capped_arrays[job.array_id] = block
+            return block
     queue = sched.tree.get(job.queue) if sched.policy.quotas else sched.tree.root
     if sched.policy.quotas:
         block = policy_block(job, queue, sched.policy.guarantees)

@@ -128,6 +128,12 @@ USER_LIMIT_JOBS = Entry(
     "its user runs the most GPUs or jobs `user_limits` allow",
     users=("user",),
 )
+ARRAY_LIMIT = Entry(
+    "policy",
+    "array-limit",
+    "array {array} is at its limit of {limit} running",
+    "its job array already runs as many elements as its `%max_running` allows",
+)
 RESERVATION = Entry(
     "policy",
     "reservation",

@@ -44,19 +44,22 @@ def unknown_gpu_model(job: Job, cluster: Cluster) -> tuple[str, str] | None:
 
 
 def check_submission(
-    job: Job, cluster: Cluster, tree: QueueTree, pending: Callable[[str], int]
+    job: Job, cluster: Cluster, tree: QueueTree, pending: Callable[[str], int], count: int = 1
 ) -> Refusal | None:
     """Why ``job`` is refused before it is queued, or None. ``pending(user)``: how many of the
-    user's jobs wait now (held ones included); asked only when the user has a pending limit."""
+    user's jobs wait now (held ones included); asked only when the user has a pending limit.
+    ``count``: how many such jobs come in together (a job array's elements: all or none)."""
     model = unknown_gpu_model(job, cluster)
     if model is not None:
         return Refusal(*model)
     limit = tree.user_limit(job.user)
     if limit is not None and limit.pending_jobs is not None:
         waiting = pending(job.user)
-        if waiting >= limit.pending_jobs:
+        if waiting + count > limit.pending_jobs:
+            more = f" and asks for {count} more" if count > 1 else ""
             return Refusal(
-                f"{job.user} already has {waiting} pending jobs; the limit is {limit.pending_jobs}",
+                f"{job.user} already has {waiting} pending jobs{more}; the limit is "
+                f"{limit.pending_jobs}",
                 None,
                 limit=True,
             )

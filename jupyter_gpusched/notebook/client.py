@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import requests
@@ -33,13 +33,14 @@ from . import payloads
 from .environment import JobEnvironment
 from .errors import GPUSchedError, JobFailedError
 from .estimate import Estimate
-from .job import Job
+from .job import Job, JobArray
 
 __all__ = [
     "Client",
     "Estimate",
     "GPUSchedError",
     "Job",
+    "JobArray",
     "JobFailedError",
     "cluster",
     "estimate",
@@ -119,15 +120,20 @@ class Client:
         env: dict[str, str] | None = None,
         cwd: str | os.PathLike | None = None,
         name: str | None = None,
+        array: str | Iterable[int] | None = None,
+        max_running: int | None = None,
         **more,
-    ) -> Job:
+    ) -> Job | JobArray:
         """Submit a batch job: exactly one of ``command`` (a shell command), ``notebook`` (a
         notebook path, executed with nbclient) and ``function`` (a Python callable, called with
         ``args`` and ``kwargs`` in the job; see :meth:`Job.result`). The job's Python is
         ``$GPUSCHED_PYTHON``, the one the launcher chose for your account. ``cwd`` defaults to
         the current directory, or your home if the job could not enter it (a warning says so).
         ``more``: other fields of POST api/jobs
-        (``gpus_per_node``, ``gpu_fraction``, ``cpus``, ``memory_gb``, ``labels``, ``held``)."""
+        (``gpus_per_node``, ``gpu_fraction``, ``cpus``, ``memory_gb``, ``labels``, ``held``).
+        ``array``: a job array, its indices (``range(100)``) or Slurm's text (``"0-99%8"``),
+        with at most ``max_running`` elements running at once: a :class:`JobArray` of the
+        jobs, each with ``$GPUSCHED_ARRAY_INDEX``, instead of a Job."""
         _exactly_one(command, notebook, function)
         payload = None
         if function is not None:
@@ -143,6 +149,10 @@ class Client:
         named = {"tier": tier, "queue": queue, "gpu_model": gpu_model, "walltime": walltime}
         named.update(env=env, name=name)
         fields = _fields(gpus, more, notebook=notebook, **named)
+        if array is not None:
+            fields["array"] = _array_field(array, max_running)
+        elif max_running is not None:
+            raise GPUSchedError("max_running= is for a job array: give array= too", "array")
         return self._submit(fields, command=command, payload=payload, cwd=cwd)
 
     def estimate(self, command: str | None = None, **options) -> Estimate:
@@ -152,6 +162,9 @@ class Client:
         or "waits: <reason>"; refused as the submission would be (GPUSchedError)."""
         notebook, function = options.pop("notebook", None), options.pop("function", None)
         _exactly_one(command, notebook, function)
+        if options.get("array") is not None or options.get("max_running") is not None:
+            raise GPUSchedError("an estimate is for one job: leave out array=", "array")
+        options.pop("array", None), options.pop("max_running", None)
         options.pop("args", None), options.pop("kwargs", None)  # (the function's: not sent)
         cwd = options.pop("cwd", None)
         named = {key: options.pop(key, None) for key in _NAMED_FIELDS}
@@ -168,7 +181,7 @@ class Client:
             body["command"] = command or "true"
         return Estimate(self.request("POST", "api/estimate", body))
 
-    def _submit(self, fields: dict, command=None, payload=None, cwd=None) -> Job:
+    def _submit(self, fields: dict, command=None, payload=None, cwd=None) -> Job | JobArray:
         """POST api/jobs with ``fields``, and ``command`` or the command of ``payload(cwd)``
         (see ``payloads.py``). ``cwd`` None: this directory, or, if the job's user may not
         enter it (the service's 400 for ``cwd``) or the payload cannot be written there, the
@@ -195,7 +208,7 @@ class Client:
         )
         return self._post(fields, command, payload, home)
 
-    def _post(self, fields: dict, command, payload, cwd: str) -> Job:
+    def _post(self, fields: dict, command, payload, cwd: str) -> Job | JobArray:
         result_path = written = None
         if payload is not None:
             command, result_path, written = payload(cwd)
@@ -207,6 +220,9 @@ class Client:
         except GPUSchedError:
             payloads.remove(written)
             raise
+        if "array_id" in view and "jobs" in view:  # a job array: its jobs, in index order
+            jobs = [Job(self, v["id"], v, result_path=result_path) for v in view["jobs"]]
+            return JobArray(self, view["array_id"], jobs)
         return Job(self, view["id"], view, result_path=result_path)
 
     def jobs(self, state: str | list[str] | None = None, limit: int | None = None) -> list[Job]:
@@ -234,6 +250,24 @@ class Client:
 
     def cancel(self, job_id: str) -> dict:
         return self.request("DELETE", f"api/jobs/{job_id}")
+
+    def cancel_array(self, array_id: str) -> dict:
+        """``DELETE api/arrays/ID``: cancel the array's pending and running jobs;
+        ``{"array_id", "jobs": [their views]}``."""
+        return self.request("DELETE", f"api/arrays/{array_id}")
+
+    def me(self) -> dict:
+        """``GET api/me``: my name, whether I am an admin, my queues (in use, guaranteed,
+        limit; the default one)."""
+        return self.request("GET", "api/me")
+
+    def usage(self, by: str = "user", since: float | None = None) -> dict:
+        """``GET api/usage``: GPU-hours by ``user`` (mine only, unless I am an admin),
+        ``queue`` or ``gpu_model``, over the last 30 days or from ``since`` (epoch)."""
+        params: dict[str, Any] = {"by": by}
+        if since is not None:
+            params["since"] = since
+        return self.request("GET", "api/usage", params=params)
 
     def log(self, job_id: str, nbytes: int = 64 * 1024) -> str:
         """The end of a job's output (at most ``nbytes``; "" while it has none)."""
@@ -270,12 +304,32 @@ def _fields(gpus, more: dict, notebook=None, **named) -> dict:
     return fields
 
 
+def _array_field(array, max_running: int | None) -> str:
+    """The ``array`` field of POST api/jobs: Slurm's text as given, or the text of indices."""
+    if isinstance(array, str):
+        if max_running is not None:
+            array = f"{array.partition('%')[0]}%{max_running}"
+        return array
+    try:
+        indices = sorted({int(i) for i in array})
+    except (TypeError, ValueError):
+        raise GPUSchedError("array= takes indices (e.g. range(100)) or '0-99%8'", "array") from None
+    if not indices:
+        raise GPUSchedError("array= has no indices", "array")
+    # imported here: the engine's package (numpy and all) is not a kernel's to load for this
+    from ..core.arrays import array_text
+
+    return array_text(indices, max_running)
+
+
 # -- module-level shortcuts (a client from the environment) -----------------------------------
 def _client(client: Client | None) -> Client:
     return client if client is not None else Client()
 
 
-def submit(command: str | None = None, *, client: Client | None = None, **options) -> Job:
+def submit(
+    command: str | None = None, *, client: Client | None = None, **options
+) -> Job | JobArray:
     """:meth:`Client.submit` with the client from the environment (see :class:`Client`)."""
     return _client(client).submit(command, **options)
 

@@ -203,6 +203,32 @@ class Job:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+class JobArray:
+    """The jobs of one job array (``client.submit(..., array=range(100), max_running=8)``), in
+    index order: iterate over it, index it (``array[0]``: its first element), :meth:`cancel` it
+    whole. ``id``: the array's (``a-...``)."""
+
+    def __init__(self, client, array_id: str, jobs: list[Job]):
+        self.client, self.id, self.jobs = client, array_id, list(jobs)
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self.jobs)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def __getitem__(self, i: int) -> Job:
+        return self.jobs[i]
+
+    def cancel(self) -> list[dict]:
+        """Cancel every element still pending or running; their views. GPUSchedError (404)
+        when none is left."""
+        return self.client.cancel_array(self.id)["jobs"]
+
+    def __repr__(self) -> str:
+        return f"<JobArray {self.id}: {len(self.jobs)} jobs>"
+
+
 def _new_text(previous: str, text: str) -> str:
     """What ``text`` (a fresh tail of the log) adds to ``previous`` (the last tail)."""
     if text.startswith(previous):

@@ -15,8 +15,9 @@ from tornado import web
 
 from ..core.jobs import JobState
 from .api_handler import APIError, APIHandler, api
+from .arrays import cancel_array, unfinished_elements
 from .records import reason_dict
-from .requests import MAX_LIST_LIMIT, MAX_LOG_BYTES, parse_job_request
+from .requests import MAX_LIST_LIMIT, MAX_LOG_BYTES, parse_job_request, take_array
 from .server_stops import MAX_REASON
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode's control characters (Cc)
@@ -142,13 +143,18 @@ class QueueHandler(APIHandler):
             "gpu_fraction": job.gpu_fraction,
             "submit_time": job.submit_time,
             "reason": reason,
+            # a job array's element (core/arrays.py): listed as one row of its array by the CLI
+            "array_id": job.array_id,
+            "array_index": job.array_index,
+            "array_max_running": job.array_max_running,
         }
 
 
-def job_request(handler: APIHandler):
-    """The body of ``POST api/jobs`` (or ``api/estimate``) as a JobRequest: a 400 naming the
-    field for anything wrong, and a notebook profile the reaper refuses."""
-    request = parse_job_request(handler.body())
+def job_request(handler: APIHandler, data: dict | None = None):
+    """The body of ``POST api/jobs`` (or ``api/estimate``; ``data``: the body already read) as
+    a JobRequest: a 400 naming the field for anything wrong, and a notebook profile the reaper
+    refuses."""
+    request = parse_job_request(handler.body() if data is None else data)
     live = handler.live
     if request.kind == "notebook" and live.reaper is not None:
         live.reaper.check_profile(request, live.default_tier)
@@ -180,12 +186,26 @@ class EstimateHandler(APIHandler):
 class JobsHandler(APIHandler):
     @api
     async def post(self):
-        job = self.live.submit(self.identity, job_request(self))
+        data = self.body()
+        array = take_array(data)  # "array": "0-99%8": the jobs of an array (core/arrays.py)
+        request = job_request(self, data)
+        if array is not None:
+            submissions = self.live.submissions
+            array_id, jobs = submissions.submit_array(self.identity, request, array)
+            await self._stored(submissions.saved_all(jobs))
+            views = [self.view(self.live.row(job.id)) for job in jobs]
+            self.send({"array_id": array_id, "jobs": views}, status=201)
+            return
+        job = self.live.submit(self.identity, request)
+        await self._stored(self.live.saved(job.id))
+        self.send(self.view(self.live.row(job.id)), status=201)
+
+    @staticmethod
+    async def _stored(saving) -> None:
         try:
-            await self.live.saved(job.id)
+            await saving
         except Exception as exc:
             raise APIError(503, f"the job could not be stored, please retry: {exc}") from None
-        self.send(self.view(self.live.row(job.id)), status=201)
 
     @api
     def get(self):
@@ -230,6 +250,22 @@ class JobHandler(APIHandler):
             )
         self.live.cancel(job_id, self.identity.name, server_gone=gone == "true", reason=reason)
         self.send(self.view(self.live.row(job_id)))
+
+
+class ArrayHandler(APIHandler):
+    """``DELETE api/arrays/<id>``: cancel every element of a job array still pending or
+    running (as ``scancel`` of an array's id)."""
+
+    @api
+    def delete(self, array_id):
+        live = self.live
+        jobs = unfinished_elements(live, array_id, self.identity)
+        if not jobs:
+            raise APIError(
+                404, f"no pending or running job of array {array_id} of yours", "array_id"
+            )
+        cancel_array(live, jobs, self.identity.name)
+        self.send({"array_id": array_id, "jobs": [self.view(live.row(job.id)) for job in jobs]})
 
 
 class JobLogHandler(APIHandler):

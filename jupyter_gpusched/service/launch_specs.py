@@ -32,6 +32,8 @@ def launch_spec(
         GPUSCHED_RUN=str(job.runs),
         GPUSCHED_PREEMPTION_SIGNAL=preemption_signal,
     )
+    if job.array_id is not None:  # a job of an array (core/arrays.py), as Slurm's
+        env.update(GPUSCHED_ARRAY_ID=job.array_id, GPUSCHED_ARRAY_INDEX=str(job.array_index))
     return LaunchSpec(
         job_id=job.id,
         user=job.user,

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import copy
 
+from .openapi_arrays import ARRAY_ID, JOB_ARRAY, SUBMIT_REQUEST, SUBMITTED
 from .openapi_requests import (
     JOB_ID,
-    JOB_REQUEST,
+    JOB_REQUEST,  # one job's body (POST api/estimate; POST api/jobs takes SUBMIT_REQUEST)
     MAINTENANCE_REQUEST,
     NODE_NAME,
     PRIORITY_REQUEST,
@@ -173,9 +174,9 @@ PATHS = {
     "/api/jobs": {
         "post": _op(
             "submitJob",
-            "Submit a batch job (or a notebook server's allocation)",
-            ref("Job"),
-            body=JOB_REQUEST,
+            "Submit a batch job (or a notebook server's allocation), or a job array",
+            SUBMITTED,
+            body=SUBMIT_REQUEST,
             status=201,
             errors=("429", "503"),
             links=JOB_LINKS,
@@ -237,6 +238,14 @@ PATHS = {
             ],
             errors=("409",),
         ),
+    },
+    "/api/arrays/{array_id}": {
+        "delete": _op(
+            "cancelArray",
+            "Cancel every pending or running job of one of your job arrays (404: none is left)",
+            ref("JobArray"),
+            params=[("array_id", "path", {"type": "string", "pattern": ARRAY_ID})],
+        )
     },
     "/api/jobs/{id}/log": {
         "get": _op(
@@ -399,7 +408,11 @@ def openapi_document(prefix: str = "/") -> dict:
         "servers": [{"url": prefix.rstrip("/") or "/"}],
         "paths": copy.deepcopy(PATHS),
         "components": {
-            "schemas": {**copy.deepcopy(SCHEMAS), "QueueSettings": copy.deepcopy(QUEUE_SETTINGS)},
+            "schemas": {
+                **copy.deepcopy(SCHEMAS),
+                "QueueSettings": copy.deepcopy(QUEUE_SETTINGS),
+                "JobArray": copy.deepcopy(JOB_ARRAY),
+            },
             "securitySchemes": copy.deepcopy(SECURITY_SCHEMES),
         },
     }

@@ -149,6 +149,9 @@ QUEUE_ENTRY = strict(
         "gpu_fraction": NUMBER,
         "submit_time": NUMBER,
         "reason": ref("Reason"),
+        "array_id": nullable("string"),
+        "array_index": nullable("integer"),
+        "array_max_running": nullable("integer"),
     }
 )
 

@@ -66,6 +66,11 @@ def job_id_for(number: int) -> str:
     return f"j-{number:06d}"
 
 
+def array_id_for(number: int) -> str:
+    """A job array's id: "a-" and the number of its first job (j-000012's array: a-000012)."""
+    return f"a-{number:06d}"
+
+
 def row_for(job: Job, extra: Extra) -> dict:
     """The whole ``jobs`` row of a job."""
     row = {"id": job.id, "number": extra.number, "submit_time": job.submit_time}

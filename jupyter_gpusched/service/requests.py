@@ -9,6 +9,9 @@ import functools
 import json
 import re
 
+from ..core.arrays import parse_array
+from ..core.errors import ConfigError
+
 # The job's bounds are declared with its spec (core/jobspec.py); the service, its tests and tools
 # have always found them here, with the value readers' names (noqa: re-exported).
 from ..core.jobspec import (
@@ -262,6 +265,22 @@ def _boolean(data, name) -> bool:
     if not isinstance(data[name], bool):
         raise RequestError(f"'{name}' must be true or false", name)
     return data[name]
+
+
+def take_array(data: dict):
+    """The job array a POST api/jobs body asks for with ``"array": "0-99%8"`` (core/arrays.py),
+    taken out of ``data`` (the rest is one job's fields); None without one (or with null).
+    RequestError naming ``array`` for a bad one, and for an array of notebook servers."""
+    text = data.pop("array", None)
+    if text is None:
+        return None
+    try:
+        array = parse_array(text)
+    except ConfigError as exc:
+        raise RequestError(exc.message, "array") from None
+    if data.get("kind") == "notebook":
+        raise RequestError("'array' is for batch jobs, not notebook servers", "array")
+    return array
 
 
 # -- the other bodies ------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from .reaper_handlers import ReaperHandler, UsageSamplesHandler
 
 _JOB = r"(?P<job_id>j-[0-9]+)"
 _NODE = r"(?P<name>[^/]+)"
+_ARRAY = r"(?P<array_id>a-[0-9]+)"
 
 
 class MetricsHandler(APIHandler):
@@ -40,6 +41,7 @@ ROUTES = [
     (r"api/estimate", user.EstimateHandler),
     (rf"api/jobs/{_JOB}", user.JobHandler),
     (rf"api/jobs/{_JOB}/log", user.JobLogHandler),
+    (rf"api/arrays/{_ARRAY}", user.ArrayHandler),
     (rf"api/jobs/{_JOB}/(?P<action>hold|release)", admin.HoldHandler),
     (rf"api/jobs/{_JOB}/priority", admin.PriorityHandler),
     (r"api/quotas", admin.QuotasHandler),

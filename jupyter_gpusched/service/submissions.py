@@ -15,13 +15,14 @@ import logging
 from dataclasses import replace
 
 from ..backends.accounts import AccountRefused
+from ..core.arrays import ArraySpec
 from ..core.errors import ConfigError
 from ..core.estimate import Estimate, estimate
 from ..core.jobs import Job, JobState
 from ..core.submission import check_submission
 from ..core.wording import gpus_text
 from .identity import Identity
-from .records import Extra, job_id_for, row_for
+from .records import Extra, array_id_for, job_id_for, row_for
 from .requests import JobRequest, RequestError
 
 log = logging.getLogger("jupyter_gpusched.service")
@@ -46,54 +47,41 @@ class Submissions:
         return self._pending_by_user.get(user, 0)
 
     def submit(self, who: Identity, request: JobRequest) -> Job:
-        live = self.live
-        job = self._job_for(who, request)
-        try:
-            live.engine.submit(job, job.submit_time)
-        except ConfigError as exc:
-            raise RequestError(exc.message, exc.field) from None
-        if job.state == JobState.REJECTED:  # it could never run here: a 400, nothing stored
-            # Counted, not audited: a refused request stores nothing (a user sending bad
-            # requests in a loop must not grow the database).
-            live.engine.forget(job.id)
-            if live.metrics is not None:
-                live.metrics.refused(job.reject_field)
-            raise _never_runs(job)
-        self.number += 1
-        extra = Extra.from_spec(self.number - 1, request)
-        message = f"{gpus_text(job.gpus)}, tier {job.tier}"
-        event = live._event("submitted", job, who.name, message)
-        live.extras[job.id] = extra
-        self.count_pending(job, +1)
-        self._unsaved.append((job, event))
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # called outside the service's loop (tests, tools): save now
-            self.save()
-        else:
-            if self._saved is None:
-                self._saved = loop.create_future()
-                loop.call_soon(self.save)
-            self._batch_of[job.id] = self._saved
-        live.run_pass()
+        filled = self._filled(who, request)
+        job = self._enter(filled, who, count=1)
+        self._commit_soon([job])
+        self.live.run_pass()
         return job
 
-    def estimate(self, who: Identity, request: JobRequest) -> Estimate:
-        """What ``request`` would meet if submitted now (core/estimate.py), refused as
-        :meth:`submit` would refuse it; nothing is queued, numbered or stored."""
-        job = self._job_for(who, request)
+    def submit_array(
+        self, who: Identity, request: JobRequest, array: ArraySpec
+    ) -> tuple[str, list[Job]]:
+        """The array's id and its jobs, one per index of ``array`` (core/arrays.py), all
+        queued or none: they are committed together (one transaction), and a refusal of any
+        element undoes those before it."""
+        filled = self._filled(who, request)
+        array_id = array_id_for(self.number)
+        first_number, jobs = self.number, []
+        count = len(array.indices)
         try:
-            answer = estimate(self.live.engine, job, job.submit_time)
-        except ConfigError as exc:
-            raise RequestError(exc.message, exc.field) from None
-        if answer.rejected:
-            raise _never_runs(job)
-        return answer
+            for i, index in enumerate(array.indices):
+                element = replace(
+                    filled,
+                    array_id=array_id,
+                    array_index=index,
+                    array_max_running=array.max_running,
+                )
+                jobs.append(self._enter(element, who, count=count - i))
+        except RequestError:
+            self._undo(jobs)
+            self.number = first_number
+            raise
+        self._commit_soon(jobs)
+        self.live.run_pass()
+        return array_id, jobs
 
-    def _job_for(self, who: Identity, request: JobRequest) -> Job:
-        """The job ``request`` asks for, as ``who``, numbered as the next submission (a
-        RequestError for what a submission may not ask: an account, a queue not theirs, a
-        model the cluster lacks, a pending limit)."""
+    def _filled(self, who: Identity, request: JobRequest) -> JobRequest:
+        """``request`` with its queue (checked: one ``who`` may use), tier and user."""
         live = self.live
         self._check_account(who, request)
         tree = live.engine.tree
@@ -110,14 +98,82 @@ class Submissions:
             raise RequestError(f"no queue {queue_path!r}; yours: {known}", "queue")
         if queue not in allowed and not who.admin:
             raise RequestError(f"{who.name} may not submit to queue {queue.path}", "queue", 403)
-        filled = replace(
+        return replace(
             request, queue=queue.path, tier=request.tier or live.default_tier, user=who.name
         )
+
+    def _enter(self, filled: JobRequest, who: Identity, count: int) -> Job:
+        """The pending job ``filled`` asks for, in the engine and waiting to be committed
+        (RequestError when refused: nothing kept). ``count``: the jobs of this request still
+        to come, this one included (the pending limit counts them all)."""
+        live = self.live
+        job = self._checked_job(filled, count)
+        try:
+            live.engine.submit(job, job.submit_time)
+        except ConfigError as exc:
+            raise RequestError(exc.message, exc.field) from None
+        if job.state == JobState.REJECTED:  # it could never run here: a 400, nothing stored
+            # Counted, not audited: a refused request stores nothing (a user sending bad
+            # requests in a loop must not grow the database).
+            live.engine.forget(job.id)
+            if live.metrics is not None:
+                live.metrics.refused(job.reject_field)
+            raise _never_runs(job)
+        self.number += 1
+        extra = Extra.from_spec(self.number - 1, filled)
+        message = f"{gpus_text(job.gpus)}, tier {job.tier}"
+        if job.array_id is not None:
+            message += f", element {job.array_index} of array {job.array_id}"
+        event = live._event("submitted", job, who.name, message)
+        live.extras[job.id] = extra
+        self.count_pending(job, +1)
+        self._unsaved.append((job, event))
+        return job
+
+    def _checked_job(self, filled: JobRequest, count: int) -> Job:
+        """The job ``filled`` asks for, numbered as the next submission; a RequestError for
+        what core refuses at submission (core/submission.py: a model the cluster lacks, a
+        pending limit, counting ``count`` jobs of this request)."""
+        live = self.live
         job = Job.from_spec(filled, job_id_for(self.number), live.clock())
-        refusal = check_submission(job, live.cluster, tree, self.pending_of)
-        if refusal is not None:  # core/submission.py: a model the cluster lacks, a pending limit
+        refusal = check_submission(job, live.cluster, live.engine.tree, self.pending_of, count)
+        if refusal is not None:
             raise RequestError(refusal.message, refusal.field, 429 if refusal.limit else 400)
         return job
+
+    def _undo(self, jobs: list[Job]) -> None:
+        """Take back jobs :meth:`_enter` queued that are not committed yet."""
+        live, gone = self.live, {job.id for job in jobs}
+        self._unsaved = [(job, event) for job, event in self._unsaved if job.id not in gone]
+        for job in jobs:
+            live.engine.cancel(job.id, live.clock())
+            self.count_pending(job, -1)
+            live._forget(job)
+
+    def _commit_soon(self, jobs: list[Job]) -> None:
+        """Commit ``jobs`` with the other submissions of this turn of the event loop."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside the service's loop (tests, tools): save now
+            self.save()
+            return
+        if self._saved is None:
+            self._saved = loop.create_future()
+            loop.call_soon(self.save)
+        for job in jobs:
+            self._batch_of[job.id] = self._saved
+
+    def estimate(self, who: Identity, request: JobRequest) -> Estimate:
+        """What ``request`` would meet if submitted now (core/estimate.py), refused as
+        :meth:`submit` would refuse it; nothing is queued, numbered or stored."""
+        job = self._checked_job(self._filled(who, request), count=1)
+        try:
+            answer = estimate(self.live.engine, job, job.submit_time)
+        except ConfigError as exc:
+            raise RequestError(exc.message, exc.field) from None
+        if answer.rejected:
+            raise _never_runs(job)
+        return answer
 
     def _check_account(self, who: Identity, request: JobRequest) -> None:
         """The account ``who``'s work would run as may be used (a 403 if not: AccountPolicy),
@@ -140,6 +196,11 @@ class Submissions:
         batch = self._batch_of.pop(job_id, None)
         if batch is not None:
             await asyncio.shield(batch)
+
+    async def saved_all(self, jobs: list[Job]) -> None:
+        """:meth:`saved` for each of ``jobs`` (an array's, committed together)."""
+        for job in jobs:
+            await self.saved(job.id)
 
     def save(self) -> None:
         """Commit the pending submissions (before anything else is written about them)."""

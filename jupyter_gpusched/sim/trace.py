@@ -56,6 +56,9 @@ class TraceJob:
     gpu_fraction: float = 1.0  # < 1: a share of one GPU (gpus must be 1)
     cpus: float | None = None
     memory_gb: float | None = None
+    array_id: str | None = None  # a job of an array (core/arrays.py): its array, index, cap
+    array_index: int | None = None
+    array_max_running: int | None = None
 
     def to_job(self) -> Job:
         return Job(
@@ -167,6 +170,11 @@ def parse_row(row: dict, source: str, line: int) -> TraceJob:
     if per_node and gpus % per_node:
         fail("gpus_per_node", f"{per_node} does not divide gpus ({gpus})")
     models = cell("gpu_model")
+    array_id = cell("array_id")
+    array_index = number("array_index", int, 0, default=None)
+    array_max_running = number("array_max_running", int, 1, default=None)
+    if array_id is None and (array_index is not None or array_max_running is not None):
+        fail("array_id", "is required with array_index and array_max_running")
     trace_job = TraceJob(
         id=job_id,
         submit_time=number("submit_time"),
@@ -182,6 +190,9 @@ def parse_row(row: dict, source: str, line: int) -> TraceJob:
         gpu_fraction=fraction,
         cpus=number("cpus", default=None),
         memory_gb=number("memory_gb", default=None),
+        array_id=array_id,
+        array_index=array_index,
+        array_max_running=array_max_running,
     )
     problem = cpu_only_problem(trace_job.to_job())
     if problem is not None:

@@ -93,8 +93,9 @@ function duration(seconds) {
   return `${Math.round(hours / 24)} days`;
 }
 
-function clock(epoch) {
-  return new Date(epoch * 1000).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
+function clock(epoch, seconds = false) {
+  const parts = { hour: '2-digit', minute: '2-digit', ...(seconds ? { second: '2-digit' } : {}) };
+  return new Date(epoch * 1000).toLocaleTimeString([], parts);
 }
 
 function eta(epoch) {
@@ -171,14 +172,15 @@ function timeChart(rows, series, { stacked = true, top = null, until, unit = 'GP
   const yTop = top || Math.max(1, ...(stacked ? sums : peaks));
   const x = (t) => left + ((t - t0) / (t1 - t0)) * plotW;
   const y = (v) => 6 + plotH - (v / yTop) * plotH;
+  const short = t1 - t0 < 600; // a young history: its time axis in seconds
   const chart = svg('svg', { class: 'chart', viewBox: `0 0 ${width} ${height}`, role: 'img' });
   chart.append(
     svg('line', { x1: left, y1: y(0), x2: width - 6, y2: y(0), stroke: '#bdbdbd' }),
     svg('text', { x: 2, y: 14, text: `${Math.round(yTop * 10) / 10}` }),
     svg('text', { x: 2, y: y(0), text: '0' }),
-    svg('text', { x: left, y: height - 3, text: clock(t0) }),
-    svg('text', { x: width - 40, y: height - 3, text: clock(t1) }),
-    svg('text', { x: left + plotW / 2 - 20, y: height - 3, text: clock((t0 + t1) / 2) }),
+    svg('text', { x: left, y: height - 3, text: clock(t0, short) }),
+    svg('text', { x: width - 6, y: height - 3, 'text-anchor': 'end', text: clock(t1, short) }),
+    svg('text', { x: left + plotW / 2, y: height - 3, 'text-anchor': 'middle', text: clock((t0 + t1) / 2, short) }),
   );
   const base = rows.map(() => 0);
   const latest = {};
@@ -548,11 +550,11 @@ async function saveReaper(event) {
   }
   Object.keys(changes).forEach((k) => changes[k] === undefined && delete changes[k]);
   try {
-    await api('api/reaper', { method: 'PUT', json: changes });
+    const saved = await api('api/reaper', { method: 'PUT', json: changes });
+    reaperFormFilled = false;
+    drawReaperForm(saved); // the settings now in force
     answer.className = 'answer';
     answer.textContent = 'Saved.';
-    reaperFormFilled = false;
-    refresh();
   } catch (error) {
     answer.className = 'answer error';
     answer.textContent = `Not saved: ${error.message}`;

@@ -187,3 +187,40 @@ async def test_a_change_by_query_token_or_cookie_needs_a_header_token(service_fa
         body=b"",
     )
     assert response.code == 403 and b"X-XSRFToken" in response.body
+
+
+async def test_a_notebook_servers_measurements_are_its_sparkline_and_the_historys(
+    service_factory, tmp_path
+):
+    """The service's own samples of a notebook server's GPU (simulated load) are the
+    sparkline's points in api/reaper and the measured utilization of the history's rows."""
+    service = await service_factory(history_interval=0.1, gpu_load_dir=tmp_path / "gpus")
+    alice, admin = service.client("alice"), service.client("admin")
+    status, job = await alice.post("api/jobs", {"gpus": 1, "kind": "notebook"})
+    assert status == 201, job
+    await wait_until(lambda: job["id"] in service.live.engine.running, what="running")
+    service.load(job["id"], 90)
+
+    async def points():
+        _, view = await alice.get("api/reaper")
+        mine = [s for s in view["sessions"] if s["job_id"] == job["id"]]  # from its first tick
+        return [p for _, p in mine[0]["utilization_history"]] if mine else []
+
+    await wait_until(lambda: _has(points, 90), what="a sample at 90%")
+    service.load(job["id"], 30)
+    await wait_until(lambda: _has(points, 30), what="a sample at 30%")
+    series = await points()
+    assert series.index(90) < len(series) - 1 - series[::-1].index(30)  # 90 first, 30 later
+
+    async def measured():
+        _, history = await admin.get("api/history")
+        return [row["measured"].get("2") for row in history["rows"]]
+
+    found = await wait_until(
+        lambda: _has(measured, {"gpus": 1.0, "utilization": 30.0}), what="measured at 30%"
+    )
+    assert found
+
+
+async def _has(read, value) -> bool:
+    return value in await read()

@@ -171,9 +171,10 @@ async def test_the_page_is_served_at_the_root_to_a_known_caller_only(service_fac
     assert response.code == 401 and b"?token=" in response.body
     assert (await _page(service, "?token=not-a-token-at-all")).code == 401
     # the page's own files, from the package (no CDN)
-    for name in ("page.js", "page.css"):
+    assert "admin.js" not in html and "admin.js" in admin  # admins' sections: their code too
+    for name in ("page.css", "draw.js", "admin.js", "page.js"):
         response = await _page(service, f"static/{name}")
-        assert response.code == 200 and len(response.body) > 1000, name
+        assert response.code == 200 and len(response.body) > 2000, name
 
 
 async def test_a_change_by_query_token_or_cookie_needs_a_header_token(service_factory):

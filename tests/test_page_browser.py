@@ -40,6 +40,15 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwr
 expect = sync_api.expect
 
 
+@pytest.fixture(autouse=True)
+def _patient_expect():
+    """The page refreshes every 5 s: expectations wait through refreshes (Playwright's default
+    is 5 s), in this module only."""
+    expect.set_options(timeout=TIMEOUT_MS)
+    yield
+    expect.set_options(timeout=5_000)
+
+
 @pytest.fixture(scope="module")
 def hub():
     args = ("--GPUSchedService.history_interval=1",)

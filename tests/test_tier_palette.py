@@ -1,6 +1,6 @@
-"""One tier palette: the JupyterLab panel (labextension/style/index.css) and the service's web page
-(its style sheet and script, service/web/static/) colour each tier as the notebook QueueWidget
-does (widgets.TIER_COLOURS), as docs/notebook.md writes down."""
+"""One tier palette: the JupyterLab panel (labextension/style/index.css) and the service's web
+page (its style sheet and drawing script, service/web/static/) colour each tier as the notebook
+QueueWidget does (widgets.TIER_COLOURS), as docs/notebook.md writes down."""
 
 from __future__ import annotations
 
@@ -34,6 +34,6 @@ def test_the_web_page_uses_the_same_tier_palette():
         re.MULTILINE,
     )
     assert {int(t): c.lower() for t, c in css} == expected
-    (script,) = re.findall(r"const TIER_COLOURS = \{([^}]*)\}", (PAGE / "page.js").read_text())
+    (script,) = re.findall(r"const TIER_COLOURS = \{([^}]*)\}", (PAGE / "draw.js").read_text())
     drawn = re.findall(r"([123]): '(#[0-9a-fA-F]{6})'", script)
     assert {int(t): c.lower() for t, c in drawn} == expected

@@ -1,8 +1,10 @@
 """The web page at the service's root (``/services/gpusched/``, the hub's Services link), and
 ``GET api/history``, the time series its charts draw.
 
-The page is one tornado template (``web/page.html``) with a hand-written script and style sheet
-(``web/static/``, shipped in the wheel, no build step, nothing from a CDN). The server renders
+The page is one tornado template (``web/page.html``) with a hand-written style sheet and
+scripts (``web/static/``: ``draw.js`` the DOM, SVG and charts, ``page.js`` the sections and the
+refresh loop, ``admin.js`` the admins' sections, sent to admins only), shipped in the wheel, no
+build step, nothing from a CDN. The server renders
 who the caller is; the script fetches the same JSON APIs every client reads (``api/me``,
 ``api/jobs``, ``api/queue``, ``api/cluster``, ``api/history``, ``api/reaper``; admins also
 ``api/usage`` and ``api/events``) with the browser's cookie every :data:`REFRESH_SECONDS`, and

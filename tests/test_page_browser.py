@@ -14,7 +14,7 @@ api/usage gives), the reaper's events, drain and resume (carried out: api/cluste
 the reaper settings (saved: api/reaper says so). Screenshots at 1280 px go to docs/images/
 (docs/dashboard.md shows them).
 
-Skips when /usr/bin/chromium or Playwright is missing.
+Skips when /usr/bin/chromium or Playwright is missing (tests/browser_helpers.py).
 """
 
 from __future__ import annotations
@@ -25,18 +25,10 @@ from pathlib import Path
 
 import hub_harness
 import pytest
+from browser_helpers import TIMEOUT_MS, browser_fixture, log_in, sync_api  # noqa: F401
 
-CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "docs" / "images"
-TIMEOUT_MS = 60_000
-
-if not CHROMIUM.exists():
-    pytest.skip(
-        "/usr/bin/chromium is missing: run scripts/install-system.sh (apt-get install chromium)",
-        allow_module_level=True,
-    )
-sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (test extra)")
 expect = sync_api.expect
 
 
@@ -102,30 +94,11 @@ def busy(hub):
     return {"running": running["id"], "waiting": waiting["id"], "bobs": bobs_wait["id"]}
 
 
-@pytest.fixture
-def browser():
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"]
-        )
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
 def _open_page(browser, hub, user: str):
     """Log ``user`` in to the hub and follow the Services menu to the page."""
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.set_default_timeout(TIMEOUT_MS)
+    page = log_in(browser, hub, user, width=1280)
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("input[name=username]", user)
-    page.fill("input[name=password]", hub.password)
-    page.click("input[type=submit], button[type=submit]")
-    page.wait_for_url("**/hub/**")
     page.click("a.dropdown-toggle:has-text('Services')")
     page.click(".dropdown-menu a[href$='/services/gpusched/']")
     page.wait_for_url(hub.service_url)
@@ -140,6 +113,7 @@ def _wait_for(page, script: str, arg=None):
 
 
 def _shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 

@@ -31,8 +31,9 @@ class HistorySettings(HasTraits):
         min=0.1,
         help="Seconds between two rows of the service's history (GPUs in use by tier and "
         "queue, pending GPUs by reason family, measured utilization): what the web page draws "
-        "over time (GET api/history). Shorter: finer charts, a larger table (a row is a few "
-        "hundred bytes; 60 s over 8 days is about 11,500 rows).",
+        "over time (GET api/history). Recorded at the service's poll, so at most one row a "
+        "poll_interval. Shorter: finer charts, a larger table (a row is a few hundred bytes; "
+        "60 s over 8 days is about 11,500 rows).",
     ).tag(config=True)
     history_retention_days = Float(
         8.0,

@@ -5,6 +5,8 @@ tests/test_page_browser.py."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from service_helpers import QUEUES, TOKENS, services, wait_job, wait_until
 from tornado.httpclient import AsyncHTTPClient
@@ -172,6 +174,8 @@ async def test_the_page_is_served_at_the_root_to_a_known_caller_only(service_fac
     assert (await _page(service, "?token=not-a-token-at-all")).code == 401
     # the page's own files, from the package (no CDN)
     assert "admin.js" not in html and "admin.js" in admin  # admins' sections: their code too
+    # versioned by content: a browser may keep them, and gets the new ones after an upgrade
+    assert re.search(r'src="/static/page\.js\?v=[0-9a-f]{32,}"', html), html
     for name in ("page.css", "draw.js", "admin.js", "page.js"):
         response = await _page(service, f"static/{name}")
         assert response.code == 200 and len(response.body) > 2000, name

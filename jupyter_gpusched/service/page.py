@@ -28,6 +28,7 @@ from .api_handler import APIError, APIHandler, api
 from .history import MAX_HISTORY_SPAN, visible
 
 WEB_DIR = os.path.join(os.path.dirname(__file__), "web")
+STATIC_DIR = os.path.join(WEB_DIR, "static")
 REFRESH_SECONDS = 5  # how often the page fetches the APIs again
 MAX_HISTORY_READ = 50_000  # rows read for one answer, before thinning (history.py)
 # the page's own script and styles only: no inline script, nothing from elsewhere
@@ -60,12 +61,19 @@ class PageHandler(web.RequestHandler):
             prefix=prefix,
             xsrf=_text(self.xsrf_token),
             refresh=REFRESH_SECONDS,
+            asset=lambda name: f"{prefix}static/{name}?v={_version(name)}",
         )
 
     def write_error(self, status_code, **kwargs):
         exc = kwargs.get("exc_info", (None, None))[1]
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         self.finish(f"{status_code}: {getattr(exc, 'log_message', None) or self._reason}\n")
+
+
+def _version(name: str) -> str:
+    """The file's content hash: its URL changes with the file, so a browser may keep it (the
+    static handler says so for a versioned URL) and never runs an old script after an upgrade."""
+    return web.StaticFileHandler.get_version({"static_path": STATIC_DIR}, name)
 
 
 def _text(token) -> str:
@@ -90,8 +98,7 @@ class HistoryHandler(APIHandler):
 
 def page_routes(prefix: str) -> list:
     """The page and its files, below ``prefix`` (not API routes: ``routes.ROUTES`` are)."""
-    static = os.path.join(WEB_DIR, "static")
     return [
         (prefix, PageHandler),
-        (prefix + r"static/(.*)", web.StaticFileHandler, {"path": static}),
+        (prefix + r"static/(.*)", web.StaticFileHandler, {"path": STATIC_DIR}),
     ]

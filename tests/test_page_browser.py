@@ -107,6 +107,19 @@ def _open_page(browser, hub, user: str):
     return page
 
 
+ARRAY_ROWS = """() => {
+  const reason = {family: 'policy', detail: 'queue-limit', eta: null,
+                  message: 'queue sandbox is at its limit of 4 GPUs (4 in use)'};
+  const job = (id, state, index) => ({id, state, kind: 'batch', queue: 'sandbox', tier: 2,
+    gpus: 1, gpu_fraction: 1, name: 'sweep', array_id: index === null ? null : 'a-7',
+    array_index: index, position: state === 'pending' ? index : null,
+    reason: state === 'pending' ? reason : null});
+  drawMyJobs([job('j-1', 'running', 0), job('j-2', 'pending', 1), job('j-3', 'pending', 2),
+              job('j-9', 'running', null)], []);
+  return [...document.querySelectorAll('#my-jobs tr.job')].map((row) => row.innerText);
+}"""
+
+
 def _wait_for(page, script: str, arg=None):
     """Until ``script`` (a function of ``arg``) is true in the page, as it refreshes itself."""
     page.wait_for_function(script, arg=arg, timeout=TIMEOUT_MS)
@@ -183,6 +196,12 @@ def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
     )
     text = page.locator("#estimate-answer").text_content()
     assert text.startswith(("It would", "This service cannot estimate yet")), text
+    # a job array (array_id, array_index: the contract of POST api/jobs with "array") is one
+    # row; drawn here from records of that shape, read back in the same turn of the page's loop
+    rows = page.evaluate(ARRAY_ROWS)
+    assert len(rows) == 2, rows
+    assert rows[0].startswith("a-7") and "array a-7: 3 jobs (1 running, 2 pending)" in rows[0]
+    assert "sandbox is at its limit" in rows[0] and rows[1].startswith("j-9")
     # laptop width: nothing wider than the window
     page.set_viewport_size({"width": 900, "height": 900})
     assert page.evaluate("document.documentElement.scrollWidth") <= 900

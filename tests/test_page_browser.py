@@ -120,6 +120,19 @@ ARRAY_ROWS = """() => {
 }"""
 
 
+REAPER_ROWS = """() => {
+  const event = (kind, data) => ({id: 1, time: Date.now() / 1000, kind, job_id: 'j-5',
+    user: 'alice', actor: 'reaper', node: null, message: `${kind} of j-5`, data});
+  drawReaperEvents([
+    event('reaper-cull', {samples: [{time: 1, utilization: 0.5}], timeout: 2700}),
+    event('reaper-settings', {changes: {}}),
+    event('reaper-warning', null),
+  ]);
+  return [...document.querySelectorAll('#reaper-events tr.event')].map((row) => ({
+    kind: row.cells[1].innerText, evidence: row.querySelector('pre')?.textContent || ''}));
+}"""
+
+
 def _wait_for(page, script: str, arg=None):
     """Until ``script`` (a function of ``arg``) is true in the page, as it refreshes itself."""
     page.wait_for_function(script, arg=arg, timeout=TIMEOUT_MS)
@@ -244,6 +257,11 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
         row["key"] for row in usage
     }
     _shot(page, "dashboard-admin")
+    # the reaper's warnings and culls with their evidence (events of api/events' shape; this
+    # hub runs no notebook server to cull), settings changes left out
+    shown = page.evaluate(REAPER_ROWS)
+    assert len(shown) == 2 and shown[0]["kind"] == "cull" and shown[1]["kind"] == "warning"
+    assert '"utilization": 0.5' in shown[0]["evidence"]
     # drain and resume, through the API by the browser's cookie and the page's XSRF token
     node = page.locator("#nodes-admin tr[data-node='l40s2']")
     node.locator("button.node-drain").click()

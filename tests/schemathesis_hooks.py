@@ -15,9 +15,9 @@
   refuses what a submission would) the document says JSON Schema cannot describe
   (``service/openapi.py``): a job must fit this cluster and name one of its queues and GPU
   models, ``gpus_per_node`` must divide ``gpus``, ``cwd`` must be a directory the user may enter,
-  a queue document must keep the queues, and
-  ``since`` must be before ``until``. Only those operations, only a 400 naming those fields
-  with those messages (:data:`STATE_DEPENDENT`).
+  a queue document must keep the queues, and ``since`` must be before ``until`` (for
+  ``api/history``, at most 31 days before it). Only those operations, only a 400 naming those
+  fields with those messages (:data:`STATE_DEPENDENT`).
 
 ``GPUSCHED_ADMIN_TOKEN`` (the cancelling) must be set, as for the config.
 """
@@ -57,6 +57,8 @@ STATE_DEPENDENT = {
         (None, "queues", "guaranteed", "limit", "default_queue", "user_limits", "name"), ""
     ),
     ("GET", "/api/usage"): {"since": "^'since' must be before 'until'"},
+    # and for the history, a period of at most 31 days (until is now unless given)
+    ("GET", "/api/history"): {"since": "^'since' must be before 'until'|^a period of at most "},
 }
 # what refuses a submission refuses an estimate of it
 STATE_DEPENDENT[("POST", "/api/estimate")] = STATE_DEPENDENT[("POST", "/api/jobs")]

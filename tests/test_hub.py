@@ -202,9 +202,16 @@ def test_browser_sessions_through_oauth(hub):
         "read:users:name!user=bob",
         "read:users:groups!user=bob",
     }
-    # The hub's Services menu links to the service's root: a browser is logged in there too.
+    # The hub's Services menu links to the service's root, its web page (service/page.py).
     response = session.get(hub.service_url, timeout=10)
-    assert response.status_code == 200 and response.url == hub.service_url + "api/queue"
+    assert response.status_code == 200 and response.url == hub.service_url
+    assert 'data-user="bob"' in response.text
+    # a browser with no session there is sent through the service's login and back
+    fresh = browser_login(hub, "carol")
+    response = fresh.get(hub.service_url, timeout=10, allow_redirects=False)
+    assert response.status_code == 302
+    assert response.headers["Location"] == "/services/gpusched/login?next=%2Fservices%2Fgpusched%2F"
+    assert 'data-user="carol"' in fresh.get(hub.service_url, timeout=10).text
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="jobs run as their users only as root")

@@ -9,6 +9,7 @@ be seen without long waits.
 
 from __future__ import annotations
 
+import re
 import time
 
 import hub_harness
@@ -90,7 +91,37 @@ def test_login_never_redirects_off_the_service(hub, next_url):
         hub.service_url + "login", params={"next": next_url}, timeout=10, allow_redirects=False
     )
     assert response.status_code == 302, response.text
-    assert response.headers["Location"] == "/services/gpusched/api/queue"
+    assert response.headers["Location"] == "/services/gpusched/"  # the web page
+
+
+def test_a_change_by_cookie_needs_the_pages_xsrf_token(hub):
+    """A browser's cookie reads the API; it changes something only with the XSRF token the web
+    page was given (a cross-site form has the cookie, never the token)."""
+    session = browser_login(hub, "bob")
+    page = session.get(hub.service_url, timeout=10)
+    assert page.status_code == 200, page.text
+    (xsrf,) = re.findall(r'data-xsrf="([^"]+)"', page.text)
+    job = {"command": "sleep 30", "gpus": 1}
+    for headers in ({}, {"X-XSRFToken": "not-the-token"}):
+        response = session.post(hub.service_url + "api/jobs", json=job, headers=headers, timeout=10)
+        assert response.status_code == 403, response.text
+        assert "X-XSRFToken" in response.json()["error"]
+    response = session.post(
+        hub.service_url + "api/jobs", json=job, headers={"X-XSRFToken": xsrf}, timeout=10
+    )
+    assert response.status_code == 201, response.text
+    assert response.json()["user"] == "bob"
+    job_url = hub.service_url + f"api/jobs/{response.json()['id']}"
+    assert session.delete(job_url, timeout=10).status_code == 403  # no token: refused
+    response = session.delete(job_url, headers={"X-XSRFToken": xsrf}, timeout=10)
+    assert response.status_code == 200, response.text
+    # another user's session cannot use bob's token
+    other = browser_login(hub, "carol")
+    other.get(hub.service_url, timeout=10)
+    response = other.post(
+        hub.service_url + "api/jobs", json=job, headers={"X-XSRFToken": xsrf}, timeout=10
+    )
+    assert response.status_code == 403, response.text
 
 
 def test_a_revoked_token_stops_working_within_the_cache_age(hub):

@@ -28,21 +28,14 @@ from pathlib import Path
 import hub_harness
 import pytest
 import requests
+from browser_helpers import TIMEOUT_MS, browser_fixture, log_in, sync_api  # noqa: F401
 
-CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "test-output" / "lab-browser"
 BUILT = ROOT / "jupyter_gpusched" / "labextension" / "package.json"
 USER = "alice"
 ADMIN = "admin"  # hub_config's demo admin: role gpusched-admin, an admin of the scheduler
-TIMEOUT_MS = 60_000
 
-if not CHROMIUM.exists():
-    pytest.skip(
-        "/usr/bin/chromium is missing: run scripts/install-system.sh (apt-get install chromium)",
-        allow_module_level=True,
-    )
-sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (test extra)")
 if not BUILT.exists():
     pytest.skip("the lab extension is not built: run `make labextension`", allow_module_level=True)
 
@@ -83,20 +76,8 @@ def lab_hub():
     del hub
 
 
-@pytest.fixture
-def browser():
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"]
-        )
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
 def _shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"))
 
 
@@ -116,15 +97,7 @@ def _toast(page, text: str):
     return page.locator(".jp-toast-message", has_text=text)
 
 
-def _log_in(browser, hub, user: str):
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("input[name=username]", user)
-    page.fill("input[name=password]", hub.password)
-    page.click("input[type=submit], button[type=submit]")
-    page.wait_for_url("**/hub/**")
-    return page
+_log_in = log_in  # (test_queued_stop_browser.py imports it from here)
 
 
 # Every visible element of the panel whose content is wider than its box, or that reaches past

@@ -17,7 +17,7 @@ from test_lab_browser import (  # noqa: F401 (fixtures)
     TIMEOUT_MS,
     _log_in,
     _shot,
-    browser,
+    browser_fixture,
     lab_hub,
     sync_api,
 )

@@ -255,10 +255,12 @@ async def test_a_job_without_a_queue_lands_in_the_team_queue_and_me_lists_the_qu
     job = await submit(alice, h100(3))
     assert (job["queue"], job["state"]) == ("team", "running")  # small's limit is 2
     _, me = await alice.get("api/me")
+    shares = [q.pop("fair_share") for q in me["queues"]]  # test_history.py checks these
     assert me["queues"] == [
         {"path": "small", "in_use": 0, "guaranteed": 0, "limit": 2, "default": False},
         {"path": "team", "in_use": 3, "guaranteed": 12, "limit": 24, "default": True},
     ]
+    assert all(share is None or share["rank"] >= 1 for share in shares)
     _, carol = await service.client("carol").get("api/me")
     assert [(q["path"], q["default"]) for q in carol["queues"]] == [("private", True)]
 

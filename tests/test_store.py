@@ -335,7 +335,9 @@ def test_upgrade_creates_everything_once(db_url):
             "allocations",
             "settings",
             "events",
+            "history",
         }
+        assert {ix["name"] for ix in inspector.get_indexes("history")} == {"ix_history_time"}
         assert {ix["name"] for ix in inspector.get_indexes("events")} == {
             "ix_events_time",
             "ix_events_job_id",

@@ -80,6 +80,12 @@ def test_the_wheel_holds_the_lab_extension_and_the_server_config(dist):
     assert f"{LAB}static/style.js" in names
     assert any(n.startswith(f"{LAB}static/remoteEntry.") for n in names)
     assert '"jupyter_gpusched.notebook.serverext": true' in config
+    # the service's web page: its template, script and style sheet (service/page.py)
+    for asset in (
+        "page.html",
+        *(f"static/{n}" for n in ("page.css", "draw.js", "admin.js", "page.js")),
+    ):
+        assert f"jupyter_gpusched/service/web/{asset}" in names, asset
     # shipped once, as data, not also as a Python subpackage
     assert not any(n.startswith("jupyter_gpusched/labextension/") for n in names)
 

@@ -52,3 +52,13 @@ def _walk(queue: Queue, key: tuple, usage: dict[str, float], out: list) -> None:
 
     for child in queue.children:
         _walk(child, (*key, -level(child)), usage, out)
+
+
+def fair_share_rank(factors: dict[str, float], path: str) -> tuple[int, int] | None:
+    """Where the leaf queue ``path`` stands in the fair-share order: (rank, out of), 1 = goes
+    first; leaves with equal factors share a rank. None before the factors are computed (or
+    for a queue they do not cover)."""
+    if path not in factors:
+        return None
+    distinct = sorted(set(factors.values()), reverse=True)
+    return distinct.index(factors[path]) + 1, len(distinct)

@@ -151,14 +151,7 @@ class UsageHandler(APIHandler):
         by = self.get_argument("by", "queue")
         if by not in USAGE_KEYS:
             raise APIError(400, f"'by' must be one of {', '.join(USAGE_KEYS)}", "by")
-        now = self.live.clock()
-        # usage ends now: a later 'until' would count running jobs as running until then
-        until = min(self.number("until", now), now)
-        since = self.number("since", until - 30 * 86400)
-        if since >= until:
-            raise APIError(
-                400, "'since' must be before 'until' (or now, if that is earlier)", "since"
-            )
+        since, until = self.period(30 * 86400)
         rows = self.live.store.usage(since, until, by=by)
         if by == "user" and not self.admin:
             rows = [r for r in rows if r["key"] == self.identity.name]

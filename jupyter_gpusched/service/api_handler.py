@@ -101,9 +101,9 @@ class APIHandler(web.RequestHandler):
         return self.settings["gpusched_live"]
 
     def check_xsrf_cookie(self):
-        """Writes must be token-authenticated (checked in identify_caller): a cross-site form
-        can send a user's cookie but cannot set an Authorization header, so no XSRF cookie is
-        needed."""
+        """Not here, before the caller is known: identify_caller lets a change through with a
+        header token (which a cross-site form cannot set), or with the browser's cookie only
+        when it carries the web page's XSRF token (``Auth.cookie_write_allowed``)."""
 
     # -- the body ------------------------------------------------------------------------------
     @property
@@ -157,16 +157,17 @@ class APIHandler(web.RequestHandler):
         self.identity = await self.settings["gpusched_auth"].identify(self)
         if self.identity is None:
             raise APIError(401, "not authenticated: send 'Authorization: token <hub API token>'")
-        if (
-            self.request.method not in ("GET", "HEAD")
-            and not self.reads_only
-            and (
-                "Authorization" not in self.request.headers
-                # the hub may have identified the caller by cookie after a bad header token
-                or not getattr(self, "_token_authenticated", False)
+        if self.request.method in ("GET", "HEAD") or self.reads_only:
+            return
+        by_token = "Authorization" in self.request.headers and getattr(
+            self, "_token_authenticated", False
+        )  # the hub may have identified the caller by cookie after a bad header token
+        if not by_token and not self.settings["gpusched_auth"].cookie_write_allowed(self):
+            raise APIError(
+                403,
+                "changes need a token in the Authorization header (or, from the service's web "
+                "page, its XSRF token in X-XSRFToken)",
             )
-        ):
-            raise APIError(403, "changes need a token in the Authorization header")
 
     @property
     def admin(self) -> bool:
@@ -211,6 +212,19 @@ class APIHandler(web.RequestHandler):
         if not math.isfinite(number):
             raise APIError(400, f"'{name}' must be a number", name)
         return number
+
+    def period(self, default_span: float) -> tuple[float, float]:
+        """``since`` and ``until`` query arguments (epoch seconds): ``until`` at most now (a
+        later one would count running jobs as running until then), ``since`` by default
+        ``default_span`` seconds before it; 400 unless ``since`` is before ``until``."""
+        now = self.live.clock()
+        until = min(self.number("until", now), now)
+        since = self.number("since", until - default_span)
+        if since >= until:
+            raise APIError(
+                400, "'since' must be before 'until' (or now, if that is earlier)", "since"
+            )
+        return since, until
 
     def whole(self, name: str, default: int, minimum: int = 0, maximum: int = MAX_WHOLE) -> int:
         """A whole-number query argument from ``minimum`` to ``maximum`` (default: what a

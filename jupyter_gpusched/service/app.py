@@ -41,6 +41,7 @@ from .auth import HubAuthenticated, TokenFileAuth
 from .exit_stop import stop_everything
 from .gpu_sampling import GPUSampler, LocalSource, local_telemetries
 from .gpu_sources import GPUSourceSettings
+from .history import History, HistorySettings
 from .hub_activity import HubActivity
 from .hubclient import HubClient
 from .live import LiveScheduler
@@ -55,8 +56,9 @@ from .routes import web_app
 from .store import Store, sqlite_file
 
 
-# the settings of notebook servers: notebook_settings.py; of GPU sources: gpu_sources.py
-class GPUSchedService(NotebookServerSettings, GPUSourceSettings, Application):
+# the settings of notebook servers: notebook_settings.py; of GPU sources: gpu_sources.py; of
+# the history: history.py
+class GPUSchedService(NotebookServerSettings, GPUSourceSettings, HistorySettings, Application):
     name = "jupyter-gpusched-serve"
     description = "The GPU scheduler service: queue, engine, launcher and REST API."
     # Configurables the service creates: listed so that --help-all shows them and config and
@@ -262,6 +264,7 @@ class GPUSchedService(NotebookServerSettings, GPUSourceSettings, Application):
             hub_activity=None if hub is None else HubActivity(live, self.hub_activity_interval),
             node_sync=self._node_sync(live) if slurm else None,
             rogue_watch=self._rogue_watch(live, telemetries),
+            history=History(live, self.history_interval, self.history_retention_days),
         )
         counts = recover(live)
         self.log.info("recovered from the database: %s", counts)

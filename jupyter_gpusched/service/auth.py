@@ -49,6 +49,16 @@ class Auth(LoggingConfigurable):
         """Extra routes this method needs (the OAuth callback)."""
         return []
 
+    def login_url(self, prefix: str) -> str | None:
+        """Where a browser without a session is sent to log in and come back to the web page
+        at ``prefix`` (None: this method has no browser login)."""
+        return None
+
+    def cookie_write_allowed(self, handler) -> bool:
+        """Whether a change (POST, PUT, DELETE) that came with the browser's cookie rather than
+        a header token may go ahead: only with the XSRF token of the service's web page."""
+        return False
+
 
 class HubAuthenticated(Auth):
     admin_scope = Unicode(
@@ -106,14 +116,28 @@ class HubAuthenticated(Auth):
         return [
             (path, CallbackHandler, shared),
             (prefix + "login", LoginHandler, {**shared, "prefix": prefix}),
-            (prefix, LoginHandler, {**shared, "prefix": prefix}),  # the hub's Services link
         ]
+
+    def login_url(self, prefix: str) -> str | None:
+        return url_concat(prefix + "login", {"next": prefix})
+
+    def cookie_write_allowed(self, handler) -> bool:
+        """The hub's XSRF check (jupyterhub.services.auth.HubOAuth): the ``X-XSRFToken``
+        header (or ``_xsrf`` argument) must be the token the web page was given, which is
+        bound to this browser's OAuth session; a cross-site form cannot read it."""
+        try:
+            self.hub_auth.check_xsrf_cookie(handler)
+        except web.HTTPError as exc:
+            self.log.info("refused a change by cookie: %s", exc.log_message)
+            return False
+        return True
 
 
 class LoginHandler(web.RequestHandler):
     """``GET <prefix>login?next=<path under prefix>``: log a browser in through the hub (OAuth),
-    then go to ``next`` (default: ``<prefix>api/queue``). Also at ``<prefix>`` itself, where the
-    hub's Services menu points. The API itself answers 401 rather than redirecting."""
+    then go to ``next`` (default: ``<prefix>``, the web page, where the hub's Services menu
+    points; the page sends a browser without a session here). The API itself answers 401
+    rather than redirecting."""
 
     def initialize(self, hub_auth, prefix: str):
         self.hub_auth, self.prefix = hub_auth, prefix
@@ -121,7 +145,7 @@ class LoginHandler(web.RequestHandler):
     async def get(self):
         next_url = stay_under(self.get_argument("next", ""), self.prefix)
         if next_url is None:
-            next_url = self.prefix + "api/queue"  # never redirect off the service
+            next_url = self.prefix  # the web page; never redirect off the service
         if await self.hub_auth.get_user(self, sync=False):
             self.redirect(next_url)
             return

@@ -13,6 +13,7 @@ import re
 
 from tornado import web
 
+from ..core.fairshare import fair_share_rank
 from ..core.jobs import JobState
 from .api_handler import APIError, APIHandler, api
 from .arrays import cancel_array, unfinished_elements
@@ -40,12 +41,14 @@ class MeHandler(APIHandler):
     ``groups``): the JupyterLab panel shows the admin-only parts (reaper settings) from it;
     ``queues``: the leaf queues the caller may submit to, with the GPUs in use there, the
     guarantee and the limit, ``default`` marking the one a job without a queue goes to (the
-    spawn form lists them)."""
+    spawn form lists them), and ``fair_share``: where the queue stands in the fair-share order
+    (``rank`` 1 goes first, ``of`` ranks, its ``factor``; the web page shows it)."""
 
     @api
     def get(self):
         who = self.identity
-        tree = self.live.engine.tree
+        engine = self.live.engine
+        tree, factors = engine.tree, engine.priorities.factors
         default = tree.default_for(who.name, who.groups)
         queues = [
             {
@@ -54,12 +57,20 @@ class MeHandler(APIHandler):
                 "guaranteed": queue.guaranteed,
                 "limit": None if queue.limit == float("inf") else queue.limit,
                 "default": queue is default,
+                "fair_share": _fair_share(factors, queue.path),
             }
             for queue in sorted(tree.queues_for(who.name, who.groups), key=lambda q: q.path)
         ]
         self.send(
             {"name": who.name, "admin": who.admin, "groups": sorted(who.groups), "queues": queues}
         )
+
+
+def _fair_share(factors: dict, path: str) -> dict | None:
+    rank = fair_share_rank(factors, path)
+    if rank is None:
+        return None
+    return {"rank": rank[0], "of": rank[1], "factor": round(factors[path], 4)}
 
 
 class ClusterHandler(APIHandler):

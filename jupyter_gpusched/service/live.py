@@ -87,8 +87,11 @@ class LiveScheduler:
         self.rogue_watch = None  # checks for rogue GPU processes (service/rogue.py)
         self.hub_activity = None  # the hub's last_activity of servers (hub_activity.py)
         self.node_sync = None  # Slurm's node states into the engine (backends/slurm/inventory.py)
+        self.history = None
 
-    def attach(self, *, reaper=None, hub_activity=None, node_sync=None, rogue_watch=None):
+    def attach(
+        self, *, reaper=None, hub_activity=None, node_sync=None, rogue_watch=None, history=None
+    ):
         """The second step of building (app.py, once): the parts that are given the live
         scheduler when they are made, so cannot be its constructor's arguments; poll() ticks
         them (node_sync first)."""
@@ -96,6 +99,7 @@ class LiveScheduler:
         self.hub_activity = hub_activity
         self.node_sync = node_sync
         self.rogue_watch = rogue_watch
+        self.history = history  # the cluster over time (service/history.py)
 
     # -- what users and admins do ------------------------------------------------------------
     def submit(self, who: Identity, request: JobRequest) -> Job:
@@ -269,18 +273,11 @@ class LiveScheduler:
                 continue
             if result is not None:
                 self.process_exited(job_id, self.engine.jobs[job_id].runs, result)
-        if self.reaper is not None:
-            try:
-                self.reaper.tick()
-            except Exception:
-                log.exception("the reaper failed")
+        _tick(self.reaper, "the reaper")
         if self.hub_activity is not None:
             self.hub_activity.tick()  # (reads in a task of its own, which logs its failures)
-        if self.rogue_watch is not None:
-            try:
-                self.rogue_watch.tick()
-            except Exception:
-                log.exception("checking for rogue GPU processes failed")
+        _tick(self.rogue_watch, "checking for rogue GPU processes")
+        _tick(self.history, "recording the history")
         self.run_pass()
 
     def process_exited(self, job_id: str, run: int, result: Exit) -> None:
@@ -395,3 +392,14 @@ class LiveScheduler:
         if job is None or extra is None:
             return self.store.get_job(job_id)
         return row_for(job, extra)
+
+
+def _tick(part, what: str) -> None:
+    """``part.tick()`` (if there is the part), its failure logged: one part failing stops
+    neither the others nor the scheduling pass after them."""
+    if part is None:
+        return
+    try:
+        part.tick()
+    except Exception:
+        log.exception("%s failed", what)

@@ -1,6 +1,6 @@
 """The scheduler service's database schema, as SQLAlchemy 2 declarative models.
 
-Four tables hold everything that must survive a crash of the service:
+Five tables hold everything that must survive a crash of the service:
 
 ``jobs``
     One row per job: the request (user, queue, tier, GPUs, ...) and where the scheduler has got
@@ -13,6 +13,9 @@ Four tables hold everything that must survive a crash of the service:
     Key -> JSON value: quota overrides, reaper settings, per-user limits, drained nodes, ...
 ``events``
     The audit log: who did what to which job or node, and when.
+``history``
+    The cluster every ``history_interval`` seconds (GPUs by tier and queue, pending GPUs by
+    reason family, measured utilization: core/history.py), kept ``history_retention_days``.
 
 Times are float epoch seconds (``time.time()``) throughout. JSON columns hold plain Python
 objects (lists, dicts); SQL NULL stands for None (``none_as_null``), never the JSON ``null``.
@@ -188,10 +191,24 @@ class Event(Base):
     )
 
 
+class HistoryRow(Base):
+    """One moment of the cluster (the row of core/history.py's ``snapshot``, less its
+    ``time``, in ``data``): what the web page draws over time."""
+
+    __tablename__ = "history"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    time: Mapped[float] = mapped_column(sa.Double)
+    data: Mapped[dict[str, Any]] = mapped_column(sa.JSON)  # never NULL
+
+    __table_args__ = (sa.Index("ix_history_time", "time"),)
+
+
 jobs_table: sa.Table = Job.__table__  # type: ignore[assignment]
 allocations_table: sa.Table = Allocation.__table__  # type: ignore[assignment]
 settings_table: sa.Table = Setting.__table__  # type: ignore[assignment]
 events_table: sa.Table = Event.__table__  # type: ignore[assignment]
+history_table: sa.Table = HistoryRow.__table__  # type: ignore[assignment]
 
 
 class RowShape:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 
 from .openapi_arrays import ARRAY_ID, JOB_ARRAY, SUBMIT_REQUEST, SUBMITTED
+from .openapi_history import HISTORY_SCHEMAS, history_paths
 from .openapi_requests import (
     JOB_ID,
     JOB_REQUEST,  # one job's body (POST api/estimate; POST api/jobs takes SUBMIT_REQUEST)
@@ -60,8 +61,9 @@ SECURITY_SCHEMES = {
         "in": "cookie",
         "name": "jupyterhub-services-gpusched",
         "description": "The hub's OAuth cookie of a browser session (<prefix>login starts "
-        "one). Reads only (and estimateJob): every change needs a token in the Authorization "
-        "header.",
+        "one). Reads only (and estimateJob) need no more; every change needs a token in the "
+        "Authorization header, or, from the service's web page, the page's XSRF token in the "
+        "X-XSRFToken header.",
     },
 }
 
@@ -69,7 +71,7 @@ _WHY = {
     "400": "bad input: the field and what to fix",
     "401": "no valid hub token (or cookie)",
     "403": "not allowed: no access to this service, not an admin of the scheduler, or a "
-    "change without a token in the Authorization header",
+    "change without a token in the Authorization header (or the web page's XSRF token)",
     "404": "no such job of yours (another user's job is answered like an unknown one), node "
     "or route",
     "405": "this method is not one of the path's (the Allow header lists them)",
@@ -396,6 +398,9 @@ PATHS = {
 }
 
 
+PATHS.update(history_paths(_op, _TIME))  # the web page's time series (openapi_history.py)
+
+
 def openapi_document(prefix: str = "/") -> dict:
     return {
         "openapi": "3.1.0",
@@ -408,11 +413,14 @@ def openapi_document(prefix: str = "/") -> dict:
         "servers": [{"url": prefix.rstrip("/") or "/"}],
         "paths": copy.deepcopy(PATHS),
         "components": {
-            "schemas": {
-                **copy.deepcopy(SCHEMAS),
-                "QueueSettings": copy.deepcopy(QUEUE_SETTINGS),
-                "JobArray": copy.deepcopy(JOB_ARRAY),
-            },
+            "schemas": copy.deepcopy(
+                {
+                    **SCHEMAS,
+                    **HISTORY_SCHEMAS,
+                    "QueueSettings": QUEUE_SETTINGS,
+                    "JobArray": JOB_ARRAY,
+                }
+            ),
             "securitySchemes": copy.deepcopy(SECURITY_SCHEMES),
         },
     }

@@ -240,6 +240,15 @@ SESSION = strict(
         "measured_by": nullable("string"),
         "last_measured": nullable("number"),
         "last_sample": {"type": ["object", "null"]},
+        "utilization_history": {
+            "type": "array",
+            "items": {
+                "type": "array",
+                "prefixItems": [NUMBER, nullable("number")],
+                "minItems": 2,
+                "maxItems": 2,
+            },
+        },
         "unmonitored_since": nullable("number"),
         "unmonitored_reason": nullable("string"),
         "kernels": {"type": "object"},  # the monitor's latest report: kernel attribution
@@ -284,6 +293,16 @@ SCHEMAS = {
                         "guaranteed": NUMBER,
                         "limit": nullable("number"),
                         "default": BOOLEAN,
+                        # rank 1 goes first in the fair-share order; null before it is computed
+                        "fair_share": nullable(
+                            strict(
+                                {
+                                    "rank": {"type": "integer", "minimum": 1},
+                                    "of": {"type": "integer", "minimum": 1},
+                                    "factor": {"type": "number", "minimum": 0, "maximum": 1},
+                                }
+                            )
+                        ),
                     }
                 ),
             },

@@ -74,6 +74,7 @@ from .profile_claims import profile_shapes as profile_shapes_of
 from .reaper_actions import ReaperActions
 from .reaper_measure import measure, take_report
 from .reaper_requests import validate, with_profile_idle_timeouts
+from .records import utilization_series
 from .requests import RequestError, quote
 
 log = logging.getLogger("jupyter_gpusched.service")
@@ -222,6 +223,8 @@ class Reaper:
             "measured_by": session.measured_by,
             "last_measured": session.last_measured,
             "last_sample": session.samples[-1] if session.samples else None,
+            # the recent measurements (the web page's sparkline): [time, percent or None]
+            "utilization_history": utilization_series(session.samples, session.gpus),
             "unmonitored_since": session.unmonitored_since(settings) if lost else None,
             "unmonitored_reason": session.unmonitored_reason if lost else None,
             "kernels": session.kernels,

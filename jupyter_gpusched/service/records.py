@@ -253,3 +253,13 @@ def utilization_view(sample: dict | None, gpus: float) -> dict | None:
         "measured_at": sample.get("time"),
         "devices": devices,
     }
+
+
+def utilization_series(samples, gpus: float) -> list[list]:
+    """``[time, percent]`` of each of a server's kept samples (oldest first; percent as
+    :func:`utilization_view` reads it, None where a sample has no figure)."""
+    series = []
+    for sample in samples:
+        view = utilization_view(sample, gpus)
+        series.append([sample.get("time"), view["percent"] if view else None])
+    return [point for point in series if point[0] is not None]

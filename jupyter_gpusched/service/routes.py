@@ -16,6 +16,7 @@ from tornado import web
 from . import admin_handlers as admin
 from . import handlers as user
 from .api_handler import APIHandler
+from .page import WEB_DIR, HistoryHandler, page_routes
 from .reaper_handlers import ReaperHandler, UsageSamplesHandler
 
 _JOB = r"(?P<job_id>j-[0-9]+)"
@@ -52,6 +53,7 @@ ROUTES = [
     (r"api/reaper", ReaperHandler),
     (r"api/usage-samples", UsageSamplesHandler),
     (r"api/rogue-processes", admin.RogueProcessesHandler),
+    (r"api/history", HistoryHandler),
     (r"api/openapi.json", admin.OpenAPIHandler),
     (r"metrics", MetricsHandler),
 ]
@@ -69,7 +71,7 @@ def web_app(
 ) -> web.Application:
     """The routes below ``prefix`` (which ends with /), and those ``auth`` needs."""
     routes = [(prefix + pattern, handler) for pattern, handler in ROUTES]
-    routes += auth.handlers(prefix)
+    routes += auth.handlers(prefix) + page_routes(prefix)  # the web page at the prefix itself
     return web.Application(
         routes,
         gpusched_live=live,
@@ -79,6 +81,7 @@ def web_app(
         gpusched_prefix=prefix,
         gpusched_authenticate_metrics=authenticate_metrics,
         gpusched_max_body_bytes=max_body_bytes,
+        template_path=WEB_DIR,
         default_handler_class=user.NotFoundHandler,
         cookie_secret=os.urandom(32),
         log_function=_log_request,

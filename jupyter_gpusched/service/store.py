@@ -48,6 +48,7 @@ from jupyter_gpusched.service.models import (
     JOB_ROW,
     allocations_table,
     events_table,
+    history_table,
     jobs_table,
     settings_table,
 )
@@ -331,6 +332,31 @@ class Store:
             query = query.where(e.c.id < before_id)
         with self.engine.connect() as conn:
             return [dict(row) for row in conn.execute(query).mappings()]
+
+    # -- history (core/history.py's rows) -------------------------------------------------------
+
+    def add_history(self, row: dict[str, Any], keep_after: float) -> None:
+        """Record one history row (its ``time`` and the rest as data) and drop the rows from
+        before ``keep_after`` (the retention), in one transaction."""
+        h = history_table
+        data = {key: value for key, value in row.items() if key != "time"}
+        with self.engine.begin() as conn:
+            conn.execute(h.insert().values(time=row["time"], data=data))
+            conn.execute(h.delete().where(h.c.time < keep_after))
+
+    def history(self, since: float, until: float, limit: int) -> list[dict[str, Any]]:
+        """History rows with ``time`` in ``[since, until]``, oldest first: the newest
+        ``limit`` of them when there are more."""
+        h = history_table
+        query = (
+            sa.select(h.c.time, h.c.data)
+            .where(h.c.time >= since, h.c.time <= until)
+            .order_by(h.c.time.desc())
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [{"time": time_, **data} for time_, data in reversed(rows)]
 
 
 def _about(row: dict[str, Any]) -> dict[str, Any]:

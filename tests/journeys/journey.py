@@ -106,14 +106,10 @@ def demo():
 
 @pytest.fixture(scope="module")
 def chromium():
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"]
-        )
-        try:
-            yield browser
-        finally:
-            browser.close()
+    from browser_helpers import launched_chromium  # here: a module without Chromium skips first
+
+    with launched_chromium() as browser:
+        yield browser
 
 
 class People:

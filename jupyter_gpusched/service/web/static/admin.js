@@ -1,0 +1,176 @@
+// The scheduler's web page (service/page.py): the sections for scheduler admins only (the page
+// loads this file only for them): waiting GPUs by reason, per-queue use, showback, the reaper's
+// events, node drains and the reaper settings. page.js calls these at each refresh.
+'use strict';
+
+function drawWaiting(history) {
+  const families = Object.keys(FAMILY_WORDS).map((family) => ({
+    key: family,
+    label: FAMILY_WORDS[family],
+    colour: FAMILY_COLOURS[family],
+    value: (row) => row.pending[family] || 0,
+    extra: `, ${history.waited_gpu_hours[family].toFixed(2)} GPU-hours waited`,
+  }));
+  fill('waiting', timeChart(history.rows, families, { until: history.until, unit: 'GPUs waiting' }));
+}
+
+function drawQueueHistory(history) {
+  const names = new Set();
+  history.rows.forEach((row) => Object.keys(row.queues).forEach((q) => names.add(q)));
+  const series = [...names].sort().map((q, i) => ({
+    key: q.replace(/[^A-Za-z0-9_-]/g, '_'),
+    label: q,
+    colour: SERIES_COLOURS[i % SERIES_COLOURS.length],
+    value: (row) => row.queues[q] || 0,
+  }));
+  if (!series.length) return fill('queue-history', el('p', { class: 'empty', text: 'No queue has run anything in this period.' }));
+  fill('queue-history', timeChart(history.rows, series, { stacked: false, until: history.until }));
+}
+
+function usageTable(title, rows, withCost) {
+  const top = Math.max(1e-9, ...rows.map((r) => r.gpu_hours));
+  return el(
+    'div',
+    { class: 'showback', 'data-by': title },
+    el('h3', { text: `by ${title}` }),
+    rows.length
+      ? el(
+          'table',
+          {},
+          el('thead', {}, el('tr', {}, [title, 'GPU-hours', '', withCost ? 'cost' : null].filter(Boolean).map((h) => el('th', { text: h })))),
+          el(
+            'tbody',
+            {},
+            rows.map((r) =>
+              el(
+                'tr',
+                { 'data-key': r.key, 'data-gpu-hours': r.gpu_hours },
+                el('td', { text: r.key }),
+                el('td', { class: 'num', text: r.gpu_hours.toFixed(2) }),
+                el('td', {}, quotaBar(r.gpu_hours, null, top)),
+                withCost ? el('td', { class: 'num', text: r.cost === null || r.cost === undefined ? 'no price' : r.cost.toFixed(2) }) : null,
+              ),
+            ),
+          ),
+        )
+      : el('p', { class: 'empty', text: 'nothing used' }),
+  );
+}
+
+function drawShowback(byQueue, byUser, byModel) {
+  const priced = byModel.usage.some((r) => 'cost' in r);
+  fill('showback', el('div', { class: 'showback-grid' }, usageTable('queue', byQueue.usage, false), usageTable('user', byUser.usage, false), usageTable('gpu_model', byModel.usage, priced)));
+}
+
+function drawReaperEvents(events) {
+  const wanted = events.filter((e) => e.kind.startsWith('reaper-') && e.kind !== 'reaper-settings').slice(0, 30);
+  if (!wanted.length) return fill('reaper-events', el('p', { class: 'empty', text: 'No warnings or culls recently.' }));
+  fill(
+    'reaper-events',
+    el(
+      'table',
+      {},
+      el('thead', {}, el('tr', {}, ['when', 'what', 'job', 'user', 'message', 'evidence'].map((h) => el('th', { text: h })))),
+      el(
+        'tbody',
+        {},
+        wanted.map((e) =>
+          el(
+            'tr',
+            { class: `event ${e.kind}` },
+            el('td', { text: new Date(e.time * 1000).toLocaleString() }),
+            el('td', { text: e.kind.replace('reaper-', '') }),
+            el('td', { text: e.job_id || '' }),
+            el('td', { text: e.user || '' }),
+            el('td', { class: 'reason', text: e.message }),
+            el('td', {}, e.data ? el('details', {}, el('summary', { text: 'samples, settings' }), el('pre', { text: JSON.stringify(e.data, null, 1) })) : ''),
+          ),
+        ),
+      ),
+    ),
+  );
+}
+
+function drawNodesAdmin(cluster) {
+  fill(
+    'nodes-admin',
+    el(
+      'table',
+      {},
+      el('tbody', {}, cluster.nodes.map((node) => {
+        const drained = node.state === 'drain' || node.state === 'draining' || node.state === 'down';
+        const action = drained ? 'resume' : 'drain';
+        return el(
+          'tr',
+          { 'data-node': node.name, 'data-state': node.state },
+          el('td', { text: node.name }),
+          el('td', { text: node.state }),
+          el('td', {}, el('button', { type: 'button', class: `node-${action}`, text: action, onclick: () => nodeAction(node.name, action) })),
+        );
+      })),
+    ),
+  );
+}
+
+async function nodeAction(name, action) {
+  try {
+    await api(`api/nodes/${encodeURIComponent(name)}/${action}`, { method: 'POST' });
+    refresh();
+  } catch (error) {
+    showStatus(`${action} ${name}: ${error.message}`);
+  }
+}
+
+const REAPER_FIELDS = [
+  ['enabled', 'checkbox', 'on'],
+  ['idle_threshold', 'number', 'idle below (%)'],
+  ['warning_lead', 'text', 'warning lead (s or 10m)'],
+  ['timeout_tier_1', 'text', 'timeout, tier 1'],
+  ['timeout_tier_2', 'text', 'timeout, tier 2'],
+  ['timeout_tier_3', 'text', 'timeout, tier 3'],
+  ['max_lifetime', 'text', 'max lifetime'],
+];
+let reaperFormFilled = false;
+
+function drawReaperForm(reaper) {
+  if (reaperFormFilled) return; // keep what the admin is typing across refreshes
+  reaperFormFilled = true;
+  const form = document.getElementById('reaper-form');
+  const settings = reaper.settings;
+  form.replaceChildren(
+    ...REAPER_FIELDS.map(([name, type, label]) => {
+      const value = settings[name];
+      const input = el('input', { name, type, size: 8 });
+      if (type === 'checkbox') input.checked = Boolean(value);
+      else input.value = value === null || value === undefined ? '' : value;
+      return el('label', {}, label, input);
+    }),
+    el('button', { type: 'submit', text: 'Save' }),
+  );
+}
+
+async function saveReaper(event) {
+  event.preventDefault();
+  const form = event.target;
+  const answer = document.getElementById('reaper-answer');
+  const changes = {};
+  for (const [name, type] of REAPER_FIELDS) {
+    const input = form.elements[name];
+    if (type === 'checkbox') changes[name] = input.checked;
+    else if (input.value.trim() === '') changes[name] = name.startsWith('timeout') || name === 'max_lifetime' ? null : undefined;
+    else changes[name] = Number.isFinite(Number(input.value)) ? Number(input.value) : input.value.trim();
+  }
+  Object.keys(changes).forEach((k) => changes[k] === undefined && delete changes[k]);
+  try {
+    const saved = await api('api/reaper', { method: 'PUT', json: changes });
+    reaperFormFilled = false;
+    drawReaperForm(saved); // the settings now in force
+    answer.className = 'answer';
+    answer.textContent = 'Saved.';
+  } catch (error) {
+    answer.className = 'answer error';
+    answer.textContent = `Not saved: ${error.message}`;
+  }
+}
+
+// -- "when would I start?" (POST api/estimate: the fields of POST api/jobs) ---------------------

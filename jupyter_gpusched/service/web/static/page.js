@@ -1,0 +1,303 @@
+// The scheduler's web page (service/page.py): fetch the JSON APIs every few seconds and draw
+// each section (with draw.js; admins' sections in admin.js). Hand-written, shipped as is: no
+// build step. Loaded last, after draw.js (and admin.js): it starts the refresh loop.
+'use strict';
+
+const body = document.body;
+const PREFIX = body.dataset.prefix;
+const ME = body.dataset.user;
+const ADMIN = body.dataset.admin === 'true';
+const REFRESH_MS = Number(body.dataset.refresh || 5) * 1000;
+const XSRF = body.dataset.xsrf;
+// standalone (a token file, no hub): the page was opened with ?token=...
+const TOKEN = new URLSearchParams(location.search).get('token');
+
+// -- talking to the service ---------------------------------------------------------------------
+async function api(path, options = {}) {
+  const headers = { Accept: 'application/json', ...(options.headers || {}) };
+  if (TOKEN) headers.Authorization = `token ${TOKEN}`;
+  if (options.method && options.method !== 'GET') headers['X-XSRFToken'] = XSRF;
+  if (options.json !== undefined) {
+    headers['Content-Type'] = 'application/json';
+    options = { ...options, body: JSON.stringify(options.json) };
+  }
+  const response = await fetch(PREFIX + path, { ...options, headers, credentials: 'same-origin' });
+  let data = null;
+  try {
+    data = await response.json();
+  } catch (e) {
+    data = null;
+  }
+  if (!response.ok) {
+    const error = new Error((data && data.error) || `${response.status} ${response.statusText}`);
+    error.status = response.status;
+    error.field = data && data.field;
+    throw error;
+  }
+  return data;
+}
+
+// -- the sections --------------------------------------------------------------------------------
+function groupArrays(jobs) {
+  // one row per array (the contract's array_id / array_index), the others as they are
+  const out = [];
+  const arrays = new Map();
+  for (const job of jobs) {
+    if (!job.array_id) {
+      out.push({ job, members: [job] });
+      continue;
+    }
+    let group = arrays.get(job.array_id);
+    if (!group) {
+      group = { job, members: [] };
+      arrays.set(job.array_id, group);
+      out.push(group);
+    }
+    group.members.push(job);
+  }
+  return out;
+}
+
+function drawMyJobs(jobs, sessions) {
+  const spark = new Map(sessions.map((s) => [s.job_id, s.utilization_history || []]));
+  if (!jobs.length) return fill('my-jobs', el('p', { class: 'empty', text: 'No pending or running jobs or servers.' }));
+  const rows = groupArrays(jobs).map(({ job, members }) => {
+    const isArray = members.length > 1 || job.array_id;
+    const running = members.filter((m) => m.state === 'running').length;
+    const what = isArray
+      ? `array ${job.array_id}: ${members.length} jobs (${running} running, ${members.length - running} pending)`
+      : job.name || job.command || job.notebook || job.kind;
+    const state = isArray ? (running ? 'running' : 'pending') : job.state;
+    const waiting = members.find((m) => m.state === 'pending');
+    const notebookGPUs = job.kind === 'notebook' && job.gpus > 0 && job.state === 'running';
+    return el(
+      'tr',
+      { class: `job ${state}`, 'data-id': job.id, 'data-array': job.array_id || null },
+      el('td', { text: isArray ? job.array_id : job.id }),
+      el('td', { text: job.kind === 'notebook' && !isArray ? job.name || 'notebook server' : what }),
+      el('td', { text: state }),
+      el('td', { text: job.queue }),
+      el('td', {}, tierBadge(job.tier)),
+      el('td', { class: 'num', text: gpus(job.gpus * (job.gpu_fraction || 1)) }),
+      el('td', { class: 'reason', text: waiting ? reasonText(waiting.reason) : '' }),
+      el('td', { class: 'num', text: waiting && waiting.position !== null ? waiting.position + 1 : '' }),
+      el('td', { text: waiting && waiting.reason ? eta(waiting.reason.eta) : '' }),
+      el('td', {}, notebookGPUs ? sparkline(spark.get(job.id) || []) : ''),
+    );
+  });
+  fill(
+    'my-jobs',
+    el(
+      'table',
+      {},
+      el('thead', {}, el('tr', {}, ['id', 'what', 'state', 'queue', 'tier', 'GPUs', 'why it waits', 'position', 'expected start', 'GPU use'].map((h) => el('th', { text: h })))),
+      el('tbody', {}, rows),
+    ),
+  );
+}
+
+function drawMyQueues(me) {
+  if (!me.queues.length) return fill('my-queues', el('p', { class: 'empty', text: 'You may submit to no queue.' }));
+  fill(
+    'my-queues',
+    me.queues.map((q) => {
+      const share = q.fair_share;
+      return el(
+        'div',
+        { class: 'queue-row', 'data-queue': q.path, 'data-in-use': q.in_use },
+        el(
+          'div',
+          { class: 'title' },
+          el('strong', { text: q.path + (q.default ? ' (default)' : '') }),
+          el('span', { class: 'figures', text: `in use ${q.in_use} · guaranteed ${q.guaranteed} · limit ${q.limit === null ? 'none' : q.limit}` }),
+        ),
+        quotaBar(q.in_use, q.guaranteed, q.limit),
+        el('div', { class: 'figures' }, share ? `${ordinal(share.rank)} of ${share.of} in the fair-share order (factor ${share.factor})` : 'fair-share order not computed yet'),
+      );
+    }),
+  );
+}
+
+function drawCluster(cluster) {
+  let mine = 0;
+  const nodes = cluster.nodes.map((node) => {
+    const cells = node.gpu_list.map((gpu) => {
+      const holder = gpu.jobs[0];
+      const isMine = gpu.jobs.some((h) => h.user === ME);
+      if (isMine) mine += 1;
+      const who = gpu.jobs.map((h) => `${h.job || 'a job'} (${h.user || 'someone'}, tier ${h.tier}${h.fraction < 1 ? `, ${h.fraction} of it` : ''})`);
+      return el('div', {
+        class: `gpu-cell ${holder ? `t${holder.tier}` : 'free'}${isMine ? ' mine' : ''}${holder && holder.reserved ? ' reserved' : ''}`,
+        'data-tier': holder ? holder.tier : null,
+        title: `${node.name} GPU ${gpu.index}: ${who.length ? who.join(', ') : 'free'}`,
+      });
+    });
+    const down = node.state !== 'up';
+    return el(
+      'div',
+      { class: `node${down ? ' down' : ''}`, 'data-node': node.name },
+      el('div', { class: 'name' }, `${node.name} · ${node.gpu_model} · ${node.free} free `, down ? el('span', { class: 'state', text: node.state }) : null),
+      el('div', { class: 'cells' }, cells),
+    );
+  });
+  const legend = el(
+    'div',
+    { class: 'legend' },
+    [1, 2, 3].map((t) => el('span', {}, el('span', { class: `swatch t${t}` }), `tier ${t}`)),
+    el('span', {}, el('span', { class: 'swatch free' }), 'free'),
+    el('span', {}, el('span', { class: 'swatch mine' }), `mine (${mine})`),
+    el('span', { text: `${cluster.allocated_gpus} of ${cluster.total_gpus} GPUs allocated` }),
+  );
+  fill('cluster', el('div', { class: 'nodes', 'data-total': cluster.total_gpus, 'data-mine': mine }, nodes), legend);
+}
+
+function queueRows(entries, label) {
+  return groupArrays(entries).map(({ job, members }) =>
+    el(
+      'tr',
+      { class: `entry${job.mine ? ' mine' : ''}`, 'data-id': job.id },
+      el('td', { class: 'num', text: label || (job.position === null ? '' : job.position + 1) }),
+      el('td', { text: members.length > 1 ? `${job.array_id} (${members.length} jobs)` : job.id }),
+      el('td', { text: job.mine ? `${job.user} (me)` : job.user || 'someone' }),
+      el('td', { text: job.queue }),
+      el('td', {}, tierBadge(job.tier)),
+      el('td', { class: 'num', text: gpus(job.gpus * (job.gpu_fraction || 1)) }),
+      el('td', { class: 'reason', text: reasonText(job.reason) }),
+      el('td', { text: job.reason ? eta(job.reason.eta) : '' }),
+    ),
+  );
+}
+
+function drawQueue(queue) {
+  const rows = [...queueRows(queue.jobs), ...queueRows(queue.held, 'held'), ...queueRows(queue.retrying, 'retry')];
+  const summary = el('p', { class: 'muted', text: `${queue.pending} pending, ${queue.running} running` });
+  if (!rows.length) return fill('queue', summary, el('p', { class: 'empty', text: 'Nobody is waiting.' }));
+  fill(
+    'queue',
+    summary,
+    el(
+      'table',
+      {},
+      el('thead', {}, el('tr', {}, ['position', 'job', 'user', 'queue', 'tier', 'GPUs', 'why it waits', 'expected start'].map((h) => el('th', { text: h })))),
+      el('tbody', {}, rows),
+    ),
+  );
+}
+
+function drawUtilization(history) {
+  const rows = history.rows;
+  const tiers = ['1', '2', '3'].map((t) => ({
+    key: `tier${t}`,
+    label: `tier ${t} allocated`,
+    colour: TIER_COLOURS[t],
+    value: (row) => row.allocated[t] || 0,
+  }));
+  const busy = (row) => Object.values(row.measured).reduce((s, m) => s + (m.gpus * m.utilization) / 100, 0);
+  const total = rows.length ? rows[rows.length - 1].total_gpus : 0;
+  const allocatedNow = rows.length ? Object.values(rows[rows.length - 1].allocated).reduce((s, v) => s + v, 0) : 0;
+  const parts = timeChart(rows, tiers, { top: total || null, until: history.until });
+  const measured = rows.length ? timeChart(rows, [{ key: 'busy', label: 'measured busy (notebook servers sampled)', colour: '#212121', value: busy }], { stacked: false, top: total || null, until: history.until }) : [];
+  fill(
+    'utilization',
+    el('div', { class: 'utilization', 'data-allocated-now': allocatedNow, 'data-total': total }, el('p', { class: 'muted', text: `${allocatedNow} of ${total} GPUs allocated now` }), parts),
+    measured.length ? el('details', {}, el('summary', { text: 'measured GPU utilization' }), measured) : null,
+  );
+}
+
+function fillQueueChoices(me) {
+  const select = document.querySelector('#estimate-form select[name=queue]');
+  if (select.options.length) return;
+  for (const q of me.queues) select.append(el('option', { value: q.path, text: q.path, selected: q.default }));
+}
+
+async function estimate(event) {
+  event.preventDefault();
+  const form = event.target;
+  const answer = document.getElementById('estimate-answer');
+  const job = { command: 'true', gpus: Number(form.elements.gpus.value) };
+  if (form.elements.queue.value) job.queue = form.elements.queue.value;
+  if (form.elements.tier.value) job.tier = Number(form.elements.tier.value);
+  if (form.elements.walltime.value.trim()) job.walltime = form.elements.walltime.value.trim();
+  answer.className = 'answer';
+  answer.textContent = 'asking…';
+  try {
+    const result = await api('api/estimate', { method: 'POST', json: job });
+    answer.dataset.startNow = result.start_now;
+    if (result.start_now) answer.textContent = `It would start now, in ${result.queue}.`;
+    else {
+      const when = result.eta ? `in ${eta(result.eta)}` : 'at a time the scheduler cannot tell yet';
+      const place = result.position ? `, ${ordinal(result.position)} in line in ${result.queue}` : '';
+      answer.textContent = `It would wait${place}: ${reasonText(result.reason)}. Expected start ${when}.`;
+    }
+  } catch (error) {
+    answer.className = 'answer error';
+    answer.textContent = error.status === 404 ? 'This service cannot estimate yet (no api/estimate).' : `No estimate: ${error.message}`;
+  }
+}
+
+// -- the refresh loop ----------------------------------------------------------------------------
+function showStatus(text) {
+  const status = document.getElementById('status');
+  status.hidden = !text;
+  status.textContent = text || '';
+}
+
+let timer = null;
+// the history changes once a history_interval (60 s by default): read again only then
+let historyCache = null;
+let historyRead = 0;
+
+async function readHistory(now) {
+  const interval = historyCache && historyCache.interval ? historyCache.interval : 0;
+  if (!historyCache || now - historyRead >= Math.max(interval, REFRESH_MS / 1000)) {
+    historyCache = await api(`api/history?since=${now - DAY}`);
+    historyRead = now;
+  }
+  return historyCache;
+}
+
+async function refresh() {
+  clearTimeout(timer);
+  const now = Date.now() / 1000;
+  const mineOnly = ADMIN ? `&user=${encodeURIComponent(ME)}` : '';
+  try {
+    const [me, jobs, queue, cluster, history, reaper] = await Promise.all([
+      api('api/me'),
+      api(`api/jobs?state=pending&state=running&limit=500${mineOnly}`),
+      api('api/queue?limit=200'),
+      api('api/cluster'),
+      readHistory(now),
+      api('api/reaper').catch(() => ({ sessions: [], settings: {} })),
+    ]);
+    drawMyJobs(jobs.jobs, reaper.sessions.filter((s) => s.user === ME));
+    drawMyQueues(me);
+    fillQueueChoices(me);
+    drawCluster(cluster);
+    drawQueue(queue);
+    drawUtilization(history);
+    if (ADMIN) {
+      const [byQueue, byUser, byModel, events] = await Promise.all([
+        api('api/usage?by=queue'),
+        api('api/usage?by=user'),
+        api('api/usage?by=gpu_model'),
+        api('api/events?limit=300'),
+      ]);
+      drawWaiting(history);
+      drawQueueHistory(history);
+      drawShowback(byQueue, byUser, byModel);
+      drawReaperEvents(events.events);
+      drawNodesAdmin(cluster);
+      drawReaperForm(reaper);
+    }
+    showStatus('');
+    document.getElementById('updated').textContent = `updated ${new Date().toLocaleTimeString()}`;
+  } catch (error) {
+    showStatus(`Could not reach the scheduler: ${error.message}`);
+  }
+  timer = setTimeout(refresh, REFRESH_MS);
+}
+
+document.getElementById('estimate-form').addEventListener('submit', estimate);
+const reaperForm = document.getElementById('reaper-form');
+if (reaperForm) reaperForm.addEventListener('submit', saveReaper);
+refresh();

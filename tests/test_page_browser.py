@@ -1,0 +1,287 @@
+"""The scheduler's web page (service/page.py) in Chromium, under a real hub.
+
+Debian's Chromium (``/usr/bin/chromium``) driven by Playwright (never ``playwright install``),
+the hub of ``tests/hub_harness.py`` (the demo's 24 GPUs and queues) with a history row every
+second. bob fills the ``sandbox`` queue (its limit is 4 GPUs) and waits behind it; alice runs a
+job in her team's queue and waits in sandbox too. alice opens the page from the hub's Services
+menu: her jobs with their reasons and positions, her queues' bars saying what api/me says, a
+grid with a cell for every GPU of the cluster and hers marked, the queue with bob's name hidden,
+the utilization chart saying what api/history says; no admin section; a job she submits after
+the page loaded appears without a reload; "when would I start?" answers (or says the service
+cannot estimate). At 900 px nothing is wider than the window. admin sees the admin sections too:
+waiting GPUs by reason and per-queue use (the figures api/history gives), showback (the keys
+api/usage gives), the reaper's events, drain and resume (carried out: api/cluster says so) and
+the reaper settings (saved: api/reaper says so). Screenshots at 1280 px go to docs/images/
+(docs/dashboard.md shows them).
+
+Skips when /usr/bin/chromium or Playwright is missing (tests/browser_helpers.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import hub_harness
+import pytest
+from browser_helpers import TIMEOUT_MS, browser_fixture, log_in, sync_api  # noqa: F401
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "docs" / "images"
+expect = sync_api.expect
+
+
+@pytest.fixture(autouse=True)
+def _patient_expect():
+    """The page refreshes every 5 s: expectations wait through refreshes (Playwright's default
+    is 5 s), in this module only."""
+    expect.set_options(timeout=TIMEOUT_MS)
+    yield
+    expect.set_options(timeout=5_000)
+
+
+@pytest.fixture(scope="module")
+def hub():
+    args = ("--GPUSchedService.history_interval=1",)
+    with hub_harness.running_hub(service_args=args) as running:
+        jobs: list[str] = []
+        running.page_jobs = jobs
+        try:
+            yield running
+        finally:
+            admin = running.token("admin")
+            for job_id in jobs:
+                running.service("DELETE", f"api/jobs/{job_id}", admin)
+            _wait(lambda: not _unfinished(running, admin), "the page's jobs to end")
+
+
+def _unfinished(hub, token) -> list:
+    answer = hub.service("GET", "api/jobs?state=pending&state=running", token).json()
+    return answer["jobs"]
+
+
+def _wait(predicate, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.2)
+
+
+def _submit(hub, user: str, **body) -> dict:
+    job = {"command": "sleep 600", **body}
+    response = hub.service("POST", "api/jobs", hub.token(user), json=job)
+    assert response.status_code == 201, response.text
+    hub.page_jobs.append(response.json()["id"])
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def busy(hub):
+    """bob fills sandbox and waits there; alice runs in research/vision and waits in sandbox."""
+    _submit(hub, "bob", gpus=4, queue="sandbox", name="bob-fills-sandbox")
+    bobs_wait = _submit(hub, "bob", gpus=2, queue="sandbox", name="bob-waits")
+    running = _submit(hub, "alice", gpus=2, queue="research/vision", tier=3, name="train")
+    waiting = _submit(hub, "alice", gpus=1, queue="sandbox", name="eval")
+    admin = hub.token("admin")
+    _wait(
+        lambda: hub.service("GET", f"api/jobs/{running['id']}", admin).json()["state"] == "running",
+        "alice's job to run",
+    )
+    return {"running": running["id"], "waiting": waiting["id"], "bobs": bobs_wait["id"]}
+
+
+def _open_page(browser, hub, user: str):
+    """Log ``user`` in to the hub and follow the Services menu to the page."""
+    page = log_in(browser, hub, user, width=1280)
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.click("a.dropdown-toggle:has-text('Services')")
+    page.click(".dropdown-menu a[href$='/services/gpusched/']")
+    page.wait_for_url(hub.service_url)
+    expect(page.locator("#cluster .gpu-cell").first).to_be_visible()
+    page.errors = errors
+    return page
+
+
+ARRAY_ROWS = """() => {
+  const reason = {family: 'policy', detail: 'queue-limit', eta: null,
+                  message: 'queue sandbox is at its limit of 4 GPUs (4 in use)'};
+  const job = (id, state, index) => ({id, state, kind: 'batch', queue: 'sandbox', tier: 2,
+    gpus: 1, gpu_fraction: 1, name: 'sweep', array_id: index === null ? null : 'a-7',
+    array_index: index, position: state === 'pending' ? index : null,
+    reason: state === 'pending' ? reason : null});
+  drawMyJobs([job('j-1', 'running', 0), job('j-2', 'pending', 1), job('j-3', 'pending', 2),
+              job('j-9', 'running', null)], []);
+  return [...document.querySelectorAll('#my-jobs tr.job')].map((row) => row.innerText);
+}"""
+
+
+REAPER_ROWS = """() => {
+  const event = (kind, data) => ({id: 1, time: Date.now() / 1000, kind, job_id: 'j-5',
+    user: 'alice', actor: 'reaper', node: null, message: `${kind} of j-5`, data});
+  drawReaperEvents([
+    event('reaper-cull', {samples: [{time: 1, utilization: 0.5}], timeout: 2700}),
+    event('reaper-settings', {changes: {}}),
+    event('reaper-warning', null),
+  ]);
+  return [...document.querySelectorAll('#reaper-events tr.event')].map((row) => ({
+    kind: row.cells[1].innerText, evidence: row.querySelector('pre')?.textContent || ''}));
+}"""
+
+
+def _wait_for(page, script: str, arg=None):
+    """Until ``script`` (a function of ``arg``) is true in the page, as it refreshes itself."""
+    page.wait_for_function(script, arg=arg, timeout=TIMEOUT_MS)
+
+
+def _shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def _last_history(hub, token) -> dict:
+    return hub.service("GET", "api/history", token).json()["rows"][-1]
+
+
+def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
+    token = hub.token("alice")
+    page = _open_page(browser, hub, "alice")
+    # my jobs: both, the waiting one with its reason in words and its position
+    waiting = page.locator(f"#my-jobs tr.job[data-id='{busy['waiting']}']")
+    expect(waiting).to_contain_text("sandbox is at its limit")
+    view = hub.service("GET", f"api/jobs/{busy['waiting']}", token).json()
+    expect(waiting.locator("td").nth(7)).to_have_text(str(view["position"] + 1))
+    expect(page.locator(f"#my-jobs tr.job[data-id='{busy['running']}']")).to_contain_text("running")
+    # my queues: the bars say what api/me says
+    me = hub.service("GET", "api/me", token).json()
+    for queue in me["queues"]:
+        row = f"#my-queues .queue-row[data-queue='{queue['path']}']"
+        _wait_for(
+            page,
+            "([row, n]) => Number(document.querySelector(row).dataset.inUse) === n",
+            [row, queue["in_use"]],
+        )
+        expect(page.locator(row)).to_contain_text(f"in use {queue['in_use']:g}")
+    assert any(q["in_use"] == 2 for q in me["queues"])  # research/vision runs her 2 GPUs
+    # the grid: a cell per GPU of the cluster, hers marked
+    cluster = hub.service("GET", "api/cluster", token).json()
+    cells = page.locator("#cluster .gpu-cell")
+    expect(cells).to_have_count(cluster["total_gpus"])
+    held = sum(
+        any(holder["user"] == "alice" for holder in gpu["jobs"])
+        for node in cluster["nodes"]
+        for gpu in node["gpu_list"]
+    )
+    assert held == 2
+    expect(page.locator("#cluster .gpu-cell.mine")).to_have_count(held)
+    expect(page.locator("#cluster .gpu-cell.t3.mine")).to_have_count(2)  # her tier-3 job
+    # the queue: positions and reasons, bob's name hidden as the API hides it
+    queue = page.locator("#queue")
+    expect(queue.locator(f"tr[data-id='{busy['bobs']}']")).to_contain_text("someone")
+    expect(queue).not_to_contain_text("bob")
+    # utilization over time: the figure api/history gives
+    last = _last_history(hub, token)
+    allocated = sum(last["allocated"].values())
+    _wait_for(
+        page,
+        "n => document.querySelector('.utilization').dataset.allocatedNow == n",
+        allocated,
+    )
+    assert page.locator(".utilization").get_attribute("data-total") == str(last["total_gpus"])
+    assert page.locator("#utilization svg.chart polygon").count() >= 1
+    # no admin section for a user
+    for section in ("waiting", "queue-history", "showback", "reaper-events", "nodes-admin"):
+        expect(page.locator(f"#{section}")).to_have_count(0)
+    _shot(page, "dashboard-user")
+    # it refreshes itself: a job submitted now appears without a reload
+    later = _submit(hub, "alice", gpus=1, queue="research/vision", name="later")
+    expect(page.locator(f"#my-jobs tr.job[data-id='{later['id']}']")).to_be_visible()
+    # when would I start?
+    page.fill("#estimate-form input[name=gpus]", "8")
+    page.click("#estimate-form button[type=submit]")
+    _wait_for(
+        page,
+        "() => !['', 'asking…'].includes(document.querySelector('#estimate-answer').textContent)",
+    )
+    text = page.locator("#estimate-answer").text_content()
+    assert text.startswith(("It would", "This service cannot estimate yet")), text
+    # a job array (array_id, array_index: the contract of POST api/jobs with "array") is one
+    # row; drawn here from records of that shape, read back in the same turn of the page's loop
+    rows = page.evaluate(ARRAY_ROWS)
+    assert len(rows) == 2, rows
+    assert rows[0].startswith("a-7") and "array a-7: 3 jobs (1 running, 2 pending)" in rows[0]
+    assert "sandbox is at its limit" in rows[0] and rows[1].startswith("j-9")
+    # laptop width: nothing wider than the window
+    page.set_viewport_size({"width": 900, "height": 900})
+    assert page.evaluate("document.documentElement.scrollWidth") <= 900
+    assert page.errors == []
+
+
+def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_settings(
+    hub, busy, browser
+):
+    token = hub.token("admin")
+    page = _open_page(browser, hub, "admin")
+    for section in ("waiting", "queue-history", "showback", "reaper-events", "nodes-admin"):
+        expect(page.locator(f"#{section} .body > *").first).to_be_visible()
+    expect(page.locator(f"#queue tr[data-id='{busy['bobs']}']")).to_contain_text("bob")
+    # waiting GPUs by reason: the families' current figures are api/history's
+    last = _last_history(hub, token)
+    assert last["pending"]["policy"] >= 3  # bob's 2 and alice's 1 wait on sandbox's limit
+    for family, gpus in last["pending"].items():
+        _wait_for(
+            page,
+            "([f, n]) => document.querySelector(`#waiting .legend-item[data-key=${f}]`)"
+            ".dataset.now == n",
+            [family, gpus],
+        )
+    # per-queue use over time: a line for each queue api/history names
+    queues = hub.service("GET", "api/history", token).json()["rows"][-1]["queues"]
+    for path, gpus in queues.items():
+        key = path.replace("/", "_")
+        _wait_for(
+            page,
+            "([k, n]) => document.querySelector(`#queue-history .legend-item[data-key='${k}']`)"
+            "?.dataset.now == n",
+            [key, gpus],
+        )
+    # showback: the queues and users api/usage reports
+    usage = hub.service("GET", "api/usage?by=queue", token).json()["usage"]
+    shown = page.locator("#showback [data-by=queue] tr[data-key]")
+    expect(shown).to_have_count(len(usage))
+    assert {shown.nth(i).get_attribute("data-key") for i in range(len(usage))} == {
+        row["key"] for row in usage
+    }
+    _shot(page, "dashboard-admin")
+    # the reaper's warnings and culls with their evidence (events of api/events' shape; this
+    # hub runs no notebook server to cull), settings changes left out
+    shown = page.evaluate(REAPER_ROWS)
+    assert len(shown) == 2 and shown[0]["kind"] == "cull" and shown[1]["kind"] == "warning"
+    assert '"utilization": 0.5' in shown[0]["evidence"]
+    # drain and resume, through the API by the browser's cookie and the page's XSRF token
+    node = page.locator("#nodes-admin tr[data-node='l40s2']")
+    node.locator("button.node-drain").click()
+    expect(node).to_have_attribute("data-state", "drain")
+    states = {
+        n["name"]: n["state"] for n in hub.service("GET", "api/cluster", token).json()["nodes"]
+    }
+    assert states["l40s2"] == "drain"
+    node.locator("button.node-resume").click()
+    expect(node).to_have_attribute("data-state", "up")
+    # the reaper's settings
+    before = hub.service("GET", "api/reaper", token).json()["settings"]["idle_threshold"]
+    page.fill("#reaper-form input[name=idle_threshold]", "7")
+    page.click("#reaper-form button[type=submit]")
+    expect(page.locator("#reaper-answer")).to_have_text("Saved.")
+    expect(page.locator("#reaper-form input[name=idle_threshold]")).to_have_value("7")
+    assert hub.service("GET", "api/reaper", token).json()["settings"]["idle_threshold"] == 7
+    restore = hub.service("PUT", "api/reaper", token, json={"idle_threshold": before})
+    assert restore.status_code == 200, restore.text
+    page.fill("#reaper-form input[name=warning_lead]", "soon")
+    page.click("#reaper-form button[type=submit]")
+    expect(page.locator("#reaper-answer")).to_contain_text("Not saved")
+    assert page.errors == [], json.dumps(page.errors)

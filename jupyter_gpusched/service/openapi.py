@@ -18,7 +18,8 @@ Schemathesis on it against a live service behind a real hub):
 
 ``tests/test_service_api.py`` checks that every route the service serves is described here and
 nothing more. The request schemas are in :mod:`.openapi_requests`, the response schemas in
-:mod:`.openapi_responses`.
+:mod:`.openapi_responses`, how an operation is described (security, statuses, errors) in
+:mod:`.openapi_operations`; the arrays' and the history's parts in their own modules.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import copy
 
 from .openapi_arrays import ARRAY_ID, JOB_ARRAY, SUBMIT_REQUEST, SUBMITTED
 from .openapi_history import HISTORY_SCHEMAS, history_paths
+from .openapi_operations import SECURITY_SCHEMES, TIME, operation
 from .openapi_requests import (
     JOB_ID,
     JOB_REQUEST,  # one job's body (POST api/estimate; POST api/jobs takes SUBMIT_REQUEST)
@@ -43,100 +45,8 @@ from .openapi_responses import JOB_STATES, SCHEMAS, ref
 from .requests import MAX_EVENTS_LIMIT, MAX_LIST_LIMIT, MAX_LOG_BYTES
 from .server_stops import MAX_REASON
 
-# -- operations --------------------------------------------------------------------------------
-JSON = "application/json"
-SECURITY = [{"token": []}, {"bearer": []}, {"cookie": []}]
-SECURITY_SCHEMES = {
-    "token": {
-        "type": "apiKey",
-        "in": "header",
-        "name": "Authorization",
-        "description": "A JupyterHub API token as 'token <token>' (from /hub/token, or the "
-        "hub's REST API); it must hold access:services!service=gpusched. Scheduler admins: "
-        "also custom:gpusched:admin.",
-    },
-    "bearer": {"type": "http", "scheme": "bearer", "description": "The same token as Bearer."},
-    "cookie": {
-        "type": "apiKey",
-        "in": "cookie",
-        "name": "jupyterhub-services-gpusched",
-        "description": "The hub's OAuth cookie of a browser session (<prefix>login starts "
-        "one). Reads only (and estimateJob) need no more; every change needs a token in the "
-        "Authorization header, or, from the service's web page, the page's XSRF token in the "
-        "X-XSRFToken header.",
-    },
-}
-
-_WHY = {
-    "400": "bad input: the field and what to fix",
-    "401": "no valid hub token (or cookie)",
-    "403": "not allowed: no access to this service, not an admin of the scheduler, or a "
-    "change without a token in the Authorization header (or the web page's XSRF token)",
-    "404": "no such job of yours (another user's job is answered like an unknown one), node "
-    "or route",
-    "405": "this method is not one of the path's (the Allow header lists them)",
-    "409": "the job has already ended",
-    "413": "the body is larger than GPUSchedService.max_body_bytes",
-    "429": "too many pending jobs (the queue file's user_limits pending_jobs)",
-    "503": "the job could not be stored; nothing was queued: retry",
-}
-
-
-def _error(status: str) -> dict:
-    response = {"description": _WHY[status], "content": {JSON: {"schema": ref("Error")}}}
-    if status == "405":
-        response["headers"] = {
-            "Allow": {"description": "the path's methods", "schema": {"type": "string"}}
-        }
-    return response
-
-
-def _op(
-    op_id: str,
-    summary: str,
-    ok,
-    *,
-    body=None,
-    params=(),
-    status=200,
-    admin=False,
-    errors=(),
-    public=False,
-    content_type=JSON,
-    links=None,
-):
-    """One operation: ``ok`` is the success body's schema; ``errors`` the statuses beyond
-    those every operation can answer (401, 403, 405; 400 with parameters or a body)."""
-    statuses = set(errors) | {"401", "403", "405"}
-    if params or body is not None:
-        statuses.add("400")
-    if any(where == "path" for _, where, _ in params):
-        statuses.add("404")
-    if body is not None:
-        statuses.add("413")
-    if public:
-        statuses = {"405"}
-    success = {"description": "OK", "content": {content_type: {"schema": ok}}}
-    if links:
-        success["links"] = links
-    operation = {
-        "operationId": op_id,
-        "summary": summary + (" (admin)" if admin else ""),
-        "security": [] if public else SECURITY,
-        "parameters": [
-            {"name": name, "in": where, "required": where == "path", "schema": schema}
-            for name, where, schema in params
-        ],
-        "responses": {str(status): success, **{s: _error(s) for s in sorted(statuses)}},
-    }
-    if body is not None:
-        operation["requestBody"] = {"required": True, "content": {JSON: {"schema": body}}}
-    return operation
-
-
 _JOB = [("id", "path", {"type": "string", "pattern": JOB_ID})]
 _NODE = [("name", "path", {"type": "string", "pattern": NODE_NAME, "maxLength": 255})]
-_TIME = {"type": "number", "description": "epoch seconds"}
 _FROM_JOB = {"id": "$response.body#/id"}
 # What a tool can do next with the job it just submitted. Not DELETE: it cancels the job, which
 # stays readable (cancelled), where a tool takes a 200 after a DELETE for a use after free.
@@ -153,7 +63,7 @@ JOB_LINKS = {
 
 PATHS = {
     "/api/me": {
-        "get": _op(
+        "get": operation(
             "getMe",
             "Who the service takes the caller to be: name, admin, groups; the queues they may "
             "use (GPUs in use, guaranteed, limit) and which is their default",
@@ -161,12 +71,12 @@ PATHS = {
         )
     },
     "/api/cluster": {
-        "get": _op(
+        "get": operation(
             "getCluster", "Nodes, GPUs and who holds them (others anonymised)", ref("Cluster")
         )
     },
     "/api/queue": {
-        "get": _op(
+        "get": operation(
             "getQueue",
             "Pending jobs in order: position, tier, GPUs, reason, ETA",
             ref("Queue"),
@@ -174,7 +84,7 @@ PATHS = {
         )
     },
     "/api/jobs": {
-        "post": _op(
+        "post": operation(
             "submitJob",
             "Submit a batch job (or a notebook server's allocation), or a job array",
             SUBMITTED,
@@ -183,7 +93,7 @@ PATHS = {
             errors=("429", "503"),
             links=JOB_LINKS,
         ),
-        "get": _op(
+        "get": operation(
             "listJobs",
             "Your jobs, newest first (admins: everybody's, or ?user=)",
             ref("JobList"),
@@ -203,7 +113,7 @@ PATHS = {
         ),
     },
     "/api/estimate": {
-        "post": _op(
+        "post": operation(
             "estimateJob",
             "When would it start? A job body as for submitJob; nothing is queued",
             ref("Estimate"),
@@ -212,14 +122,14 @@ PATHS = {
         )
     },
     "/api/jobs/{id}": {
-        "get": _op(
+        "get": operation(
             "getJob",
             "One of your jobs (running: its allocation; a notebook server: its latest GPU "
             "utilization)",
             ref("Job"),
             params=_JOB,
         ),
-        "delete": _op(
+        "delete": operation(
             "cancelJob",
             "Cancel one of your jobs (a notebook server: the hub stops it; its GPUs stay held, "
             "with `stopping` set, until its processes are gone)",
@@ -242,7 +152,7 @@ PATHS = {
         ),
     },
     "/api/arrays/{array_id}": {
-        "delete": _op(
+        "delete": operation(
             "cancelArray",
             "Cancel every pending or running job of one of your job arrays (404: none is left)",
             ref("JobArray"),
@@ -250,7 +160,7 @@ PATHS = {
         )
     },
     "/api/jobs/{id}/log": {
-        "get": _op(
+        "get": operation(
             "getJobLog",
             "The end of a job's output (404 until it has run)",
             {"type": "string"},
@@ -259,12 +169,12 @@ PATHS = {
         )
     },
     "/api/jobs/{id}/hold": {
-        "post": _op(
+        "post": operation(
             "holdJob", "Hold a pending job", ref("Job"), params=_JOB, admin=True, errors=("409",)
         )
     },
     "/api/jobs/{id}/release": {
-        "post": _op(
+        "post": operation(
             "releaseJob",
             "Release a held job",
             ref("Job"),
@@ -274,7 +184,7 @@ PATHS = {
         )
     },
     "/api/jobs/{id}/priority": {
-        "put": _op(
+        "put": operation(
             "setJobPriority",
             "Override a job's priority within its tier (higher first)",
             ref("Job"),
@@ -285,12 +195,12 @@ PATHS = {
         )
     },
     "/api/quotas": {
-        "get": _op(
+        "get": operation(
             "getQuotas",
             "Queues: guarantees, limits, weights, what runs; the queue document",
             ref("Quotas"),
         ),
-        "put": _op(
+        "put": operation(
             "setQuotas",
             "Replace the quotas with a queue-file document (same queues)",
             ref("Quotas"),
@@ -299,13 +209,15 @@ PATHS = {
         ),
     },
     "/api/nodes/{name}/drain": {
-        "post": _op("drainNode", "Drain a node", ref("NodeState"), params=_NODE, admin=True)
+        "post": operation("drainNode", "Drain a node", ref("NodeState"), params=_NODE, admin=True)
     },
     "/api/nodes/{name}/resume": {
-        "post": _op("resumeNode", "Put a node back", ref("NodeState"), params=_NODE, admin=True)
+        "post": operation(
+            "resumeNode", "Put a node back", ref("NodeState"), params=_NODE, admin=True
+        )
     },
     "/api/nodes/{name}/maintenance": {
-        "put": _op(
+        "put": operation(
             "setMaintenance",
             "Drain a node at a time; until then only jobs that end before it start there",
             ref("Maintenance"),
@@ -313,7 +225,7 @@ PATHS = {
             body=MAINTENANCE_REQUEST,
             admin=True,
         ),
-        "delete": _op(
+        "delete": operation(
             "cancelMaintenance",
             "Cancel a maintenance window",
             ref("Maintenance"),
@@ -322,7 +234,7 @@ PATHS = {
         ),
     },
     "/api/events": {
-        "get": _op(
+        "get": operation(
             "getEvents",
             "The audit log, newest first (users: their own jobs)",
             ref("Events"),
@@ -330,33 +242,33 @@ PATHS = {
                 ("kind", "query", {"type": "string"}),
                 ("job_id", "query", {"type": "string"}),
                 ("user", "query", {"type": "string"}),
-                ("since", "query", _TIME),
-                ("until", "query", _TIME),
+                ("since", "query", TIME),
+                ("until", "query", TIME),
                 ("before", "query", whole(0)),
                 ("limit", "query", whole(1, MAX_EVENTS_LIMIT)),
             ],
         )
     },
     "/api/usage": {
-        "get": _op(
+        "get": operation(
             "getUsage",
             "GPU-hours by queue, user or GPU model over a period (with prices: cost); "
             "'since' must be before 'until' (default: now)",
             ref("Usage"),
             params=[
                 ("by", "query", {"type": "string", "enum": ["queue", "user", "gpu_model"]}),
-                ("since", "query", _TIME),
-                ("until", "query", _TIME),
+                ("since", "query", TIME),
+                ("until", "query", TIME),
             ],
         )
     },
     "/api/reaper": {
-        "get": _op(
+        "get": operation(
             "getReaper",
             "The idle reaper's settings (in force, defaults, overrides) and sessions",
             ref("Reaper"),
         ),
-        "put": _op(
+        "put": operation(
             "setReaper",
             "Change reaper settings (partial; null turns a timeout off)",
             ref("ReaperUpdated"),
@@ -365,7 +277,7 @@ PATHS = {
         ),
     },
     "/api/rogue-processes": {
-        "get": _op(
+        "get": operation(
             "getRogueProcesses",
             "GPU processes no allocation accounts for, on the nodes this service watches",
             ref("RogueProcesses"),
@@ -373,7 +285,7 @@ PATHS = {
         ),
     },
     "/api/usage-samples": {
-        "post": _op(
+        "post": operation(
             "postUsageSample",
             "A notebook server's GPU monitor reports which kernels hold GPU memory (the "
             "server's user; 404 for anything but a running notebook server of theirs); the "
@@ -384,10 +296,12 @@ PATHS = {
         )
     },
     "/api/openapi.json": {
-        "get": _op("getOpenAPI", "This document (no token needed)", {"type": "object"}, public=True)
+        "get": operation(
+            "getOpenAPI", "This document (no token needed)", {"type": "object"}, public=True
+        )
     },
     "/metrics": {
-        "get": _op(
+        "get": operation(
             "getMetrics",
             "Prometheus metrics, in its text format (a token unless "
             "GPUSchedService.authenticate_metrics is off)",
@@ -398,7 +312,7 @@ PATHS = {
 }
 
 
-PATHS.update(history_paths(_op, _TIME))  # the web page's time series (openapi_history.py)
+PATHS.update(history_paths())  # the web page's time series (openapi_history.py)
 
 
 def openapi_document(prefix: str = "/") -> dict:

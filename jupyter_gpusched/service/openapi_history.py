@@ -5,6 +5,7 @@ readable size. A row's fields are core/history.py's ``snapshot``."""
 from __future__ import annotations
 
 from ..core.history import FAMILIES
+from .openapi_operations import TIME, operation
 from .openapi_responses import NUMBER, nullable, ref, strict
 
 _GPUS = {"type": "number", "minimum": 0}
@@ -38,8 +39,8 @@ HISTORY_SCHEMAS = {
 }
 
 
-def history_paths(operation, time_schema: dict) -> dict:
-    """The path of ``api/history``, made with openapi.py's ``_op`` (``operation``)."""
+def history_paths() -> dict:
+    """The path of ``api/history``."""
     return {
         "/api/history": {
             "get": operation(
@@ -50,7 +51,7 @@ def history_paths(operation, time_schema: dict) -> dict:
                 "queues), pending GPUs by reason family, measured utilization, and the GPU-hours "
                 "waited by family",
                 ref("History"),
-                params=[("since", "query", time_schema), ("until", "query", time_schema)],
+                params=[("since", "query", TIME), ("until", "query", TIME)],
             )
         }
     }

@@ -72,7 +72,9 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()
     for job_id in candidates:
         job = sched.jobs[job_id]
         if full:  # the pass is over when neither this job nor any after it can start
-            if nothing_usable(sched, pass_, job, now):
+            # (once the first blocked job holds the reservation: a new job must not take it)
+            settled = sched.reservation is not None or not sched.policy.backfill
+            if settled and nothing_usable(sched, pass_, job, now):
                 break
             if left_out:
                 count_blocked(sched, pass_, sched._key(job_id))

@@ -260,6 +260,9 @@ class Scheduler:
             self.passes += 1
             if self.priorities.refresh(now, self.half_life):
                 self.pending.refresh()
+                # the order changed: the reservation's holder may no longer be the first
+                # blocked job, and only a walk of the queue in the new order can say which is
+                full = True
             previous = self.reservation
             if previous is not None and (
                 full or self.jobs[previous.job_id].state != JobState.PENDING

@@ -218,6 +218,7 @@ async def test_exit_codes(service):
     env = server_env(service, "alice")
     rc, _, err = await cli(env, "submit", "--gpus", "99", "true")  # more than the cluster has
     assert rc == 2 and "can never run here" in err and "'gpus'" in err
+    assert err.startswith("jupyter-gpusched submit: error: "), err  # the command, not its words
     rc, _, err = await cli(env, "submit", "--queue", "private", "true")  # carol's only
     assert rc == 2 and "may not submit" in err
     rc, _, err = await cli(env, "log", "j-999999")

@@ -38,7 +38,7 @@ def add_parsers(commands) -> None:
     submit.add_argument(
         "--hold", action="store_true", help="submit it held: it waits until released"
     )
-    submit.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND | NOTEBOOK")
+    submit.add_argument("what", nargs=argparse.REMAINDER, metavar="COMMAND | NOTEBOOK")
     estimate = add_command(
         commands,
         "estimate",
@@ -49,7 +49,7 @@ def add_parsers(commands) -> None:
         run_estimate,
     )
     _job_options(estimate)
-    estimate.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND | NOTEBOOK")
+    estimate.add_argument("what", nargs=argparse.REMAINDER, metavar="COMMAND | NOTEBOOK")
     cancel = add_command(
         commands,
         "cancel",
@@ -103,7 +103,7 @@ def _what(words: list[str]) -> tuple[str | None, str | None]:
 
 
 def run_submit(args, client) -> int:
-    command, notebook = _what(args.command)
+    command, notebook = _what(args.what)
     if command is None and notebook is None:
         raise UsageError("give the command to run, or a notebook (.ipynb)")
     fields = _fields(args)
@@ -125,7 +125,7 @@ def run_submit(args, client) -> int:
 
 
 def run_estimate(args, client) -> int:
-    command, notebook = _what(args.command)
+    command, notebook = _what(args.what)
     body = _fields(args)
     if notebook is not None:
         body["notebook"] = notebook

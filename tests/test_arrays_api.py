@@ -102,6 +102,12 @@ async def test_max_running_caps_the_running_elements_with_a_reason(service):
         assert view["reason"]["message"] == f"array {array_id} is at its limit of 2 running"
     # the cluster has room for all six: only the cap holds them back
     assert service.live.engine.state.free_total >= 4
+    # api/queue names the array's pending elements as one row, the command line's way
+    status, queue = await alice.get("api/queue")
+    assert status == 200 and conforms("Queue", queue)
+    pending = sorted(view["array_index"] for view in waiting)
+    assert queue["arrays"] == {array_id: f"{array_id}_[{pending[0]}-{pending[-1]}%2]"}
+    assert pending == list(range(pending[0], pending[0] + 4))
     # one element ends: the next one starts, and still two run
     first = next(view for view in views if view["state"] == "running")
     status, _ = await alice.delete(f"api/jobs/{first['id']}")

@@ -2,17 +2,21 @@
 
 Debian's Chromium (``/usr/bin/chromium``) driven by Playwright (never ``playwright install``),
 the hub of ``tests/hub_harness.py`` (the demo's 24 GPUs and queues) with a history row every
-second. bob fills the ``sandbox`` queue (its limit is 4 GPUs) and waits behind it; alice runs a
-job in her team's queue and waits in sandbox too. alice opens the page from the hub's Services
-menu: her jobs with their reasons and positions, her queues' bars saying what api/me says, a
-grid with a cell for every GPU of the cluster and hers marked, the queue with bob's name hidden,
-the utilization chart saying what api/history says; no admin section; a job she submits after
-the page loaded appears without a reload; "when would I start?" answers (or says the service
-cannot estimate). At 900 px nothing is wider than the window. admin sees the admin sections too:
-waiting GPUs by reason and per-queue use (the figures api/history gives), showback (the keys
-api/usage gives), the reaper's events, drain and resume (carried out: api/cluster says so) and
-the reaper settings (saved: api/reaper says so). Screenshots at 1280 px go to docs/images/
-(docs/dashboard.md shows them).
+second. bob fills the ``sandbox`` queue (its limit is 4 GPUs) and waits behind it, with a job
+array too; alice runs a job in her team's queue and waits in sandbox too. alice opens the page
+from the hub's Services menu: her jobs with their reasons and positions, her queues' bars saying
+what api/me says, a grid with a cell for every GPU of the cluster and hers marked, the queue with
+bob's name hidden, the utilization chart saying what api/history says; no admin section; a job
+she submits after the page loaded appears without a reload; "when would I start?" answers in the
+words of core/wording.py what POST api/estimate answers for the same body (starts now; waits,
+with the reason's message; a 400's message next to its field), and the page's copy of those
+words agrees with Python's on the same cases; her job array (POST api/jobs with "array") is one
+row in her jobs and in the queue, named as the command line names it, and its button cancels it
+(DELETE api/arrays/<id>). At 900 px nothing is wider than the window. admin sees the admin
+sections too: waiting GPUs by reason and per-queue use (the figures api/history gives), showback
+(the keys api/usage gives), the reaper's events, drain and resume (carried out: api/cluster says
+so) and the reaper settings (saved: api/reaper says so). Screenshots at 1280 px go to
+docs/images/ (docs/dashboard.md shows them).
 
 Skips when /usr/bin/chromium or Playwright is missing (tests/browser_helpers.py).
 """
@@ -26,6 +30,9 @@ from pathlib import Path
 import hub_harness
 import pytest
 from browser_helpers import TIMEOUT_MS, browser_fixture, log_in, sync_api  # noqa: F401
+
+from jupyter_gpusched.cli.listings import grouped
+from jupyter_gpusched.core.wording import estimate_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "docs" / "images"
@@ -75,8 +82,10 @@ def _submit(hub, user: str, **body) -> dict:
     job = {"command": "sleep 600", **body}
     response = hub.service("POST", "api/jobs", hub.token(user), json=job)
     assert response.status_code == 201, response.text
-    hub.page_jobs.append(response.json()["id"])
-    return response.json()
+    answer = response.json()
+    jobs = answer["jobs"] if "array" in body else [answer]  # an array: its elements
+    hub.page_jobs.extend(job["id"] for job in jobs)
+    return answer
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +95,7 @@ def busy(hub):
     bobs_wait = _submit(hub, "bob", gpus=2, queue="sandbox", name="bob-waits")
     running = _submit(hub, "alice", gpus=2, queue="research/vision", tier=3, name="train")
     waiting = _submit(hub, "alice", gpus=1, queue="sandbox", name="eval")
+    _submit(hub, "bob", gpus=1, queue="sandbox", name="bob-sweep", array="0-2")
     admin = hub.token("admin")
     _wait(
         lambda: hub.service("GET", f"api/jobs/{running['id']}", admin).json()["state"] == "running",
@@ -105,19 +115,6 @@ def _open_page(browser, hub, user: str):
     expect(page.locator("#cluster .gpu-cell").first).to_be_visible()
     page.errors = errors
     return page
-
-
-ARRAY_ROWS = """() => {
-  const reason = {family: 'policy', detail: 'queue-limit', eta: null,
-                  message: 'queue sandbox is at its limit of 4 GPUs (4 in use)'};
-  const job = (id, state, index) => ({id, state, kind: 'batch', queue: 'sandbox', tier: 2,
-    gpus: 1, gpu_fraction: 1, name: 'sweep', array_id: index === null ? null : 'a-7',
-    array_index: index, position: state === 'pending' ? index : null,
-    reason: state === 'pending' ? reason : null});
-  drawMyJobs([job('j-1', 'running', 0), job('j-2', 'pending', 1), job('j-3', 'pending', 2),
-              job('j-9', 'running', null)], []);
-  return [...document.querySelectorAll('#my-jobs tr.job')].map((row) => row.innerText);
-}"""
 
 
 REAPER_ROWS = """() => {
@@ -141,6 +138,51 @@ def _wait_for(page, script: str, arg=None):
 def _shot(page, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def _estimate(page, hub, token, **fields) -> dict:
+    """Fill and send the page's estimate form; what POST api/estimate answers for the body the
+    page sent, whose words the page must show."""
+    for name, value in fields.items():
+        selector = f"#estimate-form [name={name}]"
+        if name == "queue":
+            page.select_option(selector, value)
+        else:
+            page.fill(selector, value)
+    with page.expect_request(lambda r: r.url.endswith("api/estimate")) as sent:
+        page.click("#estimate-form button[type=submit]")
+    body = sent.value.post_data_json
+    answer = hub.service("POST", "api/estimate", token, json=body)
+    assert answer.status_code == 200, answer.text
+    answer = answer.json()
+    reason = (answer["reason"] or {}).get("message")
+    words = estimate_text(answer["start_now"], answer["eta"], reason, time.time())
+    expect(page.locator("#estimate-answer .words")).to_have_text(words)
+    return answer
+
+
+def _array_states(hub, token, array_id: str) -> list[str]:
+    jobs = hub.service("GET", "api/jobs?limit=500", token).json()["jobs"]
+    return [job["state"] for job in jobs if job["array_id"] == array_id]
+
+
+# (start_now, eta, reason, now, clock): core/wording.py estimate_text's cases, the halves
+# Python's round() takes to the even neighbour among them (90 s: 2 min; 2 h 5 min: 2 h)
+NOW = 1_764_633_600.0  # 2025-12-02 00:00 UTC
+ESTIMATE_CASES = [
+    (True, None, None, NOW, True),
+    (False, None, "queue sandbox is at its limit of 4 GPUs", NOW, True),
+    (False, None, None, NOW, True),
+    *(
+        (False, NOW + seconds, None, NOW + offset, clock)
+        for seconds in (0, 29, 31, 90, 150, 3540, 3600, 3660, 7170, 7500, 8100, 47 * 3600)
+        for offset, clock in ((0, True), (0, False), (-600.5, True))
+    ),
+    (False, NOW + 2.5 * 86400, None, NOW, True),
+    (False, NOW + 3.5 * 86400, None, NOW, True),
+    (False, NOW + 1800, None, NOW - 600, True),  # tomorrow's date: 23:50 -> 00:30
+]
+WORDS = "([startNow, at, reason, now, clock]) => estimateText(startNow, at, reason, now, clock)"
 
 
 def _last_history(hub, token) -> dict:
@@ -196,25 +238,54 @@ def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
     # no admin section for a user
     for section in ("waiting", "queue-history", "showback", "reaper-events", "nodes-admin"):
         expect(page.locator(f"#{section}")).to_have_count(0)
-    _shot(page, "dashboard-user")
     # it refreshes itself: a job submitted now appears without a reload
     later = _submit(hub, "alice", gpus=1, queue="research/vision", name="later")
     expect(page.locator(f"#my-jobs tr.job[data-id='{later['id']}']")).to_be_visible()
-    # when would I start?
-    page.fill("#estimate-form input[name=gpus]", "8")
+    # when would I start? The words POST api/estimate's answer makes for the same body
+    answer = _estimate(page, hub, token, gpus="1", queue="research/vision")
+    assert answer["start_now"] and answer["queue"] == "research/vision"
+    answer = _estimate(page, hub, token, gpus="1", queue="sandbox")
+    assert not answer["start_now"] and "sandbox is at its limit" in answer["reason"]["message"]
+    # a 400: its message next to the field it names
+    page.fill("#estimate-form input[name=walltime]", "soon")
     page.click("#estimate-form button[type=submit]")
-    _wait_for(
-        page,
-        "() => !['', 'asking…'].includes(document.querySelector('#estimate-answer').textContent)",
+    body = {"command": "true", "gpus": 1, "queue": "sandbox", "walltime": "soon"}
+    refused = hub.service("POST", "api/estimate", token, json=body)
+    assert refused.status_code == 400 and refused.json()["field"] == "walltime"
+    expect(page.locator("#estimate-form .field-error[data-field=walltime]")).to_have_text(
+        refused.json()["error"]
     )
-    text = page.locator("#estimate-answer").text_content()
-    assert text.startswith(("It would", "This service cannot estimate yet")), text
-    # a job array (array_id, array_index: the contract of POST api/jobs with "array") is one
-    # row; drawn here from records of that shape, read back in the same turn of the page's loop
-    rows = page.evaluate(ARRAY_ROWS)
-    assert len(rows) == 2, rows
-    assert rows[0].startswith("a-7") and "array a-7: 3 jobs (1 running, 2 pending)" in rows[0]
-    assert "sandbox is at its limit" in rows[0] and rows[1].startswith("j-9")
+    page.fill("#estimate-form input[name=walltime]", "")
+    _estimate(page, hub, token, gpus="1", queue="sandbox")
+    expect(page.locator("#estimate-form .field-error")).to_have_count(0)
+    # the page's copy of core/wording.py's words agrees with it on the same cases
+    for case in ESTIMATE_CASES:
+        assert page.evaluate(WORDS, case) == estimate_text(*case), case
+    # her job array: one row in her jobs and in the queue, named as the CLI's queue names it
+    submitted = _submit(hub, "alice", gpus=1, queue="research/vision", name="sweep", array="0-5%2")
+    array_id = submitted["array_id"]
+    _wait(lambda: _array_states(hub, token, array_id).count("running") == 2, "two elements")
+    queue = hub.service("GET", "api/queue", token).json()
+    pending = [dict(e, state="pending") for e in queue["jobs"] if e["array_id"] == array_id]
+    (row,) = grouped(pending)  # the command line's one row for them
+    assert row["id"] == queue["arrays"][array_id] == f"{array_id}_[2-5%2]"
+    mine = page.locator(f"#my-jobs tr.job[data-array='{array_id}']")
+    expect(mine).to_have_count(1)
+    expect(mine.locator("td").first).to_have_text(row["id"])
+    expect(mine).to_contain_text("array of 6 jobs, 2 running, 4 pending")
+    expect(mine).to_contain_text(f"array {array_id} is at its limit of 2 running")
+    listed = page.locator(f"#queue tr[data-array='{array_id}']")
+    expect(listed).to_have_count(1)
+    expect(listed).to_contain_text(f"{row['id']} (4 pending)")
+    first = str(min(entry["position"] for entry in pending) + 1)  # its place: its first's
+    expect(listed.locator("td").first).to_have_text(first)
+    expect(mine.locator("td").nth(7)).to_have_text(first)
+    _shot(page, "dashboard-user")
+    # its button cancels it: DELETE api/arrays/<id> with the page's XSRF token
+    mine.locator("button.array-cancel").click()
+    expect(mine).to_have_count(0)
+    expect(listed).to_have_count(0)
+    _wait(lambda: set(_array_states(hub, token, array_id)) == {"cancelled"}, "the cancel")
     # laptop width: nothing wider than the window
     page.set_viewport_size({"width": 900, "height": 900})
     assert page.evaluate("document.documentElement.scrollWidth") <= 900
@@ -256,6 +327,7 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
     assert {shown.nth(i).get_attribute("data-key") for i in range(len(usage))} == {
         row["key"] for row in usage
     }
+    _estimate(page, hub, token, gpus="4", queue="research/nlp")  # any leaf queue, for an admin
     _shot(page, "dashboard-admin")
     # the reaper's warnings and culls with their evidence (events of api/events' shape; this
     # hub runs no notebook server to cull), settings changes left out

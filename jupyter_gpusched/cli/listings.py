@@ -80,10 +80,9 @@ def grouped(entries: list[dict]) -> list[dict]:
             rows.append(row)
         row["indices"].append(entry["array_index"])
     if arrays:  # imported here: the engine's package is no part of a terminal command's start-up
-        from ..core.arrays import array_text
+        from ..core.arrays import array_name
     for row in arrays.values():
-        indices = array_text(row["indices"], row.get("array_max_running"))
-        row["id"] = f"{row['array_id']}_[{indices}]"
+        row["id"] = array_name(row["array_id"], row["indices"], row.get("array_max_running"))
     return rows
 
 

@@ -7,8 +7,9 @@ that differ only in their index, and ``%8`` caps how many of them run at once.
 - :func:`array_block`: the reason an element waits while its array already runs
   ``max_running`` elements. In core (pure) so that the live service and the replay enforce the
   same cap in the same place of a pass (:func:`.passes.evaluate`).
-- :func:`array_text`: an array's pending elements written back the Slurm way, ``5-99%8``, for
-  the command line's one-row view of an array.
+- :func:`array_text`: an array's pending elements written back the Slurm way, ``5-99%8``, and
+  :func:`array_name`, the one row they are listed as, ``a-000012_[5-99%8]`` (the command line's
+  ``queue``, ``api/queue``'s ``arrays``, the web page).
 """
 
 from __future__ import annotations
@@ -104,6 +105,11 @@ def array_text(indices, max_running: int | None = None) -> str:
         parts.append(_run_text(run))
     cap = f"%{max_running}" if max_running is not None else ""
     return ",".join(parts) + cap
+
+
+def array_name(array_id: str, indices, max_running: int | None = None) -> str:
+    """The one row an array's elements ``indices`` are listed as: ``a-000012_[5-99%8]``."""
+    return f"{array_id}_[{array_text(indices, max_running)}]"
 
 
 def _run_text(run: list[int]) -> str:

@@ -1,5 +1,9 @@
 """Words for numbers in the messages users read (reasons, refusals): "1 GPU", "2 GPUs"; and
-an estimated start: "about 25 min (at 14:05 UTC)"."""
+an estimated start: "about 25 min (at 14:05 UTC)".
+
+The web page words estimates in the browser: ``service/web/static/draw.js`` (``waitText``,
+``estimateText``) follows :func:`wait_text` and :func:`estimate_text` rule for rule, and
+``tests/test_page_browser.py`` checks the two agree on the same cases: change both together."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import re
 
 from tornado import web
 
+from ..core.arrays import array_name
 from ..core.fairshare import fair_share_rank
 from ..core.jobs import JobState
 from .api_handler import APIError, APIHandler, api
@@ -114,16 +115,25 @@ class ClusterHandler(APIHandler):
         self.send({"total_gpus": total, "allocated_gpus": busy, "nodes": nodes})
 
 
+def _array_names(pending) -> dict[str, str]:
+    """Each job array among the ``pending`` jobs listed: the one row its pending elements are
+    listed as, the command line's (``a-000012_[5-99%8]``, core/arrays.py)."""
+    indices: dict[str, list[int]] = {}
+    caps: dict[str, int | None] = {}
+    for job in pending:
+        if job.array_id is not None:
+            indices.setdefault(job.array_id, []).append(job.array_index)
+            caps[job.array_id] = job.array_max_running
+    return {key: array_name(key, found, caps[key]) for key, found in indices.items()}
+
+
 class QueueHandler(APIHandler):
     @api
     def get(self):
         engine, me = self.live.engine, self.identity.name
         limit = self.whole("limit", 1000, maximum=MAX_LIST_LIMIT)
-        out = []
-        for position, job in enumerate(engine.pending_jobs(0)):
-            if position >= limit:
-                break
-            out.append(self._entry(job, position, me))
+        pending = engine.pending_jobs(0)[:limit]
+        out = [self._entry(job, position, me) for position, job in enumerate(pending)]
         held = [job for job in engine.jobs.values() if job.held and job.state == JobState.PENDING]
         held = [self._entry(job, None, me) for job in held[:limit]]
         retrying = [self._entry(job, None, me) for job in engine.retrying_jobs()[:limit]]
@@ -134,6 +144,7 @@ class QueueHandler(APIHandler):
                 "jobs": out,
                 "held": held,
                 "retrying": retrying,  # a refused launch's back-off: reason and ETA say when
+                "arrays": _array_names(pending),
             }
         )
 

@@ -14,7 +14,8 @@ running whose launch never happened has no launcher handle and is requeued on re
 ended while the service was down is finished from the launcher's exit record.
 
 Its parts, each in a module of its own: a request becoming a pending job (submissions.py), what
-admins change (admin_changes.py), what a batch job is launched with (launch_specs.py).
+admins change (admin_changes.py), what a batch job is launched with (launch_specs.py), the
+parts a poll ticks (poll_parts.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..core.scheduler import Scheduler
 from . import admin_changes
 from .identity import Identity
 from .launch_specs import describe, launch_spec
+from .poll_parts import sync_nodes, tick_parts
 from .records import Extra, allocation_rows, row_for, state_fields
 from .requests import JobRequest
 from .server_stops import ServerStops
@@ -94,12 +96,12 @@ class LiveScheduler:
     ):
         """The second step of building (app.py, once): the parts that are given the live
         scheduler when they are made, so cannot be its constructor's arguments; poll() ticks
-        them (node_sync first)."""
+        them (poll_parts.py)."""
         self.reaper = reaper
         self.hub_activity = hub_activity
         self.node_sync = node_sync
         self.rogue_watch = rogue_watch
-        self.history = history  # the cluster over time (service/history.py)
+        self.history = history
 
     # -- what users and admins do ------------------------------------------------------------
     def submit(self, who: Identity, request: JobRequest) -> Job:
@@ -257,11 +259,7 @@ class LiveScheduler:
 
     def poll(self) -> None:
         """Notice processes that exited; then run a pass (for timers inside the engine)."""
-        if self.node_sync is not None:  # first: a node's failure requeues, not fails, its jobs
-            try:
-                self.node_sync.sync()
-            except Exception:
-                log.exception("reading Slurm's node states failed")
+        sync_nodes(self)  # first: a node's failure requeues, not fails, its jobs
         for job_id in list(self.engine.running):
             extra = self.extras.get(job_id)
             if extra is None or extra.handle is None:
@@ -273,11 +271,7 @@ class LiveScheduler:
                 continue
             if result is not None:
                 self.process_exited(job_id, self.engine.jobs[job_id].runs, result)
-        _tick(self.reaper, "the reaper")
-        if self.hub_activity is not None:
-            self.hub_activity.tick()  # (reads in a task of its own, which logs its failures)
-        _tick(self.rogue_watch, "checking for rogue GPU processes")
-        _tick(self.history, "recording the history")
+        tick_parts(self)  # the reaper, the hub's activity, rogue processes, the history
         self.run_pass()
 
     def process_exited(self, job_id: str, run: int, result: Exit) -> None:
@@ -392,14 +386,3 @@ class LiveScheduler:
         if job is None or extra is None:
             return self.store.get_job(job_id)
         return row_for(job, extra)
-
-
-def _tick(part, what: str) -> None:
-    """``part.tick()`` (if there is the part), its failure logged: one part failing stops
-    neither the others nor the scheduling pass after them."""
-    if part is None:
-        return
-    try:
-        part.tick()
-    except Exception:
-        log.exception("%s failed", what)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 
-from .openapi_arrays import ARRAY_ID, JOB_ARRAY, SUBMIT_REQUEST, SUBMITTED
+from .openapi_arrays import ARRAY_ID, ARRAY_SCHEMAS, SUBMIT_REQUEST, SUBMITTED
 from .openapi_history import HISTORY_SCHEMAS, history_paths
 from .openapi_operations import SECURITY_SCHEMES, TIME, operation
 from .openapi_requests import (
@@ -332,7 +332,7 @@ def openapi_document(prefix: str = "/") -> dict:
                     **SCHEMAS,
                     **HISTORY_SCHEMAS,
                     "QueueSettings": QUEUE_SETTINGS,
-                    "JobArray": JOB_ARRAY,
+                    **ARRAY_SCHEMAS,
                 }
             ),
             "securitySchemes": copy.deepcopy(SECURITY_SCHEMES),

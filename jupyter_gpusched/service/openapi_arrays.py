@@ -1,5 +1,6 @@
 """Job arrays in ``api/openapi.json``: the ``array`` of a POST api/jobs body, the answer that
-submits an array (``JobArray``), and the id of ``DELETE api/arrays/{array_id}``.
+submits an array (``JobArray``), the id of ``DELETE api/arrays/{array_id}``, and the arrays
+``GET api/queue`` lists (``QueueArrays``).
 
 Apart from :mod:`.openapi_requests` because ``array`` is not a field of one job (the job spec,
 core/jobspec.py, has no such field: it is the request for many); a body without it is the one
@@ -13,6 +14,7 @@ import copy
 from ..core.arrays import ARRAY_PATTERN, MAX_ARRAY_ELEMENTS, MAX_ARRAY_INDEX, MAX_ARRAY_TEXT
 from .openapi_requests import JOB_REQUEST
 from .openapi_responses import ref, strict
+from .requests import MAX_LIST_LIMIT
 
 ARRAY_ID = "^a-[0-9]+$"
 
@@ -52,3 +54,13 @@ JOB_ARRAY = {
     ),
 }
 SUBMITTED = {"anyOf": [ref("Job"), ref("JobArray")]}  # the 201 of POST api/jobs
+QUEUE_ARRAYS = {
+    "description": "Each job array with pending elements among the queue's 'jobs': the one "
+    "row they are listed as, Slurm's way, its id and the indices still pending with its "
+    "%MAX_RUNNING: {'a-000012': 'a-000012_[2-5%2]'} (as the command line's queue lists it).",
+    "type": "object",
+    "maxProperties": MAX_LIST_LIMIT,
+    "propertyNames": {"pattern": ARRAY_ID},
+    "additionalProperties": {"type": "string", "pattern": r"^a-[0-9]+_\[[0-9,%-]+\]$"},
+}
+ARRAY_SCHEMAS = {"JobArray": JOB_ARRAY, "QueueArrays": QUEUE_ARRAYS}

@@ -316,6 +316,7 @@ SCHEMAS = {
             "jobs": {"type": "array", "items": ref("QueueEntry")},
             "held": {"type": "array", "items": ref("QueueEntry")},
             "retrying": {"type": "array", "items": ref("QueueEntry")},
+            "arrays": ref("QueueArrays"),
         }
     ),
     "GPUHolder": GPU_HOLDER,

@@ -7,11 +7,14 @@ refresh loop, ``admin.js`` the admins' sections, sent to admins only), shipped i
 build step, nothing from a CDN. The server renders
 who the caller is; the script fetches the same JSON APIs every client reads (``api/me``,
 ``api/jobs``, ``api/queue``, ``api/cluster``, ``api/history``, ``api/reaper``; admins also
-``api/usage`` and ``api/events``) with the browser's cookie every :data:`REFRESH_SECONDS`, and
-draws them (inline SVG): what the page shows is what the API says, others' names hidden as the
-API hides them. Its forms (the estimate, and for admins drain / resume and the reaper settings)
-send the page's XSRF token (``X-XSRFToken``), without which the API refuses a change by cookie
-(``Auth.cookie_write_allowed``).
+``api/usage``, ``api/events`` and, once, ``api/quotas``) with the browser's cookie every
+:data:`REFRESH_SECONDS`, and draws them (inline SVG): what the page shows is what the API says,
+others' names hidden as the API hides them; a job array is the one row ``api/queue``'s
+``arrays`` names, as the command line lists it. The estimate is worded as core/wording.py words
+it (``draw.js`` follows its rules; the browser test checks both on the same cases). Its forms
+and buttons (the estimate, cancelling a job array, and for admins drain / resume and the reaper
+settings) send the page's XSRF token (``X-XSRFToken``), without which the API refuses a change
+by cookie (``Auth.cookie_write_allowed``).
 
 A browser without a session is sent through ``<prefix>login`` (the hub's OAuth) and back. In
 standalone mode (a token file, no hub) open the page with ``?token=<token>``: the script sends

@@ -50,14 +50,36 @@ function gpus(n) {
   return `${value} GPU${value === 1 ? '' : 's'}`;
 }
 
-function duration(seconds) {
-  if (seconds < 60) return 'under a minute';
-  const minutes = Math.round(seconds / 60);
+// The words of core/wording.py (wait_text, estimate_text), which the notebook, the spawn form
+// and the CLI print: the same rules, tested on the same cases (tests/test_page_browser.py).
+// Python's round() takes halves to the even neighbour; Math.round takes them up.
+function roundHalfEven(x) {
+  return Math.abs(x % 1) === 0.5 ? 2 * Math.round(x / 2) : Math.round(x);
+}
+
+function waitText(seconds) {
+  const minutes = Math.max(1, roundHalfEven(seconds / 60));
   if (minutes < 60) return `${minutes} min`;
-  const hours = Math.floor(minutes / 60);
-  const rest = minutes % 60;
-  if (hours < 48) return rest ? `${hours} h ${rest} min` : `${hours} h`;
-  return `${Math.round(hours / 24)} days`;
+  if (minutes < 120) return minutes > 60 ? `1 h ${minutes - 60} min` : '1 h';
+  if (minutes < 48 * 60) {
+    const tens = roundHalfEven(minutes / 10) * 10;
+    const hours = Math.floor(tens / 60);
+    const rest = tens % 60;
+    return rest ? `${hours} h ${rest} min` : `${hours} h`;
+  }
+  return `${roundHalfEven(minutes / (24 * 60))} days`;
+}
+
+function estimateText(startNow, at, reason, now, withClock = true) {
+  if (startNow) return 'starts now';
+  if (at === null || at === undefined) return reason ? `waits: ${reason}` : 'waits';
+  let text = `about ${waitText(at - now)}`;
+  if (withClock) {
+    const moment = new Date(at * 1000).toISOString(); // UTC: 2026-12-02T14:05:00.000Z
+    const sameDay = moment.slice(0, 10) === new Date(now * 1000).toISOString().slice(0, 10);
+    text += ` (at ${sameDay ? '' : `${moment.slice(0, 10)} `}${moment.slice(11, 16)} UTC)`;
+  }
+  return text;
 }
 
 function clock(epoch, seconds = false) {
@@ -68,7 +90,7 @@ function clock(epoch, seconds = false) {
 function eta(epoch) {
   if (epoch === null || epoch === undefined) return '';
   const wait = epoch - Date.now() / 1000;
-  return wait <= 0 ? 'any moment' : `about ${duration(wait)} (${clock(epoch)})`;
+  return wait <= 0 ? 'any moment' : `about ${waitText(wait)} (${clock(epoch)})`;
 }
 
 function tierBadge(tier) {

@@ -58,23 +58,50 @@ function groupArrays(jobs) {
   return out;
 }
 
-function drawMyJobs(jobs, sessions) {
+// an array's row: its pending elements named as the CLI's queue names them, a-000012_[2-5%2]
+// (api/queue's "arrays", core/arrays.py array_name), or its id when none is pending
+function arrayName(job, names) {
+  return names[job.array_id] || job.array_id;
+}
+
+function counted(members) {
+  const running = members.filter((m) => m.state === 'running').length;
+  return { running, pending: members.length - running };
+}
+
+async function cancelArray(arrayId, button) {
+  button.disabled = true;
+  try {
+    await api(`api/arrays/${encodeURIComponent(arrayId)}`, { method: 'DELETE' });
+    refresh();
+  } catch (error) {
+    showStatus(`Could not cancel ${arrayId}: ${error.message}`);
+    button.disabled = false;
+  }
+}
+
+function drawMyJobs(jobs, sessions, names) {
   const spark = new Map(sessions.map((s) => [s.job_id, s.utilization_history || []]));
   if (!jobs.length) return fill('my-jobs', el('p', { class: 'empty', text: 'No pending or running jobs or servers.' }));
   const rows = groupArrays(jobs).map(({ job, members }) => {
-    const isArray = members.length > 1 || job.array_id;
-    const running = members.filter((m) => m.state === 'running').length;
+    const isArray = Boolean(job.array_id);
+    const count = counted(members);
     const what = isArray
-      ? `array ${job.array_id}: ${members.length} jobs (${running} running, ${members.length - running} pending)`
+      ? `${job.name ? `${job.name}: ` : ''}array of ${members.length} jobs, ${count.running} running, ${count.pending} pending`
       : job.name || job.command || job.notebook || job.kind;
-    const state = isArray ? (running ? 'running' : 'pending') : job.state;
-    const waiting = members.find((m) => m.state === 'pending');
+    const state = isArray ? (count.running ? 'running' : 'pending') : job.state;
+    // an array's first pending element in the queue's order speaks for it (as in the queue)
+    const pendingOnes = members.filter((m) => m.state === 'pending');
+    const waiting = pendingOnes.reduce((first, m) => (first && (first.position ?? Infinity) <= (m.position ?? Infinity) ? first : m), null);
     const notebookGPUs = job.kind === 'notebook' && job.gpus > 0 && job.state === 'running';
+    const cancel = isArray
+      ? el('button', { type: 'button', class: 'array-cancel', text: 'Cancel array', onclick: (event) => cancelArray(job.array_id, event.target) })
+      : '';
     return el(
       'tr',
-      { class: `job ${state}`, 'data-id': job.id, 'data-array': job.array_id || null },
-      el('td', { text: isArray ? job.array_id : job.id }),
-      el('td', { text: job.kind === 'notebook' && !isArray ? job.name || 'notebook server' : what }),
+      { class: `job ${state}`, 'data-id': isArray ? null : job.id, 'data-array': job.array_id || null, 'data-running': count.running, 'data-pending': count.pending },
+      el('td', { text: isArray ? arrayName(job, names) : job.id }),
+      el('td', { text: job.kind === 'notebook' ? job.name || 'notebook server' : what }),
       el('td', { text: state }),
       el('td', { text: job.queue }),
       el('td', {}, tierBadge(job.tier)),
@@ -82,7 +109,7 @@ function drawMyJobs(jobs, sessions) {
       el('td', { class: 'reason', text: waiting ? reasonText(waiting.reason) : '' }),
       el('td', { class: 'num', text: waiting && waiting.position !== null ? waiting.position + 1 : '' }),
       el('td', { text: waiting && waiting.reason ? eta(waiting.reason.eta) : '' }),
-      el('td', {}, notebookGPUs ? sparkline(spark.get(job.id) || []) : ''),
+      el('td', {}, notebookGPUs ? sparkline(spark.get(job.id) || []) : '', cancel),
     );
   });
   fill(
@@ -90,7 +117,7 @@ function drawMyJobs(jobs, sessions) {
     el(
       'table',
       {},
-      el('thead', {}, el('tr', {}, ['id', 'what', 'state', 'queue', 'tier', 'GPUs', 'why it waits', 'position', 'expected start', 'GPU use'].map((h) => el('th', { text: h })))),
+      el('thead', {}, el('tr', {}, ['id', 'what', 'state', 'queue', 'tier', 'GPUs', 'why it waits', 'position', 'expected start', ''].map((h) => el('th', { text: h })))),
       el('tbody', {}, rows),
     ),
   );
@@ -151,13 +178,13 @@ function drawCluster(cluster) {
   fill('cluster', el('div', { class: 'nodes', 'data-total': cluster.total_gpus, 'data-mine': mine }, nodes), legend);
 }
 
-function queueRows(entries, label) {
+function queueRows(entries, label, names = {}) {
   return groupArrays(entries).map(({ job, members }) =>
     el(
       'tr',
-      { class: `entry${job.mine ? ' mine' : ''}`, 'data-id': job.id },
+      { class: `entry${job.mine ? ' mine' : ''}`, 'data-id': job.array_id ? null : job.id, 'data-array': job.array_id || null, 'data-count': members.length },
       el('td', { class: 'num', text: label || (job.position === null ? '' : job.position + 1) }),
-      el('td', { text: members.length > 1 ? `${job.array_id} (${members.length} jobs)` : job.id }),
+      el('td', { text: job.array_id ? `${arrayName(job, names)} (${members.length} pending)` : job.id }),
       el('td', { text: job.mine ? `${job.user} (me)` : job.user || 'someone' }),
       el('td', { text: job.queue }),
       el('td', {}, tierBadge(job.tier)),
@@ -169,7 +196,7 @@ function queueRows(entries, label) {
 }
 
 function drawQueue(queue) {
-  const rows = [...queueRows(queue.jobs), ...queueRows(queue.held, 'held'), ...queueRows(queue.retrying, 'retry')];
+  const rows = [...queueRows(queue.jobs, null, queue.arrays), ...queueRows(queue.held, 'held'), ...queueRows(queue.retrying, 'retry')];
   const summary = el('p', { class: 'muted', text: `${queue.pending} pending, ${queue.running} running` });
   if (!rows.length) return fill('queue', summary, el('p', { class: 'empty', text: 'Nobody is waiting.' }));
   fill(
@@ -204,16 +231,27 @@ function drawUtilization(history) {
   );
 }
 
-function fillQueueChoices(me) {
+// the queues the estimate form offers, once: mine; an admin may submit to any leaf queue
+// (api/quotas lists them), their own default first chosen
+async function fillQueueChoices(me) {
   const select = document.querySelector('#estimate-form select[name=queue]');
   if (select.options.length) return;
-  for (const q of me.queues) select.append(el('option', { value: q.path, text: q.path, selected: q.default }));
+  let queues = me.queues;
+  if (ADMIN) {
+    const mine = new Set(me.queues.filter((q) => q.default).map((q) => q.path));
+    const quotas = await api('api/quotas');
+    queues = quotas.queues.filter((q) => q.leaf).map((q) => ({ path: q.path, default: mine.has(q.path) }));
+  }
+  if (select.options.length) return; // (filled while api/quotas answered)
+  for (const q of queues) select.append(el('option', { value: q.path, text: q.path, selected: q.default }));
 }
 
 async function estimate(event) {
   event.preventDefault();
   const form = event.target;
   const answer = document.getElementById('estimate-answer');
+  for (const old of form.querySelectorAll('.field-error')) old.remove();
+  // what a user would submit; the command does not change when it would start
   const job = { command: 'true', gpus: Number(form.elements.gpus.value) };
   if (form.elements.queue.value) job.queue = form.elements.queue.value;
   if (form.elements.tier.value) job.tier = Number(form.elements.tier.value);
@@ -222,16 +260,16 @@ async function estimate(event) {
   answer.textContent = 'asking…';
   try {
     const result = await api('api/estimate', { method: 'POST', json: job });
+    const words = estimateText(result.start_now, result.eta, result.reason && result.reason.message, Date.now() / 1000);
+    const where = `queue ${result.queue}${result.position ? `, ${ordinal(result.position)} in its pending order` : ''}`;
     answer.dataset.startNow = result.start_now;
-    if (result.start_now) answer.textContent = `It would start now, in ${result.queue}.`;
-    else {
-      const when = result.eta ? `in ${eta(result.eta)}` : 'at a time the scheduler cannot tell yet';
-      const place = result.position ? `, ${ordinal(result.position)} in line in ${result.queue}` : '';
-      answer.textContent = `It would wait${place}: ${reasonText(result.reason)}. Expected start ${when}.`;
-    }
+    answer.replaceChildren(el('span', { class: 'words', text: words }), el('span', { class: 'muted', text: ` (${where})` }));
   } catch (error) {
+    // a 400 names the field it refuses: the message goes next to that field
+    const field = error.field && form.elements[error.field];
     answer.className = 'answer error';
-    answer.textContent = error.status === 404 ? 'This service cannot estimate yet (no api/estimate).' : `No estimate: ${error.message}`;
+    answer.textContent = field ? 'Not estimated: see above.' : `Not estimated: ${error.message}`;
+    if (field) field.closest('label').after(el('span', { class: 'field-error', 'data-field': error.field, text: error.message }));
   }
 }
 
@@ -269,9 +307,9 @@ async function refresh() {
       readHistory(now),
       api('api/reaper').catch(() => ({ sessions: [], settings: {} })),
     ]);
-    drawMyJobs(jobs.jobs, reaper.sessions.filter((s) => s.user === ME));
+    drawMyJobs(jobs.jobs, reaper.sessions.filter((s) => s.user === ME), queue.arrays);
     drawMyQueues(me);
-    fillQueueChoices(me);
+    await fillQueueChoices(me);
     drawCluster(cluster);
     drawQueue(queue);
     drawUtilization(history);

@@ -218,6 +218,36 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
     assert hub.service("GET", f"api/jobs/{job['id']}", token).json()["state"] == "cancelled"
     _shot(page, "3-panel-cancelled")
 
+    # a job array: one block in "My jobs" and one entry in the queue, cancelled as one
+    response = hub.service(
+        "POST",
+        "api/jobs",
+        token,
+        json={"command": "sleep 600", "gpus": 1, "name": "sweep", "array": "0-2%1"},
+    )
+    assert response.status_code == 201, response.text
+    array_id = response.json()["array_id"]
+    block = panel.locator(f'.jp-gpusched-array[data-array-id="{array_id}"]')
+    queue = hub.service("GET", "api/queue", token).json()
+    name = queue["arrays"][array_id]  # Slurm's a-N_[1-2%1]: the CLI's and the page's name too
+    sync_api.expect(block).to_contain_text(
+        f"{name} sweep: array of 3 jobs, 1 running, 2 pending", timeout=TIMEOUT_MS
+    )
+    reason = queue["jobs"][0]["reason"]
+    sync_api.expect(block.locator(".jp-gpusched-reason-message")).to_have_text(reason["message"])
+    sync_api.expect(panel.locator(".jp-gpusched-job", has_text="sweep")).to_have_count(1)
+    entry = panel.locator(f'[data-queue-array="{array_id}"]')
+    sync_api.expect(entry).to_contain_text(f"{name}, 2 waiting")
+    _assert_nothing_clipped(panel)
+    block.locator(".jp-gpusched-cancel").click()
+    sync_api.expect(block).to_have_count(0, timeout=TIMEOUT_MS)
+    states = {
+        j["state"]
+        for j in hub.service("GET", "api/jobs", token).json()["jobs"]
+        if j.get("array_id") == array_id
+    }
+    assert states == {"cancelled"}, states
+
     # notices from the scheduler: a reaper warning, then a pre-emption
     deadline = time.time() + 600
     idle = {"kind": "idle", "message": "Your GPUs have been idle for 50 min", "deadline": deadline}

@@ -243,3 +243,31 @@ export function sparkline(values: (number | null)[], title: string): HTMLElement
     ` ${last === undefined || last === null ? '\u2014' : `${Math.round(last)}%`} now`
   );
 }
+
+/** Jobs in their order, the elements of each job array gathered where its first one stands. */
+export function groupArrays<T extends { array_id?: string | null }>(jobs: T[]): (T | T[])[] {
+  const out: (T | T[])[] = [];
+  const arrays = new Map<string, T[]>();
+  for (const job of jobs) {
+    const id = job.array_id;
+    if (!id) {
+      out.push(job);
+      continue;
+    }
+    let group = arrays.get(id);
+    if (!group) {
+      group = [];
+      arrays.set(id, group);
+      out.push(group);
+    }
+    group.push(job);
+  }
+  return out;
+}
+
+/** "array of 6 jobs, 2 running, 4 pending", as the scheduler's page says it (page.js). */
+export function arrayText(elements: { state?: string }[]): string {
+  const running = elements.filter(e => e.state === 'running').length;
+  const pending = elements.filter(e => e.state === 'pending').length;
+  return `array of ${elements.length} jobs, ${running} running, ${pending} pending`;
+}

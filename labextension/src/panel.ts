@@ -18,6 +18,8 @@ import { Poller, request } from './api';
 import {
   IStatus,
   allocationText,
+  arrayText,
+  groupArrays,
   clock,
   el,
   num,
@@ -154,7 +156,7 @@ export class GPUPanel extends Widget {
   private readonly pageLink = el(
     'a',
     { class: 'jp-gpusched-page-link', target: '_blank', rel: 'noopener', hidden: '' },
-    'Open the scheduler page'
+    'Open the scheduler page \u2197'
   );
   // this server's utilization at each refresh (the sparkline): the last UTIL_POINTS readings
   private readonly utilization: { job: string | null; values: (number | null)[] } = {
@@ -331,6 +333,38 @@ export class GPUPanel extends Widget {
     );
   }
 
+  /**
+   * A job array as one block: its name as `queue` (api/queue's `arrays`) gives it, Slurm's
+   * `a-000012_[2-5%2]`, its state counts, the first waiting element's reason, Cancel.
+   */
+  private arrayBlock(elements: any[], names: Record<string, string>): HTMLElement {
+    const first = elements[0];
+    const waiting = elements.filter(e => e.state === 'pending');
+    const cancel = el('button', { class: 'jp-gpusched-cancel jp-mod-styled jp-mod-warn' }, 'Cancel array');
+    cancel.addEventListener('click', () => void this.cancelArray(first.array_id, cancel));
+    const cap = first.array_max_running ? ` · at most ${first.array_max_running} running` : '';
+    return el(
+      'div',
+      { class: 'jp-gpusched-job jp-gpusched-array', 'data-array-id': first.array_id },
+      el(
+        'div',
+        { class: 'jp-gpusched-job-head' },
+        el('span', { class: 'jp-gpusched-job-name' }, names[first.array_id] ?? first.array_id),
+        ` ${first.name ? `${first.name}: ` : ''}`,
+        el('span', { class: 'jp-gpusched-state' }, arrayText(elements))
+      ),
+      el(
+        'div',
+        { class: 'jp-gpusched-details' },
+        tierTag(first.tier),
+        ` ${num(first.gpus)} GPU${first.gpus === 1 ? '' : 's'} each${cap}`,
+        waiting.length ? ` · first waiting ${queued(waiting[0].position, null)}` : ''
+      ),
+      waiting.length ? reasonNode(waiting[0].reason) : null,
+      el('div', { class: 'jp-gpusched-actions' }, cancel)
+    );
+  }
+
   private render(status: IStatus, jobs: any[], queue: any, cluster: any, me: any, reaper: any): void {
     const sections: HTMLElement[] = [this.serverSection(status)];
 
@@ -340,7 +374,9 @@ export class GPUPanel extends Widget {
         { class: 'jp-gpusched-jobs' },
         el('h3', {}, 'My jobs'),
         ...(jobs.length
-          ? jobs.map(job => this.jobBlock(job, status))
+          ? groupArrays(jobs).map(item =>
+              Array.isArray(item) ? this.arrayBlock(item, queue.arrays ?? {}) : this.jobBlock(item, status)
+            )
           : [el('p', { class: 'jp-gpusched-empty' }, 'No pending or running jobs.')])
       )
     );
@@ -370,21 +406,28 @@ export class GPUPanel extends Widget {
       );
     }
 
-    // the queue: one block per waiting job, others anonymised by the service
-    const entries = (queue.jobs as any[]).map(j =>
-      el(
+    // the queue: one block per waiting job (an array's elements: one), others anonymised
+    const entries = groupArrays(queue.jobs as any[]).map(item => {
+      const elements = Array.isArray(item) ? item : [item];
+      const j = elements[0];
+      const many = Array.isArray(item) ? ` · ${queue.arrays?.[j.array_id] ?? j.array_id}, ${elements.length} waiting` : '';
+      return el(
         'div',
-        { class: 'jp-gpusched-qjob', 'data-queue-job': j.mine ? j.id : '' },
+        {
+          class: 'jp-gpusched-qjob',
+          'data-queue-job': j.mine ? j.id : '',
+          'data-queue-array': Array.isArray(item) && j.mine ? j.array_id : ''
+        },
         el(
           'div',
           { class: 'jp-gpusched-job-head' },
           `#${j.position + 1} ${j.mine ? `${j.name || j.id} (mine)` : j.user || 'someone'} `,
           tierTag(j.tier),
-          ` ${num(j.gpus)} GPU${j.gpus === 1 ? '' : 's'}${j.queue ? ` · queue ${j.queue}` : ''}`
+          ` ${num(j.gpus)} GPU${j.gpus === 1 ? '' : 's'}${Array.isArray(item) ? ' each' : ''}${j.queue ? ` · queue ${j.queue}` : ''}${many}`
         ),
         reasonNode(j.reason)
-      )
-    );
+      );
+    });
     sections.push(
       el(
         'section',
@@ -458,6 +501,18 @@ export class GPUPanel extends Widget {
       Notification.info(`Job ${jobId} cancelled`, { autoClose: 3000 });
     } catch (error) {
       Notification.error(`Could not cancel job ${jobId}: ${(error as Error).message}`);
+      button.disabled = false;
+    }
+    this.changed();
+  }
+
+  private async cancelArray(arrayId: string, button: HTMLButtonElement): Promise<void> {
+    button.disabled = true;
+    try {
+      await request(`arrays/${encodeURIComponent(arrayId)}`, { method: 'DELETE' });
+      Notification.info(`Array ${arrayId} cancelled`, { autoClose: 3000 });
+    } catch (error) {
+      Notification.error(`Could not cancel array ${arrayId}: ${(error as Error).message}`);
       button.disabled = false;
     }
     this.changed();

@@ -20,8 +20,9 @@ Routes under ``<base_url>gpusched/api/``:
 * ``GET cluster``, ``GET queue``, ``GET jobs`` (query passed on; default: my pending and running
   jobs), ``GET jobs/<id>``, ``GET jobs/<id>/log``, ``DELETE jobs/<id>``, ``GET reaper``
   (the reaper's settings), ``PUT reaper`` (admins: change them; the body passed on),
-  ``GET me`` (the user as the service sees them: ``name``, ``admin``, ``groups``): the
-  service's answers, status and body as they are.
+  ``GET me`` (the user as the service sees them: ``name``, ``admin``, ``groups``),
+  ``DELETE arrays/<id>`` (cancel a job array): the service's answers, status and body as
+  they are.
 
 Without a service URL (a server not started by the spawner) every route answers 503 with
 ``{"error": ...}`` (``status``: 200 with ``configured: false``).
@@ -44,6 +45,7 @@ from .monitor import SETTINGS_KEY as MONITOR_KEY
 from .service_client import ServiceClient, error_body
 
 _JOB = r"(?P<job_id>[A-Za-z0-9_.:-]+)"
+_ARRAY = r"(?P<array_id>[A-Za-z0-9_.:-]+)"
 
 
 class _Handler(APIHandler):
@@ -106,6 +108,12 @@ class JobHandler(_Handler):
     @web.authenticated
     async def delete(self, job_id):
         await self.forward("DELETE", f"api/jobs/{quote(job_id)}")
+
+
+class ArrayHandler(_Handler):
+    @web.authenticated
+    async def delete(self, array_id):
+        await self.forward("DELETE", f"api/arrays/{quote(array_id)}")
 
 
 class JobLogHandler(_Handler):
@@ -215,5 +223,6 @@ def setup_proxy(web_app) -> None:
             (url_path_join(base, "jobs"), JobsHandler),
             (url_path_join(base, "jobs", _JOB), JobHandler),
             (url_path_join(base, "jobs", _JOB, "log"), JobLogHandler),
+            (url_path_join(base, "arrays", _ARRAY), ArrayHandler),
         ],
     )

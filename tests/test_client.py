@@ -340,7 +340,7 @@ def test_gpujob_estimate_prints_it_and_submits_nothing(shell, service, workdir, 
     before = alice.queue()
     estimate = run(shell, "%%gpujob --estimate --gpus 8 --gpu-model H100 --walltime 1h\nprint(1)\n")
     out = capsys.readouterr().out
-    assert out.startswith("%%gpujob: about ") and "UTC) (queue team)" in out, out
+    assert out.startswith("%%gpujob: about ") and "UTC) (#1 in queue team)" in out, out
     assert estimate.position == 1 and alice.queue() == before
     assert not list(workdir.glob(".gpusched/cell-*.py"))  # no cell file either
     run(shell, "%%gpujob --estimate --gpus 1 --gpu-model L40S\nprint(1)\n")

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ..notebook.job import MAX_LOG_BYTES, Job
-from .service import OK, UsageError, add_command, print_json, when
+from .service import OK, UsageError, add_command, print_json
 
 
 def add_parsers(commands) -> None:
@@ -140,17 +140,11 @@ def run_estimate(args, client) -> int:
 
 
 def estimate_text(answer: dict) -> str:
-    """``POST api/estimate``'s answer in a line."""
-    queue = answer.get("queue")
-    if answer.get("start_now"):
-        return f"starts now (queue {queue})"
-    reason = (answer.get("reason") or {}).get("message") or "it would wait"
-    parts = [f"waits: {reason}"]
-    if answer.get("eta") is not None:
-        parts.append(f"estimated start {when(answer['eta'])}")
-    if answer.get("position") is not None:
-        parts.append(f"#{answer['position']} in queue {queue}")
-    return "; ".join(parts)
+    """``POST api/estimate``'s answer in a line, in the words the notebook and the page use."""
+    # imported here: the words are core's, whose package only this command needs to load
+    from ..notebook.estimate import Estimate
+
+    return Estimate(answer).line()
 
 
 def run_cancel(args, client) -> int:

@@ -30,6 +30,14 @@ class Estimate:
         message = (self.reason or {}).get("message")
         return estimate_text(self.start_now, self.eta, message, now, clock)
 
+    def line(self) -> str:
+        """The words and where: ``starts now (queue team)``, ``waits: ... (#3 in queue
+        small)``: what ``%%gpujob --estimate`` and ``jupyter-gpusched estimate`` print."""
+        where = f"queue {self.queue}"
+        if not self.start_now and self.position is not None:
+            where = f"#{self.position} in {where}"
+        return f"{self.text()} ({where})"
+
     def __str__(self) -> str:
         return self.text()
 

@@ -96,7 +96,7 @@ class GPUSchedMagics(Magics):
         try:
             if args.estimate:  # nothing written, nothing submitted
                 estimate = self.client._estimate(fields)
-                print(f"%%gpujob: {estimate} (queue {estimate.queue})")
+                print(f"%%gpujob: {estimate.line()}")
                 return estimate
             job = self.client._submit(fields, payload=payload)
         except GPUSchedError as exc:

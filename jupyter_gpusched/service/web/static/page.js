@@ -226,7 +226,7 @@ function drawUtilization(history) {
   const measured = rows.length ? timeChart(rows, [{ key: 'busy', label: 'measured busy (notebook servers sampled)', colour: '#212121', value: busy }], { stacked: false, top: total || null, until: history.until }) : [];
   fill(
     'utilization',
-    el('div', { class: 'utilization', 'data-allocated-now': allocatedNow, 'data-total': total }, el('p', { class: 'muted', text: `${allocatedNow} of ${total} GPUs allocated now` }), parts),
+    el('div', { class: 'utilization', 'data-allocated-now': allocatedNow, 'data-total': total }, el('p', { class: 'muted', text: rows.length ? `${allocatedNow} of ${total} GPUs allocated at the last sample (${clock(rows[rows.length - 1].time, true)}; one every ${history.interval ?? '?'} s)` : 'No sample yet.' }), parts),
     measured.length ? el('details', {}, el('summary', { text: 'measured GPU utilization' }), measured) : null,
   );
 }

@@ -10,6 +10,12 @@ Jupyter's paths pointing into the environment (its JupyterLab, labextensions, se
 as the job launcher does for batch jobs (``LocalLauncher.python``). Kernels inherit that
 environment: jupyter_client starts ``python`` kernels with the server's interpreter.
 
+Either way the server's ``PATH`` starts with a folder of this environment's commands, so that a
+terminal of the server (and a kernel's ``!``) runs ``jupyter gpusched queue`` with no set-up:
+the environment's ``bin`` when its interpreter is usable, else :data:`SERVER_BIN`, whose
+``jupyter`` and ``jupyter-gpusched`` run the system ``python3`` chosen here
+(``GPUSCHED_SERVER_PYTHON``).
+
 ``hub_config/jupyterhub_config.py`` sets ``c.Spawner.cmd`` and adds to ``c.Spawner.environment``
 from it.
 """
@@ -22,6 +28,9 @@ import subprocess
 import sys
 
 from ..backends.accounts import SYSTEM_PYTHONS, environment_pythonpath
+
+#: ``jupyter`` and ``jupyter-gpusched`` for servers on a system Python (sh scripts).
+SERVER_BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "server_bin")
 
 
 def usable_by_others(path: str) -> bool:
@@ -56,9 +65,11 @@ def singleuser_command() -> tuple[list[str], dict[str, str]]:
     """``(cmd, environment)`` for ``c.Spawner.cmd`` and ``c.Spawner.environment``: this
     environment's ``jupyterhub-singleuser`` itself when every user can run its interpreter, else
     run by a system ``python3`` of the same version with the environment it needs."""
-    script = os.path.join(os.path.dirname(sys.executable), "jupyterhub-singleuser")
+    bin_dir = os.path.dirname(sys.executable)
+    script = os.path.join(bin_dir, "jupyterhub-singleuser")
+    path = os.environ.get("PATH") or os.defpath
     if usable_by_others(sys.executable) and usable_by_others(os.__file__):
-        return [script], {}
+        return [script], {"PATH": os.pathsep.join([bin_dir, path])}
     for python in SYSTEM_PYTHONS:
         if usable_by_others(python) and _same_version(python):
             break
@@ -66,6 +77,8 @@ def singleuser_command() -> tuple[list[str], dict[str, str]]:
         return [script], {}
     jupyter = os.path.join(sys.prefix, "share", "jupyter")
     environment = {
+        "PATH": os.pathsep.join([SERVER_BIN, path]),
+        "GPUSCHED_SERVER_PYTHON": python,
         "PYTHONPATH": environment_pythonpath(),
         "JUPYTER_PATH": jupyter,
         "JUPYTER_CONFIG_PATH": os.path.join(sys.prefix, "etc", "jupyter"),

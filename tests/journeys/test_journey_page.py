@@ -1,0 +1,99 @@
+"""bob asks when he would start, runs a sweep from a shell in his server, and follows it on the
+scheduler's page; admin reads the page's admin part.
+
+bob opens the spawn form: each profile says when it would start ("starts now": the cluster is
+empty); he starts the 4-GPU one. In his notebook, shell lines (``!``, the environment his
+server's terminals have) run ``jupyter gpusched submit --array 0-3%1 ...`` (no token, no URL:
+the server's), ``jupyter gpusched queue --me`` (the array is one row, ``a-N_[1-3%1]``) and
+``jupyter gpusched estimate --gpus 8`` (research/nlp would pass its limit). From the hub's
+Services menu he opens the scheduler's page: his server and the array (one row, with its
+reason), his queue's bar at his 5 GPUs, the same estimate in the same words from the page's
+form; he cancels the array there, and the CLI's ``jobs`` says so. admin's page has the showback,
+the reaper's forms and the nodes' drain buttons; bob's page has none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from journey import TIMEOUT_MS, jobs_of, service, shot, skip_if_missing, stop_everything, sync_api
+from lab import open_notebook, output_text, run_cell, write_notebook
+
+skip_if_missing()
+expect = sync_api.expect
+TEST = "page"
+
+CELLS = [
+    "!jupyter gpusched submit --gpus 1 --array 0-3%1 --name sweep -- sleep 600",
+    "!jupyter gpusched queue --me",
+    "!jupyter gpusched estimate --gpus 8",
+    "!jupyter gpusched jobs --json",
+]
+
+
+def test_bob_asks_when_he_would_start_and_follows_a_sweep_on_the_page(demo, people):
+    hub = demo
+    bob = people("bob")
+    bob.goto(f"{hub.url}/hub/home")
+    bob.locator("#start").click()
+    bob.wait_for_url(re.compile(r".*/hub/spawn.*"))
+    for profile in ("gpu-1", "gpu-4", "cpu-only"):  # the cluster is empty
+        expect(bob.locator(f"#gpusched-estimate-{profile}")).to_contain_text("starts now")
+    shot(bob, TEST, "1-bob-spawn-form-estimates")
+    bob.check("#gpusched-profile-gpu-4")
+    bob.get_by_role("button", name=re.compile("Start")).click()
+    bob.wait_for_url(re.compile(r".*/user/bob/lab.*"), timeout=120_000)
+
+    # -- a shell in his server: the CLI finds the service and his token by itself --
+    write_notebook(hub, "bob", "journey-page.ipynb", CELLS)
+    notebook = open_notebook(bob, hub, "bob", "journey-page.ipynb")
+    submitted = output_text(run_cell(bob, notebook, 0, timeout_ms=60_000))
+    match = re.search(r"(a-\d+) \(4 jobs\)", submitted)
+    assert match, submitted
+    array_id = match.group(1)
+    listed = output_text(run_cell(bob, notebook, 1, timeout_ms=60_000))
+    assert re.search(rf"{array_id}_\[1-3%1\]\s+bob\s+research/nlp", listed), listed
+    estimated = output_text(run_cell(bob, notebook, 2, timeout_ms=60_000)).strip()
+    assert estimated.startswith("waits: queue research/nlp is at its limit of 8 GPUs"), estimated
+    shot(bob, TEST, "2-bob-cli-in-his-server")
+
+    # -- the Services menu leads to the scheduler's page --
+    bob.goto(f"{hub.url}/hub/home")
+    bob.locator("a.dropdown-toggle", has_text="Services").click()
+    bob.locator("a[href$='/services/gpusched/']").first.click()
+    bob.wait_for_url(re.compile(r".*/services/gpusched/.*"))
+    server = next(j for j in jobs_of(hub, "bob", "running") if j["kind"] == "notebook")
+    expect(bob.locator(f"#my-jobs tr.job[data-id='{server['id']}']")).to_contain_text("running")
+    row = bob.locator(f"#my-jobs tr.job[data-array='{array_id}']")
+    expect(row).to_contain_text("array of 4 jobs, 1 running, 3 pending", timeout=TIMEOUT_MS)
+    expect(row).to_contain_text(f"array {array_id} is at its limit of 1 running")
+    queue = next(q for q in service(hub, "GET", "api/me", "bob").json()["queues"] if q["default"])
+    assert queue["path"] == "research/nlp" and queue["in_use"] == 5, queue
+    expect(bob.locator("#my-queues")).to_contain_text("in use 5 · guaranteed 3 · limit 8")
+    # the page's form: the words the CLI printed (its queue and place aside)
+    bob.fill("#estimate-form [name=gpus]", "8")
+    bob.select_option("#estimate-form [name=queue]", "research/nlp")
+    bob.click("#estimate-form button[type=submit]")
+    words = estimated.rsplit(" (", 1)[0]
+    expect(bob.locator("#estimate-answer .words")).to_have_text(words)
+    for admin_part in ("#showback", "#reaper-form", "#nodes-admin"):
+        assert bob.locator(admin_part).count() == 0, admin_part
+    shot(bob, TEST, "3-bob-page")
+
+    # -- he cancels the sweep from the page; the CLI in his server says so --
+    row.locator("button.array-cancel").click()
+    expect(row).to_have_count(0, timeout=TIMEOUT_MS)
+    notebook = open_notebook(bob, hub, "bob", "journey-page.ipynb")  # back in his Lab
+    views = json.loads(output_text(run_cell(bob, notebook, 3, timeout_ms=60_000)))["jobs"]
+    states = {v["state"] for v in views if v.get("array_id") == array_id}
+    assert states == {"cancelled"}, views
+
+    # -- admin: the page's admin part --
+    admin = people("admin")
+    admin.goto(f"{hub.url}/services/gpusched/")
+    for admin_part in ("#showback", "#reaper-form", "#nodes-admin"):
+        expect(admin.locator(admin_part)).to_be_visible()
+    expect(admin.locator("#nodes-admin")).to_contain_text("gpu1")
+    shot(admin, TEST, "4-admin-page")
+    stop_everything(hub)

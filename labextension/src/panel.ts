@@ -23,17 +23,16 @@ import {
   clock,
   el,
   num,
-  parseTimeout,
   queueBar,
   sparkline,
   queued,
   reasonNode,
   serverText,
   tierTag,
-  timeoutText,
   utilizationText
 } from './format';
 import { INotice, noticeText } from './notices';
+import { ReaperEditor } from './reaper_editor';
 
 export const PANEL_ID = 'jp-gpusched-panel';
 const UTIL_POINTS = 60; // the sparkline's readings: 5 min at the panel's 5 s refresh
@@ -46,104 +45,6 @@ const gpuIcon = new LabIcon({
     '<rect x="7" y="9" width="4" height="6"/><rect x="13" y="9" width="4" height="6"/>' +
     '<rect x="2" y="10" width="2" height="4"/><rect x="20" y="10" width="2" height="4"/></g></svg>'
 });
-
-// -- the reaper's timeouts, for admins ------------------------------------------------------------
-const REAPER_FIELDS: [string, string][] = [
-  ['timeout_tier_1', 'tier 1 timeout'],
-  ['timeout_tier_2', 'tier 2 timeout'],
-  ['timeout_tier_3', 'tier 3 timeout'],
-  ['warning_lead', 'warning before']
-];
-
-/**
- * The admin's editor of the reaper's timeouts (minutes, or "off"). It keeps its own DOM across
- * the panel's refreshes, so a value being typed is not overwritten by the next poll; a field the
- * admin changed keeps its text until saved (or Reset).
- */
-class ReaperEditor {
-  readonly node = el('section', { class: 'jp-gpusched-reaper', hidden: '' });
-  private readonly inputs = new Map<string, HTMLInputElement>();
-  private readonly dirty = new Set<string>();
-  private readonly message = el('div', { class: 'jp-gpusched-reaper-message' });
-  private readonly save = el('button', { class: 'jp-gpusched-reaper-save jp-mod-styled jp-mod-accept' }, 'Save');
-  private readonly reset = el('button', { class: 'jp-gpusched-reaper-reset jp-mod-styled' }, 'Reset');
-  private settings: any = null;
-
-  constructor(private readonly onSaved: () => void) {
-    const rows = REAPER_FIELDS.map(([field, label]) => {
-      const input = el('input', {
-        class: 'jp-gpusched-reaper-input jp-mod-styled',
-        'data-setting': field,
-        size: '6',
-        title: 'minutes, or off (also 1h, 90s)'
-      });
-      input.addEventListener('input', () => this.dirty.add(field));
-      input.addEventListener('keydown', event => {
-        if (event.key === 'Enter') {
-          void this.submit();
-        }
-      });
-      this.inputs.set(field, input);
-      return el(
-        'label',
-        { class: 'jp-gpusched-reaper-row', 'data-reaper-row': field },
-        el('span', { class: 'jp-gpusched-reaper-label' }, label),
-        el('span', {}, input, ' min')
-      );
-    });
-    this.save.addEventListener('click', () => void this.submit());
-    this.reset.addEventListener('click', () => {
-      this.dirty.clear();
-      this.message.textContent = '';
-      this.show(this.settings);
-    });
-    this.node.append(
-      el('h3', {}, 'Idle reaper (admin)'),
-      ...rows,
-      el('div', { class: 'jp-gpusched-actions' }, this.save, this.reset),
-      this.message
-    );
-  }
-
-  /** The settings in force; fields the admin is editing keep their text. */
-  show(settings: any): void {
-    this.settings = settings;
-    if (!settings) {
-      return;
-    }
-    for (const [field, input] of this.inputs) {
-      if (!this.dirty.has(field) && document.activeElement !== input) {
-        input.value = timeoutText(settings[field]);
-      }
-    }
-  }
-
-  async submit(): Promise<void> {
-    const changes: Record<string, number | string | null> = {};
-    for (const field of this.dirty) {
-      changes[field] = parseTimeout(this.inputs.get(field)!.value);
-    }
-    if (!Object.keys(changes).length) {
-      this.message.className = 'jp-gpusched-reaper-message';
-      this.message.textContent = 'Nothing changed.';
-      return;
-    }
-    this.save.disabled = true;
-    try {
-      const answer = await request('reaper', { method: 'PUT', body: JSON.stringify(changes) });
-      this.dirty.clear();
-      this.show(answer?.settings ?? this.settings);
-      this.message.className = 'jp-gpusched-reaper-message jp-gpusched-reaper-ok';
-      this.message.textContent = `Saved: ${Object.keys(changes).join(', ')}`;
-      this.onSaved();
-    } catch (error) {
-      this.message.className = 'jp-gpusched-reaper-message jp-gpusched-error';
-      this.message.textContent = `Not saved: ${(error as Error).message}`;
-    } finally {
-      this.save.disabled = false;
-    }
-  }
-}
 
 // -- the panel ---------------------------------------------------------------------------------------
 export class GPUPanel extends Widget {
@@ -290,7 +191,7 @@ export class GPUPanel extends Widget {
   private jobBlock(job: any, status: IStatus): HTMLElement {
     const thisServer = job.id === status.job_id;
     const cancel = el('button', { class: 'jp-gpusched-cancel jp-mod-styled jp-mod-warn' }, 'Cancel');
-    cancel.addEventListener('click', () => void this.cancel(job.id, cancel));
+    cancel.addEventListener('click', () => void this.cancel('job', job.id, cancel));
     const log = el('button', { class: 'jp-gpusched-showlog jp-mod-styled' }, 'Log');
     log.addEventListener('click', () => void this.show_log(job.id));
     // this server's own job is stopped through the hub, not cancelled from inside it
@@ -341,7 +242,7 @@ export class GPUPanel extends Widget {
     const first = elements[0];
     const waiting = elements.filter(e => e.state === 'pending');
     const cancel = el('button', { class: 'jp-gpusched-cancel jp-mod-styled jp-mod-warn' }, 'Cancel array');
-    cancel.addEventListener('click', () => void this.cancelArray(first.array_id, cancel));
+    cancel.addEventListener('click', () => void this.cancel('array', first.array_id, cancel));
     const cap = first.array_max_running ? ` · at most ${first.array_max_running} running` : '';
     return el(
       'div',
@@ -494,25 +395,14 @@ export class GPUPanel extends Widget {
     );
   }
 
-  private async cancel(jobId: string, button: HTMLButtonElement): Promise<void> {
+  /** Cancel a job (`what` "job", `jobs/<id>`) or a job array ("array", `arrays/<id>`). */
+  private async cancel(what: 'job' | 'array', id: string, button: HTMLButtonElement): Promise<void> {
     button.disabled = true;
     try {
-      await request(`jobs/${encodeURIComponent(jobId)}`, { method: 'DELETE' });
-      Notification.info(`Job ${jobId} cancelled`, { autoClose: 3000 });
+      await request(`${what}s/${encodeURIComponent(id)}`, { method: 'DELETE' });
+      Notification.info(`${what === 'job' ? 'Job' : 'Array'} ${id} cancelled`, { autoClose: 3000 });
     } catch (error) {
-      Notification.error(`Could not cancel job ${jobId}: ${(error as Error).message}`);
-      button.disabled = false;
-    }
-    this.changed();
-  }
-
-  private async cancelArray(arrayId: string, button: HTMLButtonElement): Promise<void> {
-    button.disabled = true;
-    try {
-      await request(`arrays/${encodeURIComponent(arrayId)}`, { method: 'DELETE' });
-      Notification.info(`Array ${arrayId} cancelled`, { autoClose: 3000 });
-    } catch (error) {
-      Notification.error(`Could not cancel array ${arrayId}: ${(error as Error).message}`);
+      Notification.error(`Could not cancel ${what} ${id}: ${(error as Error).message}`);
       button.disabled = false;
     }
     this.changed();

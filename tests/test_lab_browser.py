@@ -76,6 +76,10 @@ def lab_hub():
     del hub
 
 
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 def _shot(page, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"))
@@ -194,6 +198,19 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
             f"{queue['in_use']:g} in use · {queue['guaranteed']:g} guaranteed · {limit}"
         )
         sync_api.expect(block.locator(".jp-gpusched-bar")).to_be_visible()
+        share = queue["fair_share"]  # where it stands, as the page says it
+        sync_api.expect(block.locator(".jp-gpusched-fair-share")).to_have_text(
+            "fair-share order not computed yet"
+            if share is None
+            else f"{_ordinal(share['rank'])} of {share['of']} in the fair-share order"
+        )
+    # the cluster over the last 24 h (api/history, through her server), as on the page
+    history = hub.service("GET", "api/history", token).json()
+    assert history["rows"], history
+    total = history["rows"][-1]["total_gpus"]
+    sync_api.expect(panel.locator(".jp-gpusched-cluster .jp-gpusched-spark")).to_contain_text(
+        re.compile(rf"^ allocated, last 24 h \(\d+ of {total} at \d\d:\d\d\)$")
+    )
     # her GPUs marked in the cluster's grid: the 2 of her server
     sync_api.expect(panel.locator(".jp-gpusched-node .jp-gpusched-gpu-mine")).to_have_count(2)
     # the link to the scheduler's page, as the hub's proxy serves it

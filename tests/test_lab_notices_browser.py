@@ -24,7 +24,7 @@ from test_lab_browser import (  # the module-level skips (no Chromium, no build)
     _post_notice,
     _shot,
     _toast,
-    browser,  # noqa: F401 (a fixture)
+    browser_fixture,  # noqa: F401 (the fixture "browser")
     lab_hub,  # noqa: F401 (a fixture: this module's own hub)
     sync_api,
 )
@@ -37,7 +37,7 @@ WARNING = (
 )
 
 
-def _open_lab(browser, hub, user):  # noqa: F811 (the fixture's value)
+def _open_lab(browser, hub, user):
     page = _log_in(browser, hub, user)
     page.goto(f"{hub.url}/user/{user}/lab")
     sync_api.expect(page.locator(".jp-gpusched-status")).to_contain_text(

@@ -214,8 +214,11 @@ export function queueBar(inUse: number, guaranteed: number, limit: number | null
   );
 }
 
-/** Utilization readings (percent; null: unknown) as a small line, newest on the right. */
-export function sparkline(values: (number | null)[], title: string): HTMLElement {
+/**
+ * Readings in percent (null: unknown, a gap) as a small line, newest on the right, then `note`
+ * (default: the newest reading, "63% now").
+ */
+export function sparkline(values: (number | null)[], title: string, note?: string): HTMLElement {
   const width = 120;
   const height = 24;
   const step = values.length > 1 ? width / (values.length - 1) : width;
@@ -240,7 +243,7 @@ export function sparkline(values: (number | null)[], title: string): HTMLElement
     'div',
     { class: 'jp-gpusched-spark', title },
     chart as unknown as Node,
-    ` ${last === undefined || last === null ? '\u2014' : `${Math.round(last)}%`} now`
+    ` ${note ?? `${last === undefined || last === null ? '\u2014' : `${Math.round(last)}%`} now`}`
   );
 }
 
@@ -270,4 +273,11 @@ export function arrayText(elements: { state?: string }[]): string {
   const running = elements.filter(e => e.state === 'running').length;
   const pending = elements.filter(e => e.state === 'pending').length;
   return `array of ${elements.length} jobs, ${running} running, ${pending} pending`;
+}
+
+/** 1st, 2nd, 3rd, 4th ... 11th, 12th, 13th, 21st (the page's ordinal, draw.js). */
+export function ordinal(n: number): string {
+  const suffixes = ['th', 'st', 'nd', 'rd'];
+  const v = n % 100;
+  return n + (suffixes[(v - 20) % 10] || suffixes[v] || suffixes[0]);
 }

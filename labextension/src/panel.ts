@@ -23,6 +23,7 @@ import {
   clock,
   el,
   num,
+  ordinal,
   queueBar,
   sparkline,
   queued,
@@ -32,10 +33,12 @@ import {
   utilizationText
 } from './format';
 import { INotice, noticeText } from './notices';
+import { clusterSection } from './cluster_section';
 import { ReaperEditor } from './reaper_editor';
 
 export const PANEL_ID = 'jp-gpusched-panel';
 const UTIL_POINTS = 60; // the sparkline's readings: 5 min at the panel's 5 s refresh
+const HISTORY_EVERY = 60; // seconds between the panel's reads of api/history
 
 const gpuIcon = new LabIcon({
   name: 'jupyter-gpusched:gpu',
@@ -59,6 +62,8 @@ export class GPUPanel extends Widget {
     { class: 'jp-gpusched-page-link', target: '_blank', rel: 'noopener', hidden: '' },
     'Open the scheduler page \u2197'
   );
+  // the cluster's allocated GPUs over the last 24 h (api/history), read at most once a minute
+  private history: { read: number; rows: any[] } = { read: -Infinity, rows: [] };
   // this server's utilization at each refresh (the sparkline): the last UTIL_POINTS readings
   private readonly utilization: { job: string | null; values: (number | null)[] } = {
     job: null,
@@ -123,6 +128,7 @@ export class GPUPanel extends Widget {
         this.pageLink.hidden = false;
       }
       this.remember(status);
+      await this.readHistory();
       this.render(status, jobs.jobs, queue, cluster, me, me?.admin ? reaper : null);
       if (this.logJob) {
         await this.show_log(this.logJob);
@@ -131,6 +137,17 @@ export class GPUPanel extends Widget {
       this.errorLine.textContent = `Cannot reach the GPU scheduler: ${(error as Error).message}`;
       throw error;
     }
+  }
+
+  /** The cluster over the last 24 h, read again once a minute (rows: one per history_interval). */
+  private async readHistory(): Promise<void> {
+    const now = Date.now() / 1000;
+    if (now - this.history.read < HISTORY_EVERY) {
+      return;
+    }
+    this.history.read = now;
+    const answer = await request(`history?since=${Math.floor(now - 24 * 3600)}`).catch(() => null);
+    this.history.rows = answer?.rows ?? this.history.rows;
   }
 
   /** This server's utilization now, kept for its sparkline (a new job starts a new line). */
@@ -300,7 +317,14 @@ export class GPUPanel extends Widget {
                 `${q.path}${q.default ? ' (default)' : ''}: ${num(q.in_use)} in use · ${num(q.guaranteed)} guaranteed · ` +
                   (q.limit === null ? 'no limit' : `limit ${num(q.limit)}`)
               ),
-              queueBar(q.in_use, q.guaranteed, q.limit)
+              queueBar(q.in_use, q.guaranteed, q.limit),
+              el(
+                'div',
+                { class: 'jp-gpusched-fair-share' },
+                q.fair_share
+                  ? `${ordinal(q.fair_share.rank)} of ${q.fair_share.of} in the fair-share order`
+                  : 'fair-share order not computed yet'
+              )
             )
           )
         )
@@ -338,7 +362,7 @@ export class GPUPanel extends Widget {
       )
     );
 
-    sections.push(this.clusterSection(cluster, me?.name ?? null));
+    sections.push(clusterSection(cluster, me?.name ?? null, this.history.rows));
 
     // the reaper's settings: admins only (the caller passes null to others). The editor stays
     // in the page between refreshes (a field being typed in keeps its focus); hidden otherwise.
@@ -348,51 +372,6 @@ export class GPUPanel extends Widget {
       this.reaperEditor.show(reaper.settings);
     }
     this.body.replaceChildren(...sections);
-  }
-
-  /** The cluster, by node and tier: one square per GPU in its holder's tier colour, mine outlined. */
-  private clusterSection(cluster: any, me: string | null): HTMLElement {
-    const nodes = (cluster.nodes as any[]).map(node => {
-      const tiers: Record<string, number> = {};
-      const cells = (node.gpu_list as any[]).map(gpu => {
-        const holders = gpu.jobs as any[];
-        for (const h of holders) {
-          tiers[`t${h.tier}`] = (tiers[`t${h.tier}`] || 0) + (h.fraction ?? 1);
-        }
-        const tier = holders.length ? `t${holders[0].tier}` : 'free';
-        const who = holders.map(h => h.user || 'someone').join(', ');
-        const mine = me !== null && holders.some(h => h.user === me);
-        return el('span', {
-          class: `jp-gpusched-gpu jp-gpusched-${tier}${mine ? ' jp-gpusched-gpu-mine' : ''}`,
-          title: `GPU ${gpu.index}: ${holders.length ? `${who} (tier ${holders[0].tier})` : 'free'}`
-        });
-      });
-      const byTier = Object.entries(tiers)
-        .sort()
-        .map(([t, n]) => `${t}: ${num(n)}`)
-        .join(' · ');
-      return el(
-        'div',
-        { class: 'jp-gpusched-node', 'data-node': node.name },
-        el('span', { class: 'jp-gpusched-node-name' }, `${node.name} (${node.gpu_model})${node.state !== 'up' ? ` [${node.state}]` : ''}`),
-        el('span', { class: 'jp-gpusched-gpus' }, ...cells),
-        el('span', { class: 'jp-gpusched-node-use' }, `${num(node.free)}/${node.gpus} free${byTier ? ` · ${byTier}` : ''}`)
-      );
-    });
-    const legend = el(
-      'div',
-      { class: 'jp-gpusched-legend' },
-      ...[1, 2, 3].map(t => el('span', {}, el('span', { class: `jp-gpusched-gpu jp-gpusched-t${t}` }), ` tier ${t} `)),
-      el('span', {}, el('span', { class: 'jp-gpusched-gpu jp-gpusched-free' }), ' free '),
-      el('span', {}, el('span', { class: 'jp-gpusched-gpu jp-gpusched-free jp-gpusched-gpu-mine' }), ' mine')
-    );
-    return el(
-      'section',
-      { class: 'jp-gpusched-cluster' },
-      el('h3', {}, `Cluster: ${num(cluster.allocated_gpus)}/${cluster.total_gpus} GPUs allocated`),
-      ...nodes,
-      legend
-    );
   }
 
   /** Cancel a job (`what` "job", `jobs/<id>`) or a job array ("array", `arrays/<id>`). */

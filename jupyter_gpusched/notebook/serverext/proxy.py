@@ -21,7 +21,8 @@ Routes under ``<base_url>gpusched/api/``:
   jobs), ``GET jobs/<id>``, ``GET jobs/<id>/log``, ``DELETE jobs/<id>``, ``GET reaper``
   (the reaper's settings), ``PUT reaper`` (admins: change them; the body passed on),
   ``GET me`` (the user as the service sees them: ``name``, ``admin``, ``groups``),
-  ``DELETE arrays/<id>`` (cancel a job array): the service's answers, status and body as
+  ``DELETE arrays/<id>`` (cancel a job array), ``GET history`` (query passed on: the cluster
+  over time, as the web page reads it): the service's answers, status and body as
   they are.
 
 Without a service URL (a server not started by the spawner) every route answers 503 with
@@ -108,6 +109,13 @@ class JobHandler(_Handler):
     @web.authenticated
     async def delete(self, job_id):
         await self.forward("DELETE", f"api/jobs/{quote(job_id)}")
+
+
+class HistoryHandler(_Handler):
+    @web.authenticated
+    async def get(self):
+        query = f"?{self.request.query}" if self.request.query else ""
+        await self.forward("GET", f"api/history{query}")
 
 
 class ArrayHandler(_Handler):
@@ -220,6 +228,7 @@ def setup_proxy(web_app) -> None:
             (url_path_join(base, "queue"), QueueHandler),
             (url_path_join(base, "reaper"), ReaperHandler),
             (url_path_join(base, "me"), MeHandler),
+            (url_path_join(base, "history"), HistoryHandler),
             (url_path_join(base, "jobs"), JobsHandler),
             (url_path_join(base, "jobs", _JOB), JobHandler),
             (url_path_join(base, "jobs", _JOB, "log"), JobLogHandler),

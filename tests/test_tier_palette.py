@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from jupyter_gpusched.notebook.job import STATE_COLOURS
 from jupyter_gpusched.notebook.widgets import TIER_COLOURS
 
 CSS = Path(__file__).resolve().parent.parent / "labextension" / "style" / "index.css"
@@ -37,3 +38,21 @@ def test_the_web_page_uses_the_same_tier_palette():
     (script,) = re.findall(r"const TIER_COLOURS = \{([^}]*)\}", (PAGE / "draw.js").read_text())
     drawn = re.findall(r"([123]): '(#[0-9a-fA-F]{6})'", script)
     assert {int(t): c.lower() for t, c in drawn} == expected
+
+
+def test_the_tier_colours_mean_tiers_only():
+    """Nothing else on the page or in the panel (bars, lines, series, accents) wears a tier's
+    colour, which a person would read as that tier: each appears once per palette rule."""
+    colours = [c.lower() for c in TIER_COLOURS.values()]
+    css_rules = {
+        PAGE / "page.css": r"^\.t[123]\s*\{",
+        CSS: r"^\.jp-gpusched-t[123]\s*\{",
+    }
+    for path, rule in css_rules.items():
+        for line in path.read_text().lower().splitlines():
+            if any(c in line for c in colours):
+                assert re.match(rule, line), f"{path.name}: {line}"
+    script = (PAGE / "draw.js").read_text().lower()
+    for colour in colours:
+        assert script.count(colour) == 1, f"draw.js uses {colour} beyond TIER_COLOURS"
+    assert not set(colours) & {c.lower() for c in STATE_COLOURS.values()}  # the notebook's

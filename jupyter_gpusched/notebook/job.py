@@ -176,9 +176,7 @@ class Job:
 
     def _repr_html_(self) -> str:
         s = self.summary()
-        colour = {"running": "#2e7d32", "pending": "#ef6c00", "completed": "#1565c0"}.get(
-            s["state"], "#c62828" if s["state"] in ("failed", "rejected") else "#616161"
-        )
+        colour = state_colour(s["state"])
         rows = "".join(
             f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(k)}</th>"
             f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
@@ -280,3 +278,11 @@ def _clock(epoch: float | None) -> str:
     if moment.date() == datetime.now().date():
         return moment.strftime("%H:%M")
     return moment.strftime("%Y-%m-%d %H:%M")
+
+
+# A job's state in colour (not the tier colours, which mean tiers only: widgets.TIER_COLOURS)
+STATE_COLOURS = {"running": "#00695c", "pending": "#6d4c41", "completed": "#455a64"}
+
+
+def state_colour(state: str) -> str:
+    return STATE_COLOURS.get(state, "#c62828" if state in ("failed", "rejected") else "#616161")

@@ -27,7 +27,7 @@ import ipywidgets as w
 
 from .client import Client, GPUSchedError
 from .environment import JobEnvironment
-from .job import ACTIVE, FINISHED, Job
+from .job import ACTIVE, FINISHED, Job, state_colour
 from .magics import node_usage
 
 TIER_COLOURS = {1: "#1565c0", 2: "#2e7d32", 3: "#ef6c00"}
@@ -250,7 +250,7 @@ def server_hint(job: Job) -> str:
 def _job_line(job: Job) -> str:
     s = job.summary()
     state = s["state"]
-    colour = "#2e7d32" if state == "running" else "#ef6c00"
+    colour = state_colour(state)
     parts = [f"<b>{html.escape(job.id)}</b>"]
     if s["name"]:
         parts.append(html.escape(s["name"]))

@@ -12,7 +12,9 @@ const FAMILY_WORDS = {
   placement: 'placement (shape, topology)',
   policy: 'policy (quotas, limits, holds)',
 };
-const SERIES_COLOURS = ['#1565c0', '#2e7d32', '#ef6c00', '#6a1b9a', '#00838f', '#c62828', '#5d4037', '#455a64'];
+// the tier colours mean tiers only (one palette everywhere): other series and bars use others
+const NEUTRAL = '#455a64';
+const SERIES_COLOURS = ['#5d4037', '#ad1457', '#283593', '#00695c', '#9e9d24', '#4e342e', NEUTRAL, '#6d4c41'];
 const DAY = 86400;
 // -- building DOM and SVG ------------------------------------------------------------------------
 function el(tag, attrs = {}, ...children) {
@@ -118,7 +120,7 @@ function quotaBar(inUse, guaranteed, limit) {
     { class: 'bar', viewBox: `0 0 ${width} 16`, preserveAspectRatio: 'none', role: 'img' },
     svg('rect', { x: 0, y: 2, width, height: 12, fill: '#eeeeee' }),
     limit === null ? null : svg('rect', { x: 0, y: 2, width: x(limit), height: 12, fill: '#e3f2fd' }),
-    svg('rect', { class: 'in-use', x: 0, y: 2, width: x(inUse), height: 12, fill: '#1565c0' }),
+    svg('rect', { class: 'in-use', x: 0, y: 2, width: x(inUse), height: 12, fill: NEUTRAL }),
     guaranteed === null ? null : svg('rect', { x: Math.max(0, x(guaranteed) - 1), y: 0, width: 2, height: 16, fill: '#212121' }),
   );
 }
@@ -137,7 +139,7 @@ function sparkline(points) {
     svg(
       'svg',
       { class: 'spark', viewBox: '0 0 90 22', role: 'img', 'aria-label': `GPU utilization, now ${last}%` },
-      svg('polyline', { points: line.join(' '), fill: 'none', stroke: '#2e7d32', 'stroke-width': 1.5 }),
+      svg('polyline', { points: line.join(' '), fill: 'none', stroke: NEUTRAL, 'stroke-width': 1.5 }),
     ),
     ` ${last}%`,
   );

@@ -363,6 +363,12 @@ def test_an_admin_edits_the_reaper_timeouts_in_the_panel(lab_hub, browser):
     _no_news(lab_hub.state_dir, ADMIN)
     start_server(hub, ADMIN, "gpu-2")
     token = hub.token(ADMIN)
+    # alice's job waits (her queue's limit is 4: 4 GPUs of 4 are free, 2 are admin's)
+    other = hub.service(
+        "POST", "api/jobs", hub.token(USER), json={"command": "sleep 600", "gpus": 4}
+    )
+    assert other.status_code == 201, other.text
+    other = other.json()
     before = hub.service("GET", "api/reaper", token).json()["settings"]
     assert before["timeout_tier_3"] == 1800, before
 
@@ -374,6 +380,13 @@ def test_an_admin_edits_the_reaper_timeouts_in_the_panel(lab_hub, browser):
     panel = page.locator("#jp-gpusched-panel")
     reaper = panel.locator(".jp-gpusched-reaper")
     sync_api.expect(reaper).to_be_visible()
+    # "My jobs" and the status bar are his own, though an admin's api/jobs lists everybody's:
+    # alice's job is in the queue (hers, named), not in his jobs
+    sync_api.expect(panel.locator(".jp-gpusched-jobs .jp-gpusched-job")).to_have_count(1)
+    sync_api.expect(panel.locator(".jp-gpusched-queue")).to_contain_text(USER)
+    assert panel.locator(f'.jp-gpusched-jobs [data-job-id="{other["id"]}"]').count() == 0
+    sync_api.expect(item).not_to_contain_text("queued")
+    assert hub.service("DELETE", f"api/jobs/{other['id']}", hub.token(USER)).status_code == 200
     tier3 = reaper.locator('input[data-setting="timeout_tier_3"]')
     sync_api.expect(tier3).to_have_value("30")  # minutes
     sync_api.expect(reaper.locator('input[data-setting="timeout_tier_1"]')).to_have_value("off")

@@ -18,7 +18,8 @@ Routes under ``<base_url>gpusched/api/``:
   path of ``GPUSCHED_SERVICE_URL``: the hub's proxy serves the service under the same prefix),
   or null.
 * ``GET cluster``, ``GET queue``, ``GET jobs`` (query passed on; default: my pending and running
-  jobs), ``GET jobs/<id>``, ``GET jobs/<id>/log``, ``DELETE jobs/<id>``, ``GET reaper``
+  jobs; the server user's own unless the query names a ``user``, also for an admin),
+  ``GET jobs/<id>``, ``GET jobs/<id>/log``, ``DELETE jobs/<id>``, ``GET reaper``
   (the reaper's settings), ``PUT reaper`` (admins: change them; the body passed on),
   ``GET me`` (the user as the service sees them: ``name``, ``admin``, ``groups``),
   ``DELETE arrays/<id>`` (cancel a job array), ``GET history`` (query passed on: the cluster
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from urllib.parse import quote, urlsplit
 
@@ -98,6 +100,8 @@ class JobsHandler(_Handler):
     @web.authenticated
     async def get(self):
         query = self.request.query or "state=pending&state=running"
+        if self.get_argument("user", None) is None:
+            query += _mine()
         await self.forward("GET", "api/jobs?" + query)
 
 
@@ -176,7 +180,7 @@ async def build_status(client: ServiceClient, monitor=None) -> dict:
 
     job, mine, reaper, cluster = await asyncio.gather(
         client.json(f"api/jobs/{quote(job_id)}") if job_id else nothing(),
-        client.json("api/jobs?state=pending"),
+        client.json("api/jobs?state=pending" + _mine()),
         client.json("api/reaper"),
         client.json("api/cluster"),
     )
@@ -215,6 +219,14 @@ async def build_status(client: ServiceClient, monitor=None) -> dict:
 
 
 SETTINGS_KEY = "gpusched_service_client"
+
+
+def _mine() -> str:
+    """``&user=<this server's user>``: "my jobs" are the server user's own, also for a scheduler
+    admin, whom ``api/jobs`` otherwise answers with everybody's (JupyterHub names the user in
+    ``JUPYTERHUB_USER``; for others the service shows only their own anyway)."""
+    user = os.environ.get("JUPYTERHUB_USER")
+    return f"&user={quote(user)}" if user else ""
 
 
 def setup_proxy(web_app) -> None:

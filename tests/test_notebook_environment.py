@@ -19,6 +19,7 @@ SPAWNED = {  # what GPUSchedSpawner.get_env sets (hub/spawner.py), as a server s
     "GPUSCHED_NODE": "gpu-a",
     "GPUSCHED_PROFILE": "gpu-2",
     "JUPYTERHUB_BASE_URL": "/hub-prefix/",
+    "JUPYTERHUB_USER": "alice",
     "CUDA_VISIBLE_DEVICES": "0,3",
 }
 
@@ -34,6 +35,7 @@ def test_a_spawned_server_reads_its_job():
         profile="gpu-2",
         hub_base_url="/hub-prefix/",
         visible_devices="0,3",
+        hub_user="alice",
     )
     fallback = JobEnvironment.read({**SPAWNED, "GPUSCHED_SERVICE_TOKEN": ""})
     assert fallback.token == "hub-token"  # a server given no service token: the hub's
@@ -41,7 +43,7 @@ def test_a_spawned_server_reads_its_job():
 
 def test_outside_a_scheduled_server_everything_is_empty():
     env = JobEnvironment.read({"GPUSCHED_GPUS": "two"})  # unreadable: unknown, not an error
-    assert (env.service_url, env.token, env.job_id, env.node) == ("", "", "", "")
+    assert (env.service_url, env.token, env.job_id, env.node, env.hub_user) == ("",) * 5
     assert env.gpus is None and env.profile is None and env.visible_devices is None
 
 

@@ -7,8 +7,9 @@ extension's monitor, proxy and status).
 a token of the user for it; ``JUPYTERHUB_API_TOKEN`` where no service token was given),
 ``GPUSCHED_JOB_ID``, ``GPUSCHED_GPUS``, ``GPUSCHED_NODE``, ``GPUSCHED_PROFILE`` and
 ``CUDA_VISIBLE_DEVICES`` (the notebook job the server is, its GPUs); JupyterHub sets
-``JUPYTERHUB_BASE_URL``. Outside such a server (a user's own ``jupyter lab``) all are
-empty. Read at each call, not at import: a kernel or a test may set them later.
+``JUPYTERHUB_BASE_URL`` and ``JUPYTERHUB_USER``. Outside such a server (a user's own
+``jupyter lab``) all are empty. Read at each call, not at import: a kernel or a test may set
+them later.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class JobEnvironment:
     profile: str | None  # the profile it was started with
     hub_base_url: str  # the hub's base URL ("/" by default)
     visible_devices: str | None  # CUDA_VISIBLE_DEVICES: the GPUs given to it (None: all)
+    hub_user: str = ""  # JUPYTERHUB_USER: whose server this is ("" outside a hub)
 
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> JobEnvironment:
@@ -41,6 +43,7 @@ class JobEnvironment:
             profile=env.get("GPUSCHED_PROFILE") or None,
             hub_base_url=env.get("JUPYTERHUB_BASE_URL", "/"),
             visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
+            hub_user=env.get("JUPYTERHUB_USER", ""),
         )
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from urllib.parse import quote, urlsplit
 
@@ -225,7 +224,7 @@ def _mine() -> str:
     """``&user=<this server's user>``: "my jobs" are the server user's own, also for a scheduler
     admin, whom ``api/jobs`` otherwise answers with everybody's (JupyterHub names the user in
     ``JUPYTERHUB_USER``; for others the service shows only their own anyway)."""
-    user = os.environ.get("JUPYTERHUB_USER")
+    user = JobEnvironment.read().hub_user
     return f"&user={quote(user)}" if user else ""
 
 

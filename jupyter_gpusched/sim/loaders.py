@@ -28,7 +28,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..core import Cluster, ConfigError
-from .trace import OPTIONAL, REQUIRED, TraceError, TraceJob, parse_row, read_trace
+from .trace import OPTIONAL, RECORDED, REQUIRED, TraceError, TraceJob, parse_row, read_trace
 
 FORMATS = ("csv", "philly", "alibaba2023")
 # traces that carry no walltime estimates get this multiple of each job's real run time
@@ -174,7 +174,7 @@ def read_contract_trace(path, skip_bad_rows: bool = False) -> Loaded:
         seen.add(job.id)
         return job
 
-    loaded.jobs = read_rows(path, REQUIRED, parse, loaded, True, REQUIRED + OPTIONAL)
+    loaded.jobs = read_rows(path, REQUIRED, parse, loaded, True, REQUIRED + OPTIONAL + RECORDED)
     loaded.jobs.sort(key=lambda j: j.submit_time)
     return loaded
 

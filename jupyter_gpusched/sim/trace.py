@@ -6,6 +6,11 @@ of the trace itself, the job spec's fields marked ``trace`` (core/jobspec.py), u
 request names. An empty cell means "not given"; ``gpu_model`` may list alternatives separated
 by ``|``. ``gpus`` 0 is a CPU-only
 job, which needs ``cpus`` or ``memory_gb`` and no GPU shape (core/resources.py).
+
+A trace exported from the live service (``export-trace``) also has the six **recorded columns**
+:data:`RECORDED` after those: what really happened to the job (first start, end, run time,
+pre-emptions, outcome, hub profile), read into :class:`Recorded`. They are what the replay's
+``recorded`` column (:mod:`.recorded`) is computed from; the replay itself ignores them.
 """
 
 from __future__ import annotations
@@ -32,10 +37,29 @@ def trace_columns(fields=TRACE_FIELDS) -> tuple[tuple[str, ...], tuple[str, ...]
 
 
 REQUIRED, OPTIONAL = trace_columns()
+# what the live service saw happen (an exported trace; every cell optional), after OPTIONAL
+RECORDED = ("start_time", "end_time", "run_time", "preemptions", "outcome", "profile")
+OUTCOMES = ("completed", "failed", "cancelled", "preempted", "culled", "running")
 
 
 class TraceError(ConfigError):
     """A malformed trace row: the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the live service recorded of one job: times in seconds from the trace's time 0.
+
+    ``end_time`` None: still running when exported; ``run_time``: seconds it held GPUs, all
+    runs together (None: not given); ``outcome`` one of :data:`OUTCOMES` (None: not given);
+    ``profile``: a notebook's hub profile slug."""
+
+    start_time: float
+    end_time: float | None = None
+    run_time: float | None = None
+    preemptions: int = 0
+    outcome: str | None = None
+    profile: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +83,7 @@ class TraceJob:
     array_id: str | None = None  # a job of an array (core/arrays.py): its array, index, cap
     array_index: int | None = None
     array_max_running: int | None = None
+    recorded: Recorded | None = None  # the recorded columns; None when the row has no start_time
 
     def to_job(self) -> Job:
         return Job(
@@ -76,13 +101,19 @@ def trace_row(job: TraceJob) -> dict[str, str]:
         if isinstance(value, frozenset):
             value = "|".join(sorted(value))
         row[spec_field.wire] = "" if value is None else str(value)
+    if job.recorded is not None:
+        for name in RECORDED:
+            value = getattr(job.recorded, name)
+            row[name] = "" if value is None else f"{value!r}" if isinstance(value, float) else value
     return row
 
 
 def write_trace(path, trace: list[TraceJob]) -> None:
-    """Write ``trace`` as a trace CSV, every column of the contract format."""
+    """Write ``trace`` as a trace CSV, every column of the contract format; the recorded
+    columns only when some job has them (so an ordinary trace keeps its ordinary header)."""
+    recorded = RECORDED if any(job.recorded is not None for job in trace) else ()
     with Path(path).open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=REQUIRED + OPTIONAL)
+        writer = csv.DictWriter(handle, fieldnames=REQUIRED + OPTIONAL + recorded, restval="")
         writer.writeheader()
         writer.writerows(trace_row(job) for job in trace)
 
@@ -106,7 +137,7 @@ def read_trace(path) -> list[TraceJob]:
                 source=str(path),
                 line=1,
             )
-        unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
+        unknown = [c for c in header if c not in REQUIRED + OPTIONAL + RECORDED]
         if unknown:
             raise TraceError(f"unknown column {unknown[0]!r}", source=str(path), line=1)
         jobs, seen = [], set()
@@ -175,9 +206,10 @@ def parse_row(row: dict, source: str, line: int) -> TraceJob:
     array_max_running = number("array_max_running", int, 1, default=None)
     if array_id is None and (array_index is not None or array_max_running is not None):
         fail("array_id", "is required with array_index and array_max_running")
+    submit_time = number("submit_time")
     trace_job = TraceJob(
         id=job_id,
-        submit_time=number("submit_time"),
+        submit_time=submit_time,
         duration=number("duration"),
         gpus=gpus,
         tier=tier,
@@ -193,11 +225,39 @@ def parse_row(row: dict, source: str, line: int) -> TraceJob:
         array_id=array_id,
         array_index=array_index,
         array_max_running=array_max_running,
+        recorded=_recorded(cell, number, fail, submit_time),
     )
     problem = cpu_only_problem(trace_job.to_job())
     if problem is not None:
         fail(problem[1], problem[0])
     return trace_job
+
+
+def _recorded(cell, number, fail, submit_time: float) -> Recorded | None:
+    """The recorded cells of a row (``cell``, ``number`` and ``fail`` are :func:`parse_row`'s
+    readers), or None when it has no ``start_time``."""
+    start = number("start_time", default=None)
+    if start is None:
+        given = [name for name in RECORDED if cell(name) is not None]
+        if given:
+            fail("start_time", f"is required with {', '.join(given)}")
+        return None
+    if start < submit_time:
+        fail("start_time", f"{start:g} is before submit_time ({submit_time:g})")
+    end = number("end_time", default=None)
+    if end is not None and end < start:
+        fail("end_time", f"{end:g} is before start_time ({start:g})")
+    outcome = cell("outcome")
+    if outcome is not None and outcome not in OUTCOMES:
+        fail("outcome", f"{outcome!r} must be one of {', '.join(OUTCOMES)}")
+    return Recorded(
+        start_time=start,
+        end_time=end,
+        run_time=number("run_time", default=None),
+        preemptions=number("preemptions", int, 0, default=0),
+        outcome=outcome,
+        profile=cell("profile"),
+    )
 
 
 def with_walltimes(trace: list[TraceJob], factor: float | None) -> list[TraceJob]:

@@ -99,6 +99,21 @@ class Session:
             base = self.watched_from if self.watched_from is not None else self.started
         return base + settings["unmonitored_after"]
 
+    def measured(self, when: float, busy: bool, busy_at: float | None = None) -> None:
+        """A trusted measurement of the server at ``when``, the one way a measurement changes
+        what :func:`decide` sees (the live reaper's ``service/reaper_measure.py`` and the
+        what-if's ``sim/reaper_whatif.py`` both call it). ``busy``: it showed use, at ``busy_at``
+        (default ``when``; the hub's last activity is older than the tick that reads it). Use
+        ends the idle stretch, and so cancels its warning; any measurement ends an unmonitored
+        stretch."""
+        self.last_measured = when
+        if self.first_measured is None:
+            self.first_measured = when
+        if busy:
+            self.last_busy = when if busy_at is None else busy_at
+            self.warned = self.warn_deadline = self.kernels_shut = None
+        self.unmonitored_reported = self.unmonitored_reason = self.unmonitored_told = None
+
 
 @dataclass(frozen=True)
 class Warn:

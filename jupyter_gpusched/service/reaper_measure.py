@@ -21,23 +21,6 @@ NO_SOURCES = (
 )
 
 
-def _started_stretch(session: Session) -> None:
-    """Use ends the idle stretch, and so cancels its warning."""
-    session.warned = session.warn_deadline = session.kernels_shut = None
-
-
-def _measured(session: Session, when: float, busy: bool, sample: dict) -> None:
-    session.last_measured = when
-    if session.first_measured is None:
-        session.first_measured = when
-    if busy:
-        session.last_busy = when
-        _started_stretch(session)
-    session.unmonitored_reported = session.unmonitored_reason = None  # its stretch is over
-    session.unmonitored_told = None
-    session.samples.append(sample)
-
-
 def take_readings(
     session: Session, readings, allocated: int, threshold: float, measured_by: str | None
 ) -> bool:
@@ -71,7 +54,8 @@ def take_readings(
         "devices": devices,
     }
     session.measured_by = measured_by
-    _measured(session, when, busy, sample)
+    session.measured(when, busy)
+    session.samples.append(sample)
     return True
 
 
@@ -84,14 +68,8 @@ def take_activity(session: Session, latest: float | None, now: float) -> bool:
     before = session.last_busy if session.last_busy is not None else session.started
     busy = latest > before
     changed = busy or session.last_measured is None
-    session.last_measured = now
-    if session.first_measured is None:
-        session.first_measured = now
+    session.measured(now, busy, busy_at=latest)
     session.measured_by = "hub (last_activity)"
-    session.unmonitored_reported = session.unmonitored_reason = session.unmonitored_told = None
-    if busy:
-        session.last_busy = latest
-        _started_stretch(session)
     if changed:  # the evidence: each new activity, not every tick
         sample = {"time": now, "measured_by": session.measured_by, "activity": latest}
         session.samples.append(sample)

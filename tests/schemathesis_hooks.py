@@ -16,7 +16,8 @@
   (``service/openapi.py``): a job must fit this cluster and name one of its queues and GPU
   models, ``gpus_per_node`` must divide ``gpus``, ``cwd`` must be a directory the user may enter,
   a queue document must keep the queues, and ``since`` must be before ``until`` (for
-  ``api/history``, at most 31 days before it). Only those operations, only a 400 naming those
+  ``api/history``, at most 31 days before it; for ``api/export``, 366, and its ``queue`` one of
+  the service's). Only those operations, only a 400 naming those
   fields with those messages (:data:`STATE_DEPENDENT`).
 
 ``GPUSCHED_ADMIN_TOKEN`` (the cancelling) must be set, as for the config.
@@ -59,6 +60,11 @@ STATE_DEPENDENT = {
     ("GET", "/api/usage"): {"since": "^'since' must be before 'until'"},
     # and for the history, a period of at most 31 days (until is now unless given)
     ("GET", "/api/history"): {"since": "^'since' must be before 'until'|^a period of at most "},
+    # an export: the same, at most 366 days, and one of this service's queues
+    ("GET", "/api/export"): {
+        "since": "^'since' must be before 'until'|^a period of at most |jobs ran in this period",
+        "queue": "^no queue ",
+    },
 }
 # what refuses a submission refuses an estimate of it
 STATE_DEPENDENT[("POST", "/api/estimate")] = STATE_DEPENDENT[("POST", "/api/jobs")]

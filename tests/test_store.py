@@ -336,8 +336,13 @@ def test_upgrade_creates_everything_once(db_url):
             "settings",
             "events",
             "history",
+            "utilization_runs",
         }
         assert {ix["name"] for ix in inspector.get_indexes("history")} == {"ix_history_time"}
+        assert {ix["name"] for ix in inspector.get_indexes("utilization_runs")} == {
+            "ix_utilization_runs_job_id",
+            "ix_utilization_runs_end",
+        }
         assert {ix["name"] for ix in inspector.get_indexes("events")} == {
             "ix_events_time",
             "ix_events_job_id",

@@ -1,5 +1,5 @@
 """The REST API for admins (quotas, holds, priorities, nodes, maintenance) and for everyone's
-records (the audit log, usage), plus the OpenAPI document."""
+records (the audit log, usage, the history as a trace), plus the OpenAPI document."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import datetime
 from ..core.jobs import JobState
 from ..core.quotas import QueueTree
 from .api_handler import APIError, APIHandler, api
+from .export import MAX_EXPORT_SPAN, ExportTooLarge, export
 from .openapi import openapi_document
 from .requests import MAX_EVENTS_LIMIT, MAX_WHOLE, check_document, whole_number
 
@@ -207,3 +208,34 @@ def parse_time(value, field: str) -> float:
     if moment is not None and 0 <= moment <= LATEST:
         return float(moment)
     raise APIError(400, f"'{field}' must be epoch seconds or an ISO 8601 time, 1970 to 9999", field)
+
+
+class ExportHandler(APIHandler):
+    """``GET api/export?since=&until=&queue=&pseudonymize=``: the service's history as a trace
+    (service/export.py), for ``jupyter gpusched export-trace``; admins only. A period of at most
+    366 days (default: the last 30)."""
+
+    @api
+    def get(self):
+        self.require_admin()
+        since, until = self.period(30 * 86400.0)
+        if until - since > MAX_EXPORT_SPAN:
+            raise APIError(400, "a period of at most 366 days, please", "since")
+        queue = self.get_argument("queue", None) or None
+        if queue is not None and queue.strip("/") not in self.live.engine.tree.by_path:
+            raise APIError(400, f"no queue {queue[:100]!r} (GET api/quotas lists them)", "queue")
+        pseudonymize = self.get_argument("pseudonymize", "false")
+        if pseudonymize not in ("true", "false"):
+            raise APIError(400, "'pseudonymize' must be true or false", "pseudonymize")
+        try:
+            answer = export(
+                self.live.store,
+                since,
+                until,
+                None if queue is None else queue.strip("/"),
+                pseudonymize == "true",
+                self.live.quota_document,
+            )
+        except ExportTooLarge as exc:
+            raise APIError(400, str(exc), "since") from None
+        self.send(answer)

@@ -54,6 +54,7 @@ from .requests import MAX_BODY_BYTES, RequestError
 from .rogue import RogueWatch
 from .routes import web_app
 from .store import Store, sqlite_file
+from .utilization_record import UtilizationRecorder
 
 
 # the settings of notebook servers: notebook_settings.py; of GPU sources: gpu_sources.py; of
@@ -260,6 +261,7 @@ class GPUSchedService(NotebookServerSettings, GPUSourceSettings, HistorySettings
                 profile_idle_timeouts=self.profile_idle_timeouts,
                 sampler=sampler,
                 profile_shapes=self.profile_shapes,
+                recorder=UtilizationRecorder(self.store.engine, self.utilization_retention_days),
             ),
             hub_activity=None if hub is None else HubActivity(live, self.hub_activity_interval),
             node_sync=self._node_sync(live) if slurm else None,

@@ -41,6 +41,15 @@ class HistorySettings(HasTraits):
         help="Days the history is kept; older rows are dropped as new ones are recorded. The "
         "page's longest chart covers 24 hours; admins read further back through api/history.",
     ).tag(config=True)
+    utilization_retention_days = Float(
+        31.0,
+        min=0.01,
+        help="Days each notebook server's measured GPU utilization over time is kept (runs of "
+        "samples within one band: service/utilization_record.py), for `jupyter gpusched "
+        "export-trace` and the idle-timeout what-if (`reaper what-if`). An idle server is a "
+        "row per stretch; a busy one about a row per change of band. 0 is refused: use a "
+        "short period instead.",
+    ).tag(config=True)
 
 
 class History:

@@ -1,6 +1,6 @@
 """The scheduler service's database schema, as SQLAlchemy 2 declarative models.
 
-Five tables hold everything that must survive a crash of the service:
+Six tables hold everything that must survive a crash of the service:
 
 ``jobs``
     One row per job: the request (user, queue, tier, GPUs, ...) and where the scheduler has got
@@ -16,6 +16,10 @@ Five tables hold everything that must survive a crash of the service:
 ``history``
     The cluster every ``history_interval`` seconds (GPUs by tier and queue, pending GPUs by
     reason family, measured utilization: core/history.py), kept ``history_retention_days``.
+``utilization_runs``
+    Each notebook server's GPU utilization over time as the service measured it, in runs of
+    samples within one band (core/utilization_bands.py), kept ``utilization_retention_days``:
+    what ``export-trace`` exports for the idle-timeout what-if.
 
 Times are float epoch seconds (``time.time()``) throughout. JSON columns hold plain Python
 objects (lists, dicts); SQL NULL stands for None (``none_as_null``), never the JSON ``null``.
@@ -204,11 +208,31 @@ class HistoryRow(Base):
     __table_args__ = (sa.Index("ix_history_time", "time"),)
 
 
+class UtilizationRun(Base):
+    """A run of the service's GPU samples of one notebook server whose utilization stayed in one
+    band (service/utilization_record.py): from the first sample's time to the last's, and the
+    highest utilization among them (a sample's: its busiest GPU's)."""
+
+    __tablename__ = "utilization_runs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(sa.String(64))  # no foreign key: as events, for speed
+    start: Mapped[float] = mapped_column(sa.Double)
+    end: Mapped[float] = mapped_column(sa.Double)
+    utilization: Mapped[float] = mapped_column(sa.Double)  # percent
+
+    __table_args__ = (
+        sa.Index("ix_utilization_runs_job_id", "job_id"),
+        sa.Index("ix_utilization_runs_end", "end"),
+    )
+
+
 jobs_table: sa.Table = Job.__table__  # type: ignore[assignment]
 allocations_table: sa.Table = Allocation.__table__  # type: ignore[assignment]
 settings_table: sa.Table = Setting.__table__  # type: ignore[assignment]
 events_table: sa.Table = Event.__table__  # type: ignore[assignment]
 history_table: sa.Table = HistoryRow.__table__  # type: ignore[assignment]
+utilization_table: sa.Table = UtilizationRun.__table__  # type: ignore[assignment]
 
 
 class RowShape:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 
 from .openapi_arrays import ARRAY_ID, ARRAY_SCHEMAS, SUBMIT_REQUEST, SUBMITTED
+from .openapi_export import EXPORT_SCHEMAS, export_paths
 from .openapi_history import HISTORY_SCHEMAS, history_paths
 from .openapi_operations import SECURITY_SCHEMES, TIME, operation
 from .openapi_requests import (
@@ -313,6 +314,7 @@ PATHS = {
 
 
 PATHS.update(history_paths())  # the web page's time series (openapi_history.py)
+PATHS.update(export_paths())  # the history as a trace (openapi_export.py)
 
 
 def openapi_document(prefix: str = "/") -> dict:
@@ -331,6 +333,7 @@ def openapi_document(prefix: str = "/") -> dict:
                 {
                     **SCHEMAS,
                     **HISTORY_SCHEMAS,
+                    **EXPORT_SCHEMAS,
                     "QueueSettings": QUEUE_SETTINGS,
                     **ARRAY_SCHEMAS,
                 }

@@ -76,6 +76,7 @@ from .reaper_measure import measure, take_report
 from .reaper_requests import validate, with_profile_idle_timeouts
 from .records import utilization_series
 from .requests import RequestError, quote
+from .utilization_record import sample_utilization
 
 log = logging.getLogger("jupyter_gpusched.service")
 
@@ -90,9 +91,12 @@ class Reaper:
         profile_idle_timeouts: dict | None = None,
         sampler=None,
         profile_shapes: dict | None = None,
+        recorder=None,
     ):
         self.live = live
         self.sampler = sampler  # the service's GPU samples (service/gpu_sampling.py)
+        # records each server's samples over time (service/utilization_record.py); None: not kept
+        self.recorder = recorder
         # the policy file's reaper: section, and the hub profiles' own idle timeouts
         self.defaults = with_profile_idle_timeouts(validate(defaults or {}), profile_idle_timeouts)
         self.trusted_backends = trusted_backends(gpu_backend)  # whose samples count
@@ -278,13 +282,20 @@ class Reaper:
             job = engine.jobs.get(job_id)
             if job is None or job.state != JobState.RUNNING:
                 del self.sessions[job_id]
+                if self.recorder is not None:
+                    self.recorder.close(job_id)
         for job in engine.running.values():
             if job.kind == "notebook" and job.id not in self.sessions:
                 self._session(job)
         settings = self.settings()
         now = self.live.clock()
         for session in self.sessions.values():
+            before = session.last_measured
             measure(self.live, self.sampler, session, settings["idle_threshold"], now)
+            if session.last_measured != before:
+                self._record(session, settings)
+        if self.recorder is not None:
+            self.recorder.tick(now)
         candidates = [s for s in self.sessions.values() if s.job_id not in self.actions.culling]
         actions = decide(candidates, settings, now)
         self._schedule(candidates, settings, now)
@@ -294,6 +305,15 @@ class Reaper:
         for action in actions:
             self.actions.carry_out(self.sessions[action.job_id], action, settings, now)
         return actions
+
+    def _record(self, session: Session, settings: dict) -> None:
+        """Keep the new measurement of a server with GPUs over time (its utilization runs)."""
+        if self.recorder is None or not session.gpus or not session.samples:
+            return
+        sample = session.samples[-1]
+        utilization = sample_utilization(sample)
+        if utilization is not None:
+            self.recorder.add(session.job_id, sample["time"], utilization, settings["stale_after"])
 
     def _schedule(self, sessions, settings: dict, now: float) -> None:
         """Tick again when the next warning or cull is due, not up to a poll interval later."""
@@ -315,6 +335,8 @@ class Reaper:
             self._timer.cancel()
             self._timer = None
         self._closed = True
+        if self.recorder is not None:
+            self.recorder.flush()
 
     def _on_timer(self) -> None:
         self._timer = None

@@ -50,6 +50,7 @@ ROUTES = [
     (rf"api/nodes/{_NODE}/maintenance", admin.MaintenanceHandler),
     (r"api/events", admin.EventsHandler),
     (r"api/usage", admin.UsageHandler),
+    (r"api/export", admin.ExportHandler),
     (r"api/reaper", ReaperHandler),
     (r"api/usage-samples", UsageSamplesHandler),
     (r"api/rogue-processes", admin.RogueProcessesHandler),

@@ -1,4 +1,5 @@
-"""``jupyter-gpusched reaper show|set key=value ...``: the idle reaper's settings over the REST API.
+"""``jupyter-gpusched reaper show|set key=value ...``: the idle reaper's settings over the REST
+API; ``reaper what-if TRACE``: other idle timeouts tried on an exported trace, offline.
 
 The service's URL: ``--url``, else ``$GPUSCHED_SERVICE_URL`` (what the client and the magics
 use; the spawner sets it in every server), else ``$GPUSCHED_URL`` (its older name), else the
@@ -9,15 +10,23 @@ needs an admin of the scheduler.
 Values: JSON where it parses (``300``, ``null``, ``true``, ``["a","b"]``), else text (``30m``);
 ``exempt_*`` also take ``a,b``; ``off`` turns a timeout off; ``profile_timeouts.SLUG=15m`` sets one
 profile's timeout.
+
+``what-if`` needs no service: it replays the notebook servers of a trace written by
+``export-trace`` and their GPU utilization (``NAME-utilization.csv`` beside it) through the
+reaper's own decision (``sim/reaper_whatif.py``), under the current settings (the policy file's
+``reaper:`` section, else the defaults) and under the candidate (the current with the flags
+applied), and prints both side by side per tier and profile.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 DEFAULT_URL = "http://127.0.0.1:$GPUSCHED_HUB_PORT/services/gpusched/"
 
@@ -39,15 +48,29 @@ LISTS = ("exempt_users", "exempt_groups", "exempt_profiles")
 def add_parser(commands) -> None:
     reaper = commands.add_parser(
         "reaper",
-        help="show or change the idle reaper's settings (through the service's REST API)",
+        help="show or change the idle reaper's settings (through the service's REST API), or "
+        "try other idle timeouts on an exported trace (what-if)",
         description="show: the settings in force and the sessions; set KEY=VALUE ...: change "
-        "settings (admins), e.g. `set timeout_tier_2=20m warning_lead=5m exempt_users=alice`.",
+        "settings (admins), e.g. `set timeout_tier_2=20m warning_lead=5m exempt_users=alice`; "
+        "what-if TRACE: what other settings would have done to the trace's notebook servers.",
     )
-    reaper.add_argument("action", choices=["show", "set"])
-    reaper.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
-    reaper.add_argument("--url", default=None, help=f"the service's URL (default {DEFAULT_URL})")
-    reaper.add_argument("--token", default=None, help="API token (default $JUPYTERHUB_API_TOKEN)")
-    reaper.set_defaults(run=run)
+    _service_options(reaper, None)  # `reaper --url U show` as well as `reaper show --url U`
+    actions = reaper.add_subparsers(dest="action", required=True, metavar="ACTION")
+    show = actions.add_parser("show", help="the settings in force and the sessions")
+    show.add_argument("pairs", nargs="*", help=argparse.SUPPRESS)  # ignored, as always
+    change = actions.add_parser("set", help="change settings (admins): KEY=VALUE ...")
+    change.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
+    for parser in (show, change):
+        _service_options(parser, argparse.SUPPRESS)
+        parser.set_defaults(run=run)
+    add_what_if_parser(actions)
+
+
+def _service_options(parser, default) -> None:
+    parser.add_argument("--url", default=default, help=f"the service's URL (default {DEFAULT_URL})")
+    parser.add_argument(
+        "--token", default=default, help="API token (default $JUPYTERHUB_API_TOKEN)"
+    )
 
 
 def parse_pairs(pairs: list[str]) -> dict:
@@ -112,4 +135,125 @@ def run(args) -> int:
         print(f"jupyter-gpusched reaper: {status}: {data.get('error')}{field}", file=sys.stderr)
         return 2 if status == 400 else 1
     print(json.dumps(data, indent=2, sort_keys=True))
+    return 0
+
+
+# -- reaper what-if --------------------------------------------------------------------------
+#: the flags of the candidate settings: flag -> the setting (also its argparse dest)
+CANDIDATE_FLAGS = {
+    "--timeout-tier-1": "timeout_tier_1",
+    "--timeout-tier-2": "timeout_tier_2",
+    "--timeout-tier-3": "timeout_tier_3",
+    "--warning-lead": "warning_lead",
+    "--idle-threshold": "idle_threshold",
+}
+
+
+def add_what_if_parser(actions) -> None:
+    what_if = actions.add_parser(
+        "what-if",
+        help="replay a trace's notebook servers under other idle timeouts (offline)",
+        description="Replay the notebook servers of TRACE (written by `export-trace`) and their "
+        "measured GPU utilization through the idle reaper under the current settings (the "
+        "--config file's reaper: section, else the defaults) and under the candidate (the "
+        "current with the flags below applied). Per tier and profile, current -> candidate: "
+        "servers warned, culled, GPU-hours reclaimed before their recorded end, and culls of a "
+        "server that was busy again later (the cost of a shorter timeout).",
+        epilog="Durations: seconds, or 30m, 1h30m; `off` turns a timeout off. Kernel shutdowns "
+        "(shutdown_kernels_first) cannot be replayed, nor servers without GPUs.",
+    )
+    what_if.add_argument("trace", help="the trace file `export-trace` wrote")
+    what_if.add_argument(
+        "--samples",
+        metavar="FILE",
+        help="the utilization samples (default: NAME-utilization.csv beside the trace)",
+    )
+    what_if.add_argument(
+        "--config", metavar="POLICY.yaml", help="policy file whose reaper: section is current"
+    )
+    for flag, name in CANDIDATE_FLAGS.items():
+        kind = "PCT" if name == "idle_threshold" else "D"
+        what_if.add_argument(flag, dest=name, metavar=kind, help=f"candidate {name}")
+    what_if.add_argument(
+        "--profile-timeout",
+        action="append",
+        default=[],
+        metavar="SLUG=D",
+        help="candidate idle timeout of one hub profile (repeat for more; `off`: none)",
+    )
+    what_if.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    what_if.set_defaults(run=run_what_if)
+
+
+def current_settings(policy_file: str | None) -> dict:
+    """The reaper settings of ``policy_file``'s ``reaper:`` section, else the defaults; a bad
+    section is a ConfigError naming ``reaper.<field>`` and its line."""
+    from ..core.reaper_settings import DEFAULTS, validate
+    from ..files import check_reaper_section, read_yaml
+
+    if policy_file is None:
+        return validate({}, DEFAULTS)
+    data = read_yaml(policy_file)
+    check_reaper_section(data, policy_file)
+    section = data.get("reaper") if isinstance(data, dict) else None
+    return validate(dict(section or {}))
+
+
+def candidate_settings(current: dict, args) -> dict:
+    """``current`` with the flags of ``args`` applied, each checked by the reaper's own rules;
+    a bad value is a ConfigError naming its flag."""
+    from ..core import ConfigError
+    from ..core.reaper_settings import validate
+
+    candidate = current
+    for flag, name in CANDIDATE_FLAGS.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if name == "idle_threshold":
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError("must be a percentage from 0 to 100", field=flag) from None
+        try:
+            candidate = validate({name: value}, candidate)
+        except ConfigError as exc:
+            raise ConfigError(exc.message, field=flag) from None
+    for pair in args.profile_timeout:
+        slug, sep, value = pair.partition("=")
+        if not sep or not slug.strip():
+            raise ConfigError(f"expected SLUG=DURATION, got {pair!r}", field="--profile-timeout")
+        timeouts = {**candidate["profile_timeouts"], slug.strip(): value.strip()}
+        try:
+            candidate = validate({"profile_timeouts": timeouts}, candidate)
+        except ConfigError as exc:
+            raise ConfigError(exc.message, field="--profile-timeout") from None
+    return candidate
+
+
+def run_what_if(args) -> int:
+    from ..core import ConfigError
+    from ..sim.reaper_whatif import comparison, comparison_table
+    from ..sim.trace import read_trace
+    from ..sim.utilization import read_utilization, utilization_path
+
+    current = current_settings(args.config)
+    candidate = candidate_settings(current, args)
+    samples = Path(args.samples) if args.samples else utilization_path(args.trace)
+    if not samples.is_file():
+        raise ConfigError(
+            "no such samples file: `jupyter gpusched export-trace` writes it beside the trace "
+            "(NAME-utilization.csv); give another with --samples",
+            source=str(samples),
+        )
+    trace = read_trace(args.trace)
+    result = comparison(trace, read_utilization(samples), current, candidate)
+    if args.json:
+        settings = {"current": current, "candidate": candidate}
+        print(json.dumps({**result, "settings": settings}, indent=2, sort_keys=True))
+        return 0
+    replayed = result["total"]["servers"]
+    print(f"idle-timeout what-if: {replayed} notebook servers of {args.trace} ({samples})")
+    print("each figure current -> candidate\n")
+    print(comparison_table(result))
     return 0

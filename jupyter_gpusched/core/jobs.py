@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 
 from .jobspec import JOB_ATTRIBUTES, KINDS, TIERS, JobSpec
 from .reasons import Reason  # defined with its catalogue; imported from here too
@@ -111,3 +112,31 @@ def set_reason(tally: dict[str, float], job: Job, reason: Reason | None) -> None
         tally[reason.family] += job.amount
         if job.first_reason is None and job.runs == 0:
             job.first_reason = reason
+
+
+def set_reason_by_class(
+    tally: dict[str, float],
+    by_class: dict[tuple, dict[str, float]],
+    job: Job,
+    reason: Reason | None,
+) -> None:
+    """:func:`set_reason`, also keeping ``by_class``: the same tally for each job class
+    ``(tier, queue, kind)``. Only a replay that reports per job class asks for it
+    (``Scheduler(tally_by_class=True)``); the plain :func:`set_reason` stays as cheap as it is."""
+    key = (job.tier, job.queue, job.kind)
+    counts = by_class.get(key)
+    if counts is None:
+        counts = by_class[key] = dict.fromkeys(tally, 0)
+    if job.reason is not None:
+        counts[job.reason.family] -= job.amount
+    if reason is not None:
+        counts[reason.family] += job.amount
+    set_reason(tally, job, reason)
+
+
+def reason_setter(tally: dict[str, float], by_class: dict[tuple, dict[str, float]] | None = None):
+    """The scheduler's step giving a job its reason: :func:`set_reason` keeping ``tally``, or
+    with ``by_class`` :func:`set_reason_by_class` keeping both (chosen once, not per call)."""
+    if by_class is None:
+        return partial(set_reason, tally)
+    return partial(set_reason_by_class, tally, by_class)

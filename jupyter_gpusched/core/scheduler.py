@@ -36,7 +36,7 @@ from .cluster import Cluster
 from .decisions import Start, Stop
 from .errors import ConfigError
 from .fragmentation import Fragmentation
-from .jobs import Job, JobState, Reason, set_reason
+from .jobs import Job, JobState, Reason, reason_setter
 from .ledger import RunningLedger
 from .one_leaf import fits_one_leaf, patient_for_one_leaf
 from .ordering import PendingQueue
@@ -58,6 +58,7 @@ class Scheduler:
         queues: QueueTree | None = None,
         settings: PolicySettings | None = None,
         policy: Policy | str = "gpusched",
+        tally_by_class: bool = False,  # keep pending_gpus_by_class too (a replay's class table)
     ):
         self.cluster = cluster
         self.state = ClusterState(cluster)
@@ -77,7 +78,8 @@ class Scheduler:
         self.pending_gpus_by_reason = {"capacity": 0, "placement": 0, "policy": 0}
         # the bookkeeping steps the collaborators are given too: none holds the scheduler (no
         # reference cycle: a scheduler let go of is freed at once, with all its jobs)
-        self._set_reason = partial(set_reason, self.pending_gpus_by_reason)
+        self.pending_gpus_by_class = {} if tally_by_class else None  # by (tier, queue, kind)
+        self._set_reason = reason_setter(self.pending_gpus_by_reason, self.pending_gpus_by_class)
         self._walltime = self.settings.walltime
         self.reservation: Reservation | None = None
         # a deep pass leaves out the lists behind the reservation that cannot start (see

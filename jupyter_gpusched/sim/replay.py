@@ -60,6 +60,8 @@ class ReplayResult:
     queue_usage: dict[str, list] = field(default_factory=dict)
     # jobs refused at submission (core/submission.py), which never reached the engine
     refused: dict[str, Job] = field(default_factory=dict)
+    # wait_gpu_s_by_reason per job class (tier, queue, kind): only when replay(by_class=True)
+    wait_gpu_s_by_class: dict[tuple, dict[str, float]] | None = None
 
     def job(self, job_id: str) -> Job:
         """The engine's job, or the refused one."""
@@ -74,10 +76,13 @@ def replay(
     settings: PolicySettings,
     policy: Policy,
     progress: Callable[[int, int], None] | None = None,
+    by_class: bool = False,
 ) -> ReplayResult:
-    """Replay ``trace`` (sorted by submit time) until every admitted job has finished."""
+    """Replay ``trace`` (sorted by submit time) until every admitted job has finished.
+    ``by_class``: also integrate the GPUs waiting by reason per job class (tier, queue, kind),
+    for the table per job class (:mod:`.classes`); off, the replay does not pay for it."""
     wall_start = time.perf_counter()
-    scheduler = Scheduler(cluster, copy.deepcopy(queues), settings, policy)
+    scheduler = Scheduler(cluster, copy.deepcopy(queues), settings, policy, by_class)
     records = {t.id: RunRecord(remaining=t.duration) for t in trace}
     heap: list[tuple] = []
     seq = 0
@@ -90,6 +95,7 @@ def replay(
     first_submit, last_end = now, now
     busy_s = busy_gpu_s = 0.0
     waits = dict.fromkeys(scheduler.pending_gpus_by_reason, 0.0)
+    waits_by_class: dict[tuple, dict[str, float]] | None = {} if by_class else None
     allocated = 0  # GPUs held by running jobs
     preemptions = done = 0
     placements: dict[str, tuple] = {}
@@ -116,6 +122,8 @@ def replay(
             if by_reason["capacity"] or by_reason["placement"]:
                 busy_s += elapsed
                 busy_gpu_s += allocated * elapsed
+            if waits_by_class is not None:
+                _integrate(waits_by_class, scheduler.pending_gpus_by_class, elapsed)
         now = moment
         while heap and heap[0][0] == now:
             _, kind, _, job_id, run = heapq.heappop(heap)
@@ -204,4 +212,16 @@ def replay(
         timeline=timeline,
         queue_usage=queue_usage,
         refused=refused,
+        wait_gpu_s_by_class=waits_by_class,
     )
+
+
+def _integrate(waits_by_class: dict, pending_by_class: dict, elapsed: float) -> None:
+    """Add ``elapsed`` seconds of each class's pending GPUs by reason to its GPU-seconds
+    waited, as the replay does for the whole cluster's."""
+    for key, counts in pending_by_class.items():
+        into = waits_by_class.get(key)
+        if into is None:
+            into = waits_by_class[key] = dict.fromkeys(counts, 0.0)
+        for family, gpus in counts.items():
+            into[family] += gpus * elapsed

@@ -6,6 +6,8 @@ import csv
 import pytest
 from helpers import trace_job
 
+from jupyter_gpusched.sim.classes import recorded_classes
+from jupyter_gpusched.sim.recorded import recorded_metrics, recorded_rows
 from jupyter_gpusched.sim.trace import (
     OPTIONAL,
     RECORDED,
@@ -80,3 +82,57 @@ def test_a_bad_recorded_cell_names_file_line_and_field(tmp_path, cells, field, w
         read_trace(path)
     message = str(caught.value)
     assert f"{path}:3" in message and f"field '{field}'" in message and words in message
+
+
+def test_the_recorded_baseline_by_hand():
+    """4 jobs on 8 GPUs: a waits 10 s, b 20 s, c 0 s, d 100 s; a and b complete (c was culled,
+    d still runs: it ends at 130 + 170); makespan 0 -> 305 s."""
+    figures = recorded_metrics(_recorded_trace(), cluster_gpus=8)
+    assert figures["jobs"] == 4 and figures["completed"] == 2 and figures["rejected"] == 0
+    assert figures["makespan_s"] == 305.0
+    # GPU-seconds: 100 x 2 + 200 x 4 + 50 x 1 x 0.5 + 170 x 1
+    assert figures["gpu_utilization"] == round(1195 / (8 * 305), 4)
+    assert figures["wait_s"] == {"mean": 32.5, "p50": 15.0, "p95": 88.0, "p99": 97.6, "max": 100.0}
+    assert figures["wait_s_by_tier"]["1"]["mean"] == 10.0
+    assert figures["wait_s_by_tier"]["2"]["mean"] == 60.0
+    assert figures["wait_s_by_tier"]["3"]["max"] == 0.0
+    assert figures["jct_s"]["mean"] == 205.0 and figures["jct_s"]["p50"] == 205.0
+    assert figures["preemptions"] == 1
+    assert set(figures) == set(metrics_keys())
+    for unknown in ("lost_gpu_hours", "gang_single_leaf_fraction", "busy_utilization",
+                    "sim_wall_s", "jobs_per_s"):  # fmt: skip
+        assert figures[unknown] is None, unknown
+    assert figures["wait_gpu_hours_by_reason"] == dict.fromkeys(("capacity", "placement", "policy"))
+
+
+def test_the_recorded_baseline_per_job_class_by_hand():
+    trace = _recorded_trace()
+    classes = recorded_classes(trace, {t.id: (t.tier, t.queue, t.kind) for t in trace}, 8)
+    research = classes[(2, "research", "batch")]  # b and d
+    assert research["jobs"] == 2
+    assert research["wait_mean_s"] == 60.0 and research["wait_p95_s"] == 96.0
+    assert research["jct_mean_s"] == 300.0  # b only: d still runs
+    assert research["gpu_utilization"] == round(970 / (8 * 305), 4)
+    assert research["preemptions"] == 1
+    assert research["lost_gpu_hours"] is None and research["waited_policy_gpu_hours"] is None
+    notebook = classes[(3, "research", "notebook")]
+    assert notebook["jct_mean_s"] is None  # culled: not completed
+    assert sum(c["gpu_utilization"] for c in classes.values()) == pytest.approx(
+        recorded_metrics(trace, 8)["gpu_utilization"], abs=1e-3
+    )
+
+
+def test_recorded_rows_of_jobs_csv():
+    rows = {row["job_id"]: row for row in recorded_rows(_recorded_trace())}
+    assert rows["b"]["policy"] == "recorded" and rows["b"]["wait_s"] == 20
+    assert rows["d"]["end_time"] == "" and rows["d"]["state"] == "running"
+    assert rows["c"]["state"] == "culled" and rows["c"]["nodes"] == ""
+
+
+def metrics_keys():
+    from helpers import cluster, run_replay
+
+    from jupyter_gpusched.sim.metrics import metrics
+
+    result, _ = run_replay([trace_job("x", 0.0, 10.0, 1)], cluster(("n1", 8, "leaf-1")))
+    return metrics(result)

@@ -100,7 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         "(default 2 for the philly and alibaba2023 formats, whose traces carry no estimates; "
         "otherwise the policy file's default walltime); the same for every policy",
     )
-    replay.add_argument("--config", help="policy YAML file; default: the documented defaults")
+    replay.add_argument(
+        "--config",
+        action="append",
+        dest="configs",
+        metavar="POLICY_FILE",
+        help="policy YAML file (default: the documented defaults); repeat to compare: each "
+        "--policy then runs under each, named POLICY@STEM, and the first table is each run's "
+        "difference per job class from the first file's run",
+    )
     replay.add_argument(
         "--policy",
         action="append",
@@ -158,6 +166,7 @@ def add_user_commands(commands) -> None:
 def run_replay(args) -> int:
     from ..core import ConfigError, PolicySettings, get_policy
     from ..files import load_policy
+    from ..sim import classes, recorded
     from ..sim.cluster_loaders import load_cluster_spec, load_queue_spec
     from ..sim.loaders import WALLTIME_FACTORS, load_trace, parse_tier_mix
     from ..sim.metrics import comparison_table, metrics, write_jobs_csv
@@ -186,27 +195,72 @@ def run_replay(args) -> int:
     _report_skipped(args.cluster, cluster_loaded)
     cluster = cluster_loaded.cluster
     queues = load_queue_spec(args.queues, cluster, trace, args.trace) if args.queues else None
-    settings = load_policy(args.config) if args.config else PolicySettings()
+    configs = [(name, load_policy(path)) for name, path in _config_names(args.configs or [])]
+    configs = configs or [("", PolicySettings())]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results, figures = [], {}
+    # the recorded outcome (an exported trace) is the first column and, with one config, the
+    # baseline of the table per job class; with several, the first config's run is
+    has_recorded = recorded.has_recorded(trace)
+    figures = {}
+    if has_recorded:
+        figures[recorded.NAME] = recorded.recorded_metrics(trace, cluster.total_gpus)
+    results, pairs = [], []
     for policy in policies:
-        progress = None if args.quiet else _progress(policy.name)
-        result = replay(trace, cluster, queues, settings, policy, progress)
-        results.append(result)
-        figures[policy.name] = metrics(result)
-    write_jobs_csv(results, out / "jobs.csv")
-    (out / "metrics.json").write_text(json.dumps({"policies": figures}, indent=2) + "\n")
+        first = None
+        for config, settings in configs:
+            name = f"{policy.name}@{config}" if len(configs) > 1 else policy.name
+            progress = None if args.quiet else _progress(name)
+            by_class = len(configs) > 1 or has_recorded
+            result = replay(trace, cluster, queues, settings, policy, progress, by_class)
+            result.policy = name
+            results.append(result)
+            figures[name] = metrics(result)
+            if first is not None or (len(configs) == 1 and has_recorded):
+                pairs.append((result, first))
+            first = first or result
+    compared = classes.compare(pairs, trace)
+    first_rows = recorded.recorded_rows(trace) if has_recorded else ()
+    write_jobs_csv(results, out / "jobs.csv", first_rows)
+    document = {"policies": figures}
+    if compared:
+        document["classes"] = {run: c["classes"] for run, c in compared.items()}
+        document["class_baselines"] = {run: c["baseline"] for run, c in compared.items()}
+    (out / "metrics.json").write_text(json.dumps(document, indent=2) + "\n")
+    for run, c in compared.items():
+        print(classes.class_table(run, c["baseline"], c["classes"]), end="\n\n")
     print(comparison_table(figures))
     written = [out / "jobs.csv", out / "metrics.json"]
     if not args.no_report:
         from ..sim.report import write_report
 
-        write_report(results, figures, out / "report.html", title=Path(args.trace).name)
+        write_report(
+            results,
+            figures,
+            out / "report.html",
+            title=Path(args.trace).name,
+            recorded=recorded.recorded_waits(trace) if has_recorded else None,
+            classes=compared,
+        )
         written.append(out / "report.html")
     if not args.quiet:
         print(f"\nwrote {', '.join(map(str, written))}", file=sys.stderr)
     return 0
+
+
+def _config_names(paths: list[str]) -> list[tuple[str, str]]:
+    """``(name, path)`` of each policy file: its stem, or where two stems are equal as much of
+    the path as tells them apart (``a/policy``, ``b/policy``)."""
+    from pathlib import PurePath
+
+    parts = [PurePath(p).with_suffix("").parts for p in paths]
+    for depth in range(1, max((len(p) for p in parts), default=1) + 1):
+        names = ["/".join(p[-depth:]) for p in parts]
+        if len(set(names)) == len(names):
+            break
+    else:  # the same file twice: number the repeats
+        names = [f"{n}#{i + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+    return list(zip(names, paths, strict=True))
 
 
 def run_pack(args) -> int:

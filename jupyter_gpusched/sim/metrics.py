@@ -1,4 +1,7 @@
-"""What a replay measured: ``jobs.csv`` rows, ``metrics.json`` figures and the stdout table."""
+"""What a replay measured: ``jobs.csv`` rows, ``metrics.json`` figures and the stdout table.
+
+A figure may be None where a column cannot know it (the ``recorded`` column of
+:mod:`.recorded`: no replay, so no lost work or reasons); the table shows it as ``n/a``."""
 
 from __future__ import annotations
 
@@ -87,10 +90,12 @@ def job_rows(result: ReplayResult):
         }
 
 
-def write_jobs_csv(results: list[ReplayResult], path) -> None:
+def write_jobs_csv(results: list[ReplayResult], path, first_rows=()) -> None:
+    """One row per job and replay; ``first_rows`` (e.g. the recorded outcome's) go first."""
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=JOB_COLUMNS)
         writer.writeheader()
+        writer.writerows(first_rows)
         for result in results:
             writer.writerows(job_rows(result))
 
@@ -171,7 +176,7 @@ TABLE_ROWS = (
 
 
 def comparison_table(all_metrics: dict[str, dict]) -> str:
-    """A plain-text table: one row per figure, one column per policy."""
+    """A plain-text table: one row per figure, one column per policy (None: ``n/a``)."""
     names = list(all_metrics)
     rows = [["", *names]]
     for label, path, *scale in TABLE_ROWS:
@@ -180,10 +185,12 @@ def comparison_table(all_metrics: dict[str, dict]) -> str:
             value = all_metrics[name]
             for key in path:
                 value = value[key]
-            if scale:
+            if scale and value is not None:
                 value = value * scale[0]
             row.append(
-                f"{value:,.3f}".rstrip("0").rstrip(".")
+                "n/a"
+                if value is None
+                else f"{value:,.3f}".rstrip("0").rstrip(".")
                 if isinstance(value, float)
                 else f"{value:,}"
             )

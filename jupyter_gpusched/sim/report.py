@@ -1,9 +1,12 @@
 """``report.html``: one self-contained page comparing the replayed policies.
 
-Made for a platform lead deciding in one screen whether to switch policy. It shows a headline
-(the policies, trace and cluster, and plain sentences comparing each policy with the FIRST one,
-the baseline); a table of the main ``metrics.json`` figures with each cell's ratio to the
-baseline (green better, red worse); and plots: the queue-wait CDF per tier (who waits, and how
+Made for a platform lead deciding in one screen whether to switch policy. It shows first, when
+there is a baseline to compare with (a trace's recorded outcome, or the first of several policy
+files), the difference per job class (:mod:`.classes`: who gains, who pays); then a headline
+(the policies, trace and cluster, and plain sentences comparing each policy with the FIRST
+column, the baseline: ``recorded`` when the trace has recorded outcomes); a table of the main
+``metrics.json`` figures with each cell's ratio to the baseline (green better, red worse); and
+plots: the queue-wait CDF per tier (who waits, and how
 long the tail is), allocated GPUs against the cluster size (idle capacity), pending GPUs by
 reason (capacity: cluster full; placement: free GPUs in the wrong shape; policy: quotas, limits
 or ordering), the top-level queues' running GPUs against their guarantees (are guarantees
@@ -12,7 +15,8 @@ queue got the same multiple of its guarantee; 1/n: one got it all). The index ta
 each job's allocated GPU-seconds (exact, whatever the policy) and leaves out queues guaranteed 0
 GPUs: they only borrow, so usage / share is undefined for them. Policies without quotas (``fifo``)
 account every job to the root queue, so their queue-usage plot is rebuilt from job start and end
-times (a pre-empted job then counts while it waits to resume).
+times (a pre-empted job then counts while it waits to resume). The ``recorded`` column has no
+replay behind it: its unknown figures read ``n/a``, and of the plots only the wait CDFs show it.
 
 Plots (drawn in :mod:`.report_plots`) are PNGs made with matplotlib's Agg backend and embedded
 as base64: no other file, no JavaScript. Each time series is cut to at most ``MAX_POINTS`` points
@@ -27,6 +31,8 @@ import math
 import sys
 from pathlib import Path
 
+from .classes import FIGURES as CLASS_FIGURES
+from .classes import cell
 from .report_plots import (
     MAX_QUEUES,
     plot_allocation,
@@ -36,6 +42,7 @@ from .report_plots import (
     plot_waits,
 )
 
+RECORDED = "recorded"  # the column of a trace's recorded outcome (.recorded.NAME)
 # (label, path in a metrics() dict, scale, direction: +1 higher is better, -1 lower, 0 neither);
 # "TIERS" expands to the wait mean/p50/p95/p99 of each tier with started jobs
 ROWS = (
@@ -60,6 +67,10 @@ ROWS = (
     ("replay wall time (s)", ("sim_wall_s",), 1, 0),
 )
 NOTES = {
+    "Difference per job class": "Each cell: baseline -> run (difference); green is better, red "
+    "worse (more than 5% apart). Utilization: the class's GPU-seconds / (cluster GPUs x "
+    "makespan). n/a: not known to that column (the recorded outcome has no lost work or "
+    "reasons) or no such job.",
     "Queue waits": "Share of started jobs that waited at most x (submit to first start); "
     "jobs that never started are left out.",
     "GPU allocation": "GPUs held by running jobs; the gap to the dashed line is idle capacity.",
@@ -135,6 +146,17 @@ def _get(figures: dict, path):
     return figures if isinstance(figures, (int, float)) else None
 
 
+def _unknown(figures: dict, path) -> bool:
+    """Whether the figure at ``path`` is there and None: a figure the column cannot know."""
+    for key in path[:-1]:
+        figures = figures.get(key) if isinstance(figures, dict) else None
+    return isinstance(figures, dict) and path[-1] in figures and figures[path[-1]] is None
+
+
+def _nan(value) -> bool:
+    return value is None or math.isnan(value)
+
+
 def _num(value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
@@ -188,7 +210,7 @@ def _headline(names, figures, jains, tiers) -> list[str]:
                 f"{name}: {pre[0]:,} pre-emptions losing {lost[0]:,.1f} GPU-h of work vs "
                 f"{pre[1]:,} losing {lost[1]:,.1f} GPU-h."
             )
-        if not (math.isnan(jains[name]) or math.isnan(jains[base])):
+        if not (_nan(jains[name]) or _nan(jains[base])):
             lines.append(
                 f"{name}: fairness across leaf queues (Jain's index, 1 = each got the same "
                 f"multiple of its guarantee) {jains[name]:.2f} vs {jains[base]:.2f}."
@@ -212,51 +234,99 @@ def _table(names, figures, jains, tiers) -> str:
     for label, path, scale, direction in rows:
         cells = []
         for name in names:
-            value = jains[name] if path == ("jain",) else _get(figures.get(name, {}), path)
+            if path == ("jain",):
+                value, unknown = jains[name], jains[name] is None
+            else:
+                value, unknown = (
+                    _get(figures.get(name, {}), path),
+                    _unknown(figures.get(name, {}), path),
+                )
             value = None if value is None else value * scale
+            shown = "n/a" if unknown else _num(value)
             if not cells:
                 base = value
-                cells.append(f"<td>{_num(value)}</td>")
+                cells.append(f"<td>{shown}</td>")
                 continue
             text, ratio = _ratio(value, base)
             mood = ""
             if ratio is not None and direction and abs(ratio - 1) > 0.05:
                 mood = ' class="better"' if (ratio > 1) == (direction > 0) else ' class="worse"'
-            cells.append(f"<td{mood}>{_num(value)}{html.escape(text)}</td>")
+            cells.append(f"<td{mood}>{shown}{html.escape(text)}</td>")
         out.append(f"<tr><td>{html.escape(label)}</td>{''.join(cells)}</tr>")
     return "\n".join([*out, "</table>"])
 
 
-def write_report(results: list, figures: dict[str, dict], path, title: str = "") -> None:
+def _class_tables(compared: dict) -> str:
+    """The difference per job class of each run from its baseline (:func:`.classes.compare`),
+    one table per run: a row per class, each cell ``baseline -> run (difference)``."""
+    head = "".join(f"<th>{html.escape(heading)}</th>" for _, heading, _ in CLASS_FIGURES)
+    out = []
+    for run, comparison in compared.items():
+        out.append(f"<h3>{html.escape(run)} vs {html.escape(comparison['baseline'])}</h3>")
+        out.append(f"<table><tr><th>class</th>{head}</tr>")
+        for name, figures in comparison["classes"].items():
+            cells = []
+            for key, _, direction in CLASS_FIGURES:
+                b, d = figures[key]["baseline"], figures[key]["difference"]
+                mood = ""
+                if d and direction and (not b or abs(d / b) > 0.05):
+                    mood = ' class="better"' if (d > 0) == (direction > 0) else ' class="worse"'
+                cells.append(f"<td{mood}>{html.escape(cell(figures[key], '→'))}</td>")
+            out.append(f"<tr><td>{html.escape(name)}</td>{''.join(cells)}</tr>")
+        out.append("</table>")
+    return "\n".join(out)
+
+
+def write_report(
+    results: list,
+    figures: dict[str, dict],
+    path,
+    title: str = "",
+    recorded: dict | None = None,
+    classes: dict | None = None,
+) -> None:
     """Write a self-contained ``report.html`` to ``path`` comparing ``results`` (ReplayResults
-    of one trace; the first is the baseline) with their ``metrics()`` ``figures`` by policy."""
+    of one trace; the first is the baseline) with their ``metrics()`` ``figures`` by name.
+    ``recorded``: the trace's recorded waits (:func:`.recorded.recorded_waits`), which make a
+    first column ``recorded``, the baseline; ``classes``: :func:`.classes.compare`, shown first."""
     import matplotlib
 
     if "matplotlib.pyplot" not in sys.modules:  # headless; leave an interactive session alone
         matplotlib.use("Agg")
     if not results:
         raise ValueError("write_report needs at least one replay result")
-    names = [r.policy for r in results]
+    policies = [r.policy for r in results]
     started = {r.policy: _started(r) for r in results}
-    tiers = sorted({int(t) for s in started.values() for t in set(s["tier"].tolist())})
     jains = {r.policy: fairness(r, started[r.policy]) for r in results}
+    names = policies
+    if recorded is not None:
+        names = [RECORDED, *policies]
+        started[RECORDED], jains[RECORDED] = recorded, None
+    tiers = sorted({int(t) for s in started.values() for t in set(s["tier"].tolist())})
     first = results[0]
     gpus, origin = first.scheduler.cluster.total_gpus, first.first_submit
     title = title or "GPU scheduling replay: " + " vs ".join(names)
+    what = "the trace's recorded outcome, then " if recorded is not None else ""
     intro = (
-        f"Policies compared: {', '.join(names)} (baseline: {names[0]}). Trace: "
+        f"Compared: {what}{', '.join(names)} (baseline: {names[0]}). Trace: "
         f"{len(first.trace):,} jobs over {_duration(max(first.last_end - origin, 0.0))[0]}; "
         f"cluster: {gpus:,} GPUs."
     )
     plots = {
-        "Queue waits": plot_waits(results, started, tiers),
+        "Queue waits": plot_waits(names, started, tiers),
         "GPU allocation": plot_allocation(results, gpus, origin),
         "Pending GPUs by reason": plot_pending(results, origin),
         "Queue usage vs guarantee": plot_queues(results, origin, started),
-        "Fairness": plot_fairness(names, jains),
+        "Fairness": plot_fairness(policies, jains),
     }
-    body = [
-        f"<h1>{html.escape(title)}</h1>",
+    body = [f"<h1>{html.escape(title)}</h1>"]
+    if classes:
+        body += [
+            "<section><h2>Difference per job class</h2>",
+            _class_tables(classes),
+            f'<p class="muted">{html.escape(NOTES["Difference per job class"])}</p></section>',
+        ]
+    body += [
         f"<section><h2>Summary</h2><p>{html.escape(intro)}</p><ul>",
         *(f"<li>{html.escape(s)}</li>" for s in _headline(names, figures, jains, tiers)),
         "</ul></section>",

@@ -90,20 +90,22 @@ def _label(text: str) -> str:
     return text.replace("$", r"\$").lstrip("_") or "?"  # matplotlib hides labels starting "_"
 
 
-def plot_waits(results, started, tiers) -> str:
+def plot_waits(names, started, tiers) -> str:
+    """The queue-wait CDF per tier of each column ``names`` (its ``started`` arrays: tier and
+    wait of the jobs that started, the recorded outcome's too)."""
     import numpy as np
     from matplotlib.ticker import NullLocator
 
     fig, axes = _figure(max(len(tiers), 1), sharey=True)
     for ax, tier in zip(axes, tiers or [None], strict=True):
         top = 1.0
-        for result in results:
-            jobs = started[result.policy]
+        for name in names:
+            jobs = started[name]
             values = np.sort(np.maximum(jobs["wait"][jobs["tier"] == tier], 1.0))
             if not len(values):
                 continue
             pick = np.unique(np.linspace(0, len(values) - 1, MAX_POINTS).astype(int))
-            label = f"{_label(result.policy)} ({np.mean(values <= 1.0):.0%} at once)"
+            label = f"{_label(name)} ({np.mean(values <= 1.0):.0%} at once)"
             ax.step(values[pick], (pick + 1) / len(values), where="post", label=label)
             top = max(top, values[-1])
         ax.set_xscale("log")

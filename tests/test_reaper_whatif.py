@@ -192,12 +192,17 @@ def test_the_summary_counts_per_tier_and_profile_and_the_live_culls():
     assert result == what_if(trace, samples, settings())  # the trace's order does not matter
 
 
-def test_kernel_shutdowns_are_replayed_as_off_and_said_so():
+def test_what_cannot_be_replayed_exactly_is_said():
     result = what_if(
         [server()], {"nb-1": runs("nb-1", *BUSY_THEN_IDLE)}, settings(shutdown_kernels_first=True)
     )
     assert result.servers[0].culled_at == 4600
     assert any("shutdown_kernels_first" in note for note in result.notes)
+    groups = what_if([server()], {}, settings(exempt_groups=["ops"]))
+    assert any("exempt_groups" in note for note in groups.notes)
+    assert not what_if([server()], {}, settings()).notes
+    off_edge = what_if([server()], {}, settings(idle_threshold=3))
+    assert any("not a band edge" in note for note in off_edge.notes)
 
 
 # -- the samples file ------------------------------------------------------------------------

@@ -210,6 +210,8 @@ def what_if(trace, runs_by_job: dict, settings: dict) -> WhatIf:
             "shutdown_kernels_first is replayed as off: the trace has no kernels (idle servers "
             "are culled at their timeout instead of losing their kernels first)"
         )
+    if settings["exempt_groups"]:
+        notes.append("exempt_groups cannot apply: the trace does not say who is in which group")
     if settings["idle_threshold"] not in BAND_EDGES:
         edges = ", ".join(f"{e:g}" for e in BAND_EDGES)
         notes.append(

@@ -67,7 +67,7 @@ ROWS = (
     ("replay wall time (s)", ("sim_wall_s",), 1, 0),
 )
 NOTES = {
-    "Difference per job class": "Each cell: baseline -> run (difference); green is better, red "
+    "Difference per job class": "Each cell: baseline → run (difference); green is better, red "
     "worse (more than 5% apart). Utilization: the class's GPU-seconds / (cluster GPUs x "
     "makespan). n/a: not known to that column (the recorded outcome has no lost work or "
     "reasons) or no such job.",
@@ -90,6 +90,7 @@ h1{font-size:20px;margin:0 0 8px}h2{font-size:15px;margin:0 0 6px}
 section{border:1px solid #ddd;border-radius:6px;padding:10px}img{width:100%}
 table{border-collapse:collapse;font-size:13px}td,th{padding:2px 8px;text-align:right}
 td:first-child,th:first-child{text-align:left}tr:nth-child(even){background:#f6f6f6}
+.wide{overflow-x:auto}.classes td{white-space:nowrap}h3{font-size:14px;margin:8px 0 4px}
 .better{color:#17752e}.worse{color:#b3261e}.muted{color:#666;font-size:12px}"""
 
 
@@ -263,7 +264,7 @@ def _class_tables(compared: dict) -> str:
     out = []
     for run, comparison in compared.items():
         out.append(f"<h3>{html.escape(run)} vs {html.escape(comparison['baseline'])}</h3>")
-        out.append(f"<table><tr><th>class</th>{head}</tr>")
+        out.append(f'<div class="wide"><table class="classes"><tr><th>class</th>{head}</tr>')
         for name, figures in comparison["classes"].items():
             cells = []
             for key, _, direction in CLASS_FIGURES:
@@ -273,7 +274,7 @@ def _class_tables(compared: dict) -> str:
                     mood = ' class="better"' if (d > 0) == (direction > 0) else ' class="worse"'
                 cells.append(f"<td{mood}>{html.escape(cell(figures[key], '→'))}</td>")
             out.append(f"<tr><td>{html.escape(name)}</td>{''.join(cells)}</tr>")
-        out.append("</table>")
+        out.append("</table></div>")
     return "\n".join(out)
 
 
@@ -306,9 +307,9 @@ def write_report(
     first = results[0]
     gpus, origin = first.scheduler.cluster.total_gpus, first.first_submit
     title = title or "GPU scheduling replay: " + " vs ".join(names)
-    what = "the trace's recorded outcome, then " if recorded is not None else ""
+    what = " (recorded: the trace's recorded outcome)" if recorded is not None else ""
     intro = (
-        f"Compared: {what}{', '.join(names)} (baseline: {names[0]}). Trace: "
+        f"Compared: {', '.join(names)}{what}; baseline: {names[0]}. Trace: "
         f"{len(first.trace):,} jobs over {_duration(max(first.last_end - origin, 0.0))[0]}; "
         f"cluster: {gpus:,} GPUs."
     )

@@ -96,6 +96,14 @@ class PolicySettings:
         """What the engine plans with for ``job``: its own walltime, else the default."""
         return job.walltime or self.default_walltime(job.kind)
 
+    def saved_work(self, ran: float) -> float:
+        """What a pre-empted run of ``ran`` seconds keeps (the ``checkpoint`` model): all of it
+        when jobs save at the signal, else its whole checkpoint intervals. The replay resumes a
+        victim from there; ``export-trace`` counts a job's work with it."""
+        if self.checkpoint_on_signal:
+            return ran
+        return (ran // self.checkpoint_interval) * self.checkpoint_interval
+
     def replace(self, **changes) -> PolicySettings:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(changes)

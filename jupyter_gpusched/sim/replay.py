@@ -157,8 +157,7 @@ def replay(
                 if progress is not None and done % 1000 == 0:
                     progress(done, len(trace))
             else:
-                interval = settings.checkpoint_interval
-                saved = ran if settings.checkpoint_on_signal else (ran // interval) * interval
+                saved = settings.saved_work(ran)
                 record.remaining -= saved
                 record.lost_gpu_s += (ran - saved) * job.amount
                 preemptions += 1

@@ -235,6 +235,7 @@ class ExportHandler(APIHandler):
                 None if queue is None else queue.strip("/"),
                 pseudonymize == "true",
                 self.live.quota_document,
+                self.live.engine.settings,
             )
         except ExportTooLarge as exc:
             raise APIError(400, str(exc), "since") from None

@@ -3,12 +3,13 @@
 
 For each job that ran in the period (batch jobs and notebook servers; ``queue``: only that queue
 and those below it): its request as the trace format's columns (core/jobspec.py's trace fields),
-and what happened to it, the *recorded* columns: first start, end of its last run, the time it
-held GPUs over all its runs, its pre-emptions, how it ended (``culled`` where the idle reaper
-stopped it), and a notebook's hub profile. Times are epoch seconds; the command makes them
-seconds from the trace's start. Jobs that never started are left out (a replay has no
-cancellation) and counted. Notebook servers come with their GPU utilization over time, the
-runs the service recorded (service/utilization_record.py).
+its ``duration`` (the work it needed: :func:`work`), and what happened to it, the *recorded*
+columns: first start, end of its last run, the time it held GPUs over all its runs, its
+pre-emptions, how it ended (``culled`` where the idle reaper stopped it), and a notebook's hub
+profile. Times are epoch seconds; the command makes them seconds from the trace's start. Jobs
+that never started are left out (a replay has no cancellation) and counted. Notebook servers
+come with their GPU utilization over time, the runs the service recorded
+(service/utilization_record.py).
 
 ``pseudonymize``: every user name (the ``user`` column, a queue path's part named like a user,
 the queue document's ``users`` lists and ``user_limits``) becomes a pseudonym that is the same in
@@ -27,6 +28,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..core.jobspec import TRACE_FIELDS
+from ..core.settings import PolicySettings
 from .models import allocations_table, events_table, jobs_table
 from .utilization_record import utilization_runs
 
@@ -63,7 +65,13 @@ def _in_queue(column, queue: str | None):
 
 
 def export(
-    store, since: float, until: float, queue: str | None, pseudonymize: bool, quota_document
+    store,
+    since: float,
+    until: float,
+    queue: str | None,
+    pseudonymize: bool,
+    quota_document,
+    settings: PolicySettings,
 ) -> dict[str, Any]:
     """The answer of ``GET api/export`` (see the module docstring); :class:`ExportTooLarge`
     when the period holds more than one answer may."""
@@ -89,7 +97,8 @@ def export(
             sa.select(sa.func.count()).where(never, _in_queue(j.c.queue, queue))
         ).scalar()
         ids = [row["id"] for row in rows]
-        held, culled = {}, set()
+        runs_of: dict[str, list[float]] = {}  # job id -> the length of each run, in order
+        culled: set[str] = set()
         for chunk in range(0, len(ids), 500):
             part = ids[chunk : chunk + 500]
             runs = (
@@ -97,8 +106,8 @@ def export(
                 .where(a.c.job_id.in_(part))
                 .group_by(a.c.job_id, a.c.run)
             )
-            for job_id, _run, start, end in conn.execute(runs):
-                held[job_id] = held.get(job_id, 0.0) + max(0.0, (end or until) - start)
+            for job_id, _run, start, end in conn.execute(runs.order_by(a.c.job_id, a.c.run)):
+                runs_of.setdefault(job_id, []).append(max(0.0, (end or until) - start))
             culls = sa.select(e.c.job_id).where(e.c.kind == "reaper-cull", e.c.job_id.in_(part))
             culled.update(conn.execute(culls).scalars())
     notebooks = [row["id"] for row in rows if row["kind"] == "notebook"]
@@ -108,7 +117,7 @@ def export(
             f"{len(runs):,} utilization runs in this period; one export holds at most "
             f"{MAX_EXPORT_RUNS:,}: give a shorter period (since, until) or a queue"
         )
-    jobs = [_job(row, held.get(row["id"], 0.0), row["id"] in culled, until) for row in rows]
+    jobs = [_job(row, runs_of.get(row["id"], []), row["id"] in culled, settings) for row in rows]
     document = quota_document
     if pseudonymize:
         key = pseudonym_key(store)
@@ -130,9 +139,23 @@ def export(
     }
 
 
-def _job(row: dict, held: float, culled: bool, until: float) -> dict[str, Any]:
+def work(runs: list[float], settings: PolicySettings) -> float:
+    """The work a job needed, from the lengths of its runs: its last run, and what the runs
+    before it (each ended by a pre-emption or a refused launch) kept by the ``checkpoint``
+    model. A replay needs this as the job's ``duration``: the time it held GPUs over all its
+    runs counts lost work twice."""
+    if not runs:
+        return 0.0
+    return runs[-1] + sum(settings.saved_work(ran) for ran in runs[:-1])
+
+
+def _job(row: dict, runs: list[float], culled: bool, settings: PolicySettings) -> dict[str, Any]:
     """One job's export record: the trace columns of its request, then what happened."""
-    record: dict[str, Any] = {"job_id": row["id"], "submit_time": row["submit_time"]}
+    record: dict[str, Any] = {
+        "job_id": row["id"],
+        "submit_time": row["submit_time"],
+        "duration": work(runs, settings),
+    }
     for spec_field in TRACE_FIELDS:
         record[spec_field.wire] = row[spec_field.column_name]
     running = row["end_time"] is None
@@ -143,7 +166,7 @@ def _job(row: dict, held: float, culled: bool, until: float) -> dict[str, Any]:
     record.update(
         start_time=row["first_start"],
         end_time=row["end_time"],
-        run_time=held,
+        run_time=sum(runs),
         preemptions=row["preemptions"],
         outcome=outcome,
         profile=row["profile"] if row["kind"] == "notebook" else None,

@@ -16,6 +16,11 @@ EXPORT_SCHEMAS = {
         {
             "job_id": {"type": "string"},
             "submit_time": NUMBER,
+            "duration": {
+                **_SECONDS,
+                "description": "the work it needed: its last run, and what earlier runs kept "
+                "by the policy's checkpoint model",
+            },
             **{f.wire: answer_schema(f) for f in TRACE_FIELDS},
             "start_time": {**NUMBER, "description": "its first start"},
             "end_time": {**nullable("number"), "description": "its last run's end; null: running"},

@@ -1,9 +1,10 @@
 """``jupyter-gpusched`` (also ``jupyter gpusched``): the command line.
 
-For operators: ``serve``, ``replay``, ``pack`` (here), ``reaper`` (:mod:`.reaper`),
-``node-agent``. For users, in Slurm's habits: ``submit``, ``estimate``, ``cancel``, ``log``
-(:mod:`.jobs`), ``queue``, ``jobs`` (:mod:`.listings`), ``nodes``, ``usage`` (:mod:`.cluster`),
-talking to the service through the notebook client (:mod:`.service`).
+For operators: ``serve``, ``replay``, ``pack`` (here), ``export-trace`` (:mod:`.export`),
+``reaper`` (:mod:`.reaper`), ``node-agent``. For users, in Slurm's habits: ``submit``,
+``estimate``, ``cancel``, ``log`` (:mod:`.jobs`), ``queue``, ``jobs`` (:mod:`.listings`),
+``nodes``, ``usage`` (:mod:`.cluster`), talking to the service through the notebook client
+(:mod:`.service`).
 
 Exit codes: 0 success, 1 unexpected failure (the service unreachable or failing: a 5xx), 2 bad
 input (a usage error, a file that says what to fix, with its line and field, or a request the
@@ -140,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     pack.add_argument("--skip-bad-rows", action="store_true", help="skip malformed node-list rows")
     pack.add_argument("--out", required=True, help="output folder (created)")
     pack.set_defaults(run=run_pack)
+    from .export import add_parser as add_export
     from .reaper import add_parser as add_reaper
 
+    add_export(commands)
     add_reaper(commands)
     add_user_commands(commands)
     from ..backends.gpu.node_agent import add_parser as add_node_agent

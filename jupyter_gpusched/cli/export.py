@@ -1,0 +1,176 @@
+"""``jupyter-gpusched export-trace``: the live service's history as a trace to replay.
+
+It asks the service (``GET api/export``, admins only: the token must hold the scheduler's admin
+scope) for the jobs and notebook servers that ran in the period, and writes three files, each
+readable by its owner alone (mode 0600: they name users and what they ran):
+
+* ``--out`` (``trace.csv``): the trace format (docs/replay.md), times in seconds from the
+  earliest submission, with the recorded columns (first start, end, GPU time, pre-emptions, how
+  it ended, a notebook's profile) that ``replay`` shows as its ``recorded`` column;
+* ``NAME-utilization.csv`` beside it: the notebook servers' measured GPU utilization, what
+  ``reaper what-if`` replays;
+* ``NAME-queues.yaml``: the queue document in force (the queue file, or an admin's last edit
+  through ``PUT api/quotas``), pseudonymized with the trace, for ``replay --queues``.
+
+Where the service is and the token: as for ``reaper`` (``--url``, ``$GPUSCHED_SERVICE_URL``,
+the demo hub's; ``--token``, ``$JUPYTERHUB_API_TOKEN``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+from .reaper import DEFAULT_URL, request, service_url
+
+
+def add_parser(commands) -> None:
+    export = commands.add_parser(
+        "export-trace",
+        help="write the service's history (jobs, notebook servers, their GPU use) as a trace "
+        "to replay (admins)",
+        description="Write the jobs and notebook servers that ran in the period as a trace "
+        "(--out), their measured GPU utilization (NAME-utilization.csv) and the queue document "
+        "in force (NAME-queues.yaml), each readable by you alone. Replay it with `replay "
+        "--queues NAME-queues.yaml --cluster <the service's cluster file> --config <its policy "
+        "file>`; try idle timeouts with `reaper what-if`.",
+    )
+    export.add_argument(
+        "--since", default="30d", help="how far back: a duration (30d, 12h, 3600) (default 30d)"
+    )
+    export.add_argument("--queue", help="only this queue and those below it (e.g. research/nlp)")
+    export.add_argument("--out", default="trace.csv", help="the trace file (default trace.csv)")
+    export.add_argument(
+        "--pseudonymize",
+        action="store_true",
+        help="replace user names (also in queue names and the queue document) with pseudonyms "
+        "that stay the same from one export to the next, to share the trace",
+    )
+    export.add_argument("--url", default=None, help=f"the service's URL (default {DEFAULT_URL})")
+    export.add_argument("--token", default=None, help="API token (default $JUPYTERHUB_API_TOKEN)")
+    export.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..core import ConfigError
+    from ..core.durations import parse_duration
+
+    try:
+        span = parse_duration(args.since)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}: a duration such as 30d, 12h or 3600", field="--since") from None
+    now = time.time()
+    query = {"since": f"{now - span:.3f}", "until": f"{now:.3f}"}
+    if args.queue:
+        query["queue"] = args.queue
+    if args.pseudonymize:
+        query["pseudonymize"] = "true"
+    url = service_url(args.url).rstrip("/") + "/api/export?" + urllib.parse.urlencode(query)
+    token = args.token or os.environ.get("JUPYTERHUB_API_TOKEN")
+    try:
+        status, answer = request(url, token)
+    except OSError as exc:
+        print(f"jupyter-gpusched export-trace: cannot reach the service: {exc}", file=sys.stderr)
+        return 1
+    if status >= 400:
+        field = f" ({answer.get('field')})" if answer.get("field") else ""
+        print(
+            f"jupyter-gpusched export-trace: {status}: {answer.get('error')}{field}",
+            file=sys.stderr,
+        )
+        return 2 if status < 500 else 1
+    written = write_export(answer, Path(args.out))
+    origin = written["origin"]
+    print(
+        f"wrote {written['jobs']:,} jobs ({written['notebooks']:,} notebook servers) to "
+        f"{args.out}, {written['runs']:,} utilization runs to {written['utilization']}, "
+        + (f"the queues to {written['queues']}" if written["queues"] else "no queue file")
+        + "; time 0 is "
+        + (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(origin)) if origin else "-"),
+        file=sys.stderr,
+    )
+    for reason, count in sorted((answer.get("left_out") or {}).items()):
+        if count:
+            print(f"left out: {count:,} jobs {reason}", file=sys.stderr)
+    return 0
+
+
+def write_export(answer: dict, out: Path) -> dict:
+    """Write ``answer`` (``GET api/export``'s) as the trace ``out``, its utilization file and
+    its queue file, each mode 0600; returns what was written (counts, paths, time 0)."""
+    import yaml
+
+    from ..sim.trace import Recorded, TraceJob, write_trace
+    from ..sim.utilization import UtilizationRun, utilization_path, write_utilization
+
+    jobs = answer["jobs"]
+    origin = min((job["submit_time"] for job in jobs), default=0.0)
+
+    def at(moment):
+        return None if moment is None else moment - origin
+
+    trace = []
+    for job in jobs:
+        models = job.get("gpu_model")
+        recorded = Recorded(
+            start_time=at(job["start_time"]),
+            end_time=at(job["end_time"]),
+            run_time=job["run_time"],
+            preemptions=job["preemptions"],
+            outcome=job["outcome"],
+            profile=job.get("profile"),
+        )
+        trace.append(
+            TraceJob(
+                id=job["job_id"],
+                submit_time=at(job["submit_time"]),
+                duration=job["duration"],
+                gpus=job["gpus"],
+                tier=job["tier"],
+                queue=job["queue"],
+                user=job["user"],
+                kind=job["kind"],
+                gpus_per_node=job.get("gpus_per_node"),
+                gpu_models=frozenset(models) if models else None,
+                walltime=job.get("walltime"),
+                gpu_fraction=job.get("gpu_fraction") or 1.0,
+                cpus=job.get("cpus"),
+                memory_gb=job.get("memory_gb"),
+                array_id=job.get("array_id"),
+                array_index=job.get("array_index"),
+                array_max_running=job.get("array_max_running"),
+                recorded=recorded,
+            )
+        )
+    runs = [
+        UtilizationRun(r["job_id"], at(r["start"]), at(r["end"]), r["utilization"])
+        for r in answer.get("utilization") or ()
+    ]
+    samples = utilization_path(out)
+    queues = out.with_name(out.stem + "-queues.yaml")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for path in (out, samples, queues):  # created private, before anything is written
+        path.touch(mode=0o600, exist_ok=True)
+        path.chmod(0o600)
+    write_trace(out, trace)
+    write_utilization(samples, runs)
+    document = answer.get("queues")
+    if document is None:  # the service runs without a queue file: one root queue
+        queues.unlink()
+        queues = None
+    else:
+        queues.write_text(
+            "# the queue document in force when exported (jupyter gpusched export-trace)\n"
+            + yaml.safe_dump(document, sort_keys=False)
+        )
+    return {
+        "jobs": len(trace),
+        "notebooks": sum(1 for t in trace if t.kind == "notebook"),
+        "runs": len(runs),
+        "origin": origin if jobs else None,
+        "utilization": samples,
+        "queues": queues,
+    }

@@ -13,18 +13,18 @@ readable by its owner alone (mode 0600: they name users and what they ran):
   through ``PUT api/quotas``), pseudonymized with the trace, for ``replay --queues``.
 
 Where the service is and the token: as for ``reaper`` (``--url``, ``$GPUSCHED_SERVICE_URL``,
-the demo hub's; ``--token``, ``$JUPYTERHUB_API_TOKEN``).
+the demo hub's; ``--token``, ``$GPUSCHED_SERVICE_TOKEN``, ``$JUPYTERHUB_API_TOKEN``): in an
+admin's own notebook server, a terminal needs neither.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import urllib.parse
 from pathlib import Path
 
-from .reaper import DEFAULT_URL, request, service_url
+from .reaper import DEFAULT_URL, request, service_token, service_url
 
 
 def add_parser(commands) -> None:
@@ -50,7 +50,12 @@ def add_parser(commands) -> None:
         "that stay the same from one export to the next, to share the trace",
     )
     export.add_argument("--url", default=None, help=f"the service's URL (default {DEFAULT_URL})")
-    export.add_argument("--token", default=None, help="API token (default $JUPYTERHUB_API_TOKEN)")
+    export.add_argument(
+        "--token",
+        default=None,
+        help="API token of a scheduler admin (default $GPUSCHED_SERVICE_TOKEN, else "
+        "$JUPYTERHUB_API_TOKEN: an admin's own server has one)",
+    )
     export.set_defaults(run=run)
 
 
@@ -69,7 +74,7 @@ def run(args) -> int:
     if args.pseudonymize:
         query["pseudonymize"] = "true"
     url = service_url(args.url).rstrip("/") + "/api/export?" + urllib.parse.urlencode(query)
-    token = args.token or os.environ.get("JUPYTERHUB_API_TOKEN")
+    token = service_token(args.token)
     try:
         status, answer = request(url, token)
     except OSError as exc:

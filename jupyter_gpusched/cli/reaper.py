@@ -4,7 +4,8 @@ API; ``reaper what-if TRACE``: other idle timeouts tried on an exported trace, o
 The service's URL: ``--url``, else ``$GPUSCHED_SERVICE_URL`` (what the client and the magics
 use; the spawner sets it in every server), else ``$GPUSCHED_URL`` (its older name), else the
 demo hub's proxy, ``http://127.0.0.1:$GPUSCHED_HUB_PORT/services/gpusched/`` (8000 without the
-variable, as in ``make demo``). The token: ``--token``, else ``$JUPYTERHUB_API_TOKEN``. ``set``
+variable, as in ``make demo``). The token: ``--token``, else ``$GPUSCHED_SERVICE_TOKEN``, else
+``$JUPYTERHUB_API_TOKEN`` (both set in a single-user server, as for the user commands). ``set``
 needs an admin of the scheduler.
 
 Values: JSON where it parses (``300``, ``null``, ``true``, ``["a","b"]``), else text (``30m``);
@@ -29,6 +30,14 @@ import urllib.request
 from pathlib import Path
 
 DEFAULT_URL = "http://127.0.0.1:$GPUSCHED_HUB_PORT/services/gpusched/"
+
+
+def service_token(given: str | None = None) -> str | None:
+    """The token (see the module's docstring): inside a single-user server the server's token
+    for the service, which carries an admin's scope for an admin's own server."""
+    return (
+        given or os.environ.get("GPUSCHED_SERVICE_TOKEN") or os.environ.get("JUPYTERHUB_API_TOKEN")
+    )
 
 
 def service_url(given: str | None = None) -> str:
@@ -69,7 +78,9 @@ def add_parser(commands) -> None:
 def _service_options(parser, default) -> None:
     parser.add_argument("--url", default=default, help=f"the service's URL (default {DEFAULT_URL})")
     parser.add_argument(
-        "--token", default=default, help="API token (default $JUPYTERHUB_API_TOKEN)"
+        "--token",
+        default=default,
+        help="API token (default $GPUSCHED_SERVICE_TOKEN, else $JUPYTERHUB_API_TOKEN)",
     )
 
 
@@ -115,7 +126,7 @@ def request(url: str, token: str | None, method: str = "GET", body=None) -> tupl
 def run(args) -> int:
     base = service_url(args.url)
     url = base.rstrip("/") + "/api/reaper"
-    token = args.token or os.environ.get("JUPYTERHUB_API_TOKEN")
+    token = service_token(args.token)
     try:
         if args.action == "set":
             if not args.pairs:

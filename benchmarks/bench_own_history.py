@@ -280,8 +280,8 @@ def main() -> int:
         "--config", str(out / "policy.yaml"), "--policy", "gpusched", "--out", str(replay),
         "--quiet", "--no-report")  # fmt: skip
     figures = json.loads((replay / "metrics.json").read_text())["policies"]
-    what_if = cli("reaper", "what-if", str(trace), "--config", str(out / "policy.yaml"), *WHAT_IF,
-                  "--json")  # fmt: skip
+    # current: the settings in force at the export (trace-reaper.json); candidate: WHAT_IF
+    what_if = cli("reaper", "what-if", str(trace), *WHAT_IF, "--json")
     result = {
         "seconds": args.seconds,
         "seed": args.seed,

@@ -95,6 +95,7 @@ async def test_export_lists_what_ran_with_its_outcome_and_the_servers_utilizatio
     assert held["id"] not in jobs  # it never started: left out, and counted
     assert answer["left_out"] == {"never started": 1} and answer["pseudonymized"] is False
     assert answer["queues"] == service.live.quota_document
+    assert answer["reaper"] == {**reaper.settings(), "timeout_tier_2": 0.6, "warning_lead": 0.3}
     for job_id, client, outcome in (
         (done["id"], alice, "completed"),
         (failed["id"], carol, "failed"),
@@ -148,7 +149,7 @@ async def test_pseudonyms_are_stable_and_reach_queue_names_and_the_queue_documen
         },
         "user_limits": {"default": {"pending_jobs": 10}, "bob": {"pending_jobs": 5}},
     }
-    service = await service_factory(queues=queues)
+    service = await service_factory(queues=queues, policy={"reaper": {"exempt_users": ["bob"]}})
     alice, admin = service.client("alice"), service.client("admin")
     _, job = await alice.post("api/jobs", {"command": "true", "gpus": 1, "queue": "team/alice"})
     await wait_job(alice, job["id"], {"completed"})
@@ -165,6 +166,7 @@ async def test_pseudonyms_are_stable_and_reach_queue_names_and_the_queue_documen
     assert set(children) == {exported["user"], pseudonym(key, "bob")}
     assert children[exported["user"]]["users"] == [exported["user"]]
     assert set(document["user_limits"]) == {"default", pseudonym(key, "bob")}
+    assert first["reaper"]["exempt_users"] == [pseudonym(key, "bob")]
     assert "alice" not in str(first) and "bob" not in str(first)
     assert key not in str(first)  # the key stays in the service
     await asyncio.sleep(0)

@@ -97,7 +97,7 @@ def test_the_trace_is_the_services_history_field_by_field(history):
         assert trace[r["job_id"]].kind == "notebook"
     assert any(u.utilization >= 50 for runs in exported.values() for u in runs)
     assert any(u.utilization < 1 for runs in exported.values() for u in runs)
-    for name in ("trace.csv", "trace-utilization.csv", "trace-queues.yaml"):
+    for name in ("trace.csv", "trace-utilization.csv", "trace-queues.yaml", "trace-reaper.json"):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o600, name
 
 
@@ -123,6 +123,10 @@ def test_the_what_if_replays_every_server_under_both_settings(history):
     assert what_if["total"]["live_culled"] == sum(
         1 for j in servers if j.recorded.outcome == "culled"
     )
+    # current: what the service had in force (its policy file's reaper: section), exported
+    settings = what_if["settings"]
+    assert settings["current"]["timeout_tier_2"] == 40 and settings["current"]["warning_lead"] == 10
+    assert settings["candidate"]["timeout_tier_2"] == 20
     current, candidate = what_if["total"]["current"], what_if["total"]["candidate"]
     # the candidate's timeouts are half the current ones: it culls at least as many servers
     assert candidate["culled"] >= current["culled"]

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from jupyter_gpusched.cli import main
-from jupyter_gpusched.core.reaper_settings import validate
+from jupyter_gpusched.core.reaper_settings import DEFAULTS, validate
 from jupyter_gpusched.sim.reaper_whatif import comparison, replay_server, what_if
 from jupyter_gpusched.sim.trace import Recorded, TraceError, TraceJob, write_trace
 from jupyter_gpusched.sim.utilization import (
@@ -303,6 +303,23 @@ def test_without_flags_the_candidate_is_the_current(exported, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["changed"] == {}
     assert result["total"]["current"] == result["total"]["candidate"]
+
+
+def test_without_config_the_current_is_what_the_service_had_in_force(exported, capsys):
+    """export-trace writes the reaper's settings in force beside the trace, the hub profiles'
+    own idle timeouts included (which a policy file cannot hold): they are the current ones."""
+    trace, _ = exported
+    in_force = {**DEFAULTS, "timeout_tier_2": 3600.0, "profile_idle_timeouts": {"gpu": 600.0}}
+    trace.with_name("trace-reaper.json").write_text(json.dumps(in_force))
+    assert main(["reaper", "what-if", str(trace), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    current = result["settings"]["current"]
+    assert current["timeout_tier_2"] == 3600.0 and current["profile_idle_timeouts"] == {"gpu": 600}
+    culls = {s["job_id"]: s["current"]["culled_at"] for s in result["servers"]}
+    assert culls["nb-1"] is not None and culls["nb-1"] < 3600  # its profile's 10 min
+    trace.with_name("trace-reaper.json").write_text("[1, 2]")
+    assert main(["reaper", "what-if", str(trace)]) == 2
+    assert "trace-reaper.json" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

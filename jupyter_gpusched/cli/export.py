@@ -10,7 +10,10 @@ readable by its owner alone (mode 0600: they name users and what they ran):
 * ``NAME-utilization.csv`` beside it: the notebook servers' measured GPU utilization, what
   ``reaper what-if`` replays;
 * ``NAME-queues.yaml``: the queue document in force (the queue file, or an admin's last edit
-  through ``PUT api/quotas``), pseudonymized with the trace, for ``replay --queues``.
+  through ``PUT api/quotas``), pseudonymized with the trace, for ``replay --queues``;
+* ``NAME-reaper.json``: the idle reaper's settings in force (the policy file's, an admin's
+  changes through ``PUT api/reaper``, the hub profiles' idle timeouts), what ``reaper what-if``
+  compares a candidate with.
 
 Where the service is and the token: as for ``reaper`` (``--url``, ``$GPUSCHED_SERVICE_URL``,
 the demo hub's; ``--token``, ``$GPUSCHED_SERVICE_TOKEN``, ``$JUPYTERHUB_API_TOKEN``): in an
@@ -19,12 +22,13 @@ admin's own notebook server, a terminal needs neither.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import urllib.parse
 from pathlib import Path
 
-from .reaper import DEFAULT_URL, request, service_token, service_url
+from .reaper import DEFAULT_URL, reaper_settings_path, request, service_token, service_url
 
 
 def add_parser(commands) -> None:
@@ -156,8 +160,9 @@ def write_export(answer: dict, out: Path) -> dict:
     ]
     samples = utilization_path(out)
     queues = out.with_name(out.stem + "-queues.yaml")
+    reaper = reaper_settings_path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for path in (out, samples, queues):  # created private, before anything is written
+    for path in (out, samples, queues, reaper):  # created private, before anything is written
         path.touch(mode=0o600, exist_ok=True)
         path.chmod(0o600)
     write_trace(out, trace)
@@ -171,7 +176,13 @@ def write_export(answer: dict, out: Path) -> dict:
             "# the queue document in force when exported (jupyter gpusched export-trace)\n"
             + yaml.safe_dump(document, sort_keys=False)
         )
+    if answer.get("reaper") is None:
+        reaper.unlink()
+        reaper = None
+    else:
+        reaper.write_text(json.dumps(answer["reaper"], indent=2, sort_keys=True) + "\n")
     return {
+        "reaper": reaper,
         "jobs": len(trace),
         "notebooks": sum(1 for t in trace if t.kind == "notebook"),
         "runs": len(runs),

@@ -15,8 +15,9 @@ profile's timeout.
 ``what-if`` needs no service: it replays the notebook servers of a trace written by
 ``export-trace`` and their GPU utilization (``NAME-utilization.csv`` beside it) through the
 reaper's own decision (``sim/reaper_whatif.py``), under the current settings (the policy file's
-``reaper:`` section, else the defaults) and under the candidate (the current with the flags
-applied), and prints both side by side per tier and profile.
+``reaper:`` section, else those in force at the export: ``NAME-reaper.json``, else the
+defaults) and under the candidate (the current with the flags applied), and prints both side by
+side per tier and profile.
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ def add_what_if_parser(actions) -> None:
         help="replay a trace's notebook servers under other idle timeouts (offline)",
         description="Replay the notebook servers of TRACE (written by `export-trace`) and their "
         "measured GPU utilization through the idle reaper under the current settings (the "
-        "--config file's reaper: section, else the defaults) and under the candidate (the "
+        "--config file's reaper: section, else those in force at the export, NAME-reaper.json "
+        "beside the trace, else the defaults) and under the candidate (the "
         "current with the flags below applied). Per tier and profile, current -> candidate: "
         "servers warned, culled, GPU-hours reclaimed before their recorded end, and culls of a "
         "server that was busy again later (the cost of a shorter timeout).",
@@ -196,14 +198,37 @@ def add_what_if_parser(actions) -> None:
     what_if.set_defaults(run=run_what_if)
 
 
-def current_settings(policy_file: str | None) -> dict:
-    """The reaper settings of ``policy_file``'s ``reaper:`` section, else the defaults; a bad
-    section is a ConfigError naming ``reaper.<field>`` and its line."""
-    from ..core.reaper_settings import DEFAULTS, validate
+def reaper_settings_path(trace) -> Path:
+    """Where the idle reaper's settings in force at the export lie: ``NAME-reaper.json`` beside
+    the trace ``NAME.csv`` (what ``reaper what-if`` takes as the current settings)."""
+    trace = Path(trace)
+    return trace.with_name(trace.stem + "-reaper.json")
+
+
+def current_settings(policy_file: str | None, trace: str | None = None) -> dict:
+    """The reaper settings of ``policy_file``'s ``reaper:`` section; without one, those the
+    service had in force at the export (``NAME-reaper.json`` beside ``trace``), else the
+    defaults. A bad section is a ConfigError naming ``reaper.<field>`` and its line."""
+    from ..core import ConfigError
+    from ..core.reaper_settings import DEFAULTS, validate, with_profile_idle_timeouts
     from ..files import check_reaper_section, read_yaml
 
     if policy_file is None:
-        return validate({}, DEFAULTS)
+        exported = reaper_settings_path(trace) if trace is not None else None
+        if exported is None or not exported.is_file():
+            return validate({}, DEFAULTS)
+        try:
+            data = json.loads(exported.read_text())
+        except ValueError as exc:
+            data = f"{exc}"
+        if not isinstance(data, dict):
+            message = f"not the reaper settings export-trace writes (a JSON object): {data}"
+            raise ConfigError(message[:300], source=str(exported))
+        profiles = data.pop("profile_idle_timeouts", {})
+        try:
+            return with_profile_idle_timeouts(validate(data), profiles)
+        except ConfigError as exc:
+            raise ConfigError(exc.message, source=str(exported), field=exc.field) from None
     data = read_yaml(policy_file)
     check_reaper_section(data, policy_file)
     section = data.get("reaper") if isinstance(data, dict) else None
@@ -248,7 +273,7 @@ def run_what_if(args) -> int:
     from ..sim.trace import read_trace
     from ..sim.utilization import read_utilization, utilization_path
 
-    current = current_settings(args.config)
+    current = current_settings(args.config, args.trace)
     candidate = candidate_settings(current, args)
     samples = Path(args.samples) if args.samples else utilization_path(args.trace)
     if not samples.is_file():

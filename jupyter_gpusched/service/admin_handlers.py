@@ -236,6 +236,7 @@ class ExportHandler(APIHandler):
                 pseudonymize == "true",
                 self.live.quota_document,
                 self.live.engine.settings,
+                None if self.live.reaper is None else self.live.reaper.settings(),
             )
         except ExportTooLarge as exc:
             raise APIError(400, str(exc), "since") from None

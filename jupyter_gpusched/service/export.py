@@ -11,11 +11,14 @@ that never started are left out (a replay has no cancellation) and counted. Note
 come with their GPU utilization over time, the runs the service recorded
 (service/utilization_record.py).
 
+The queue document and the idle reaper's settings in force come with them: what a replay and
+the idle-timeout what-if start from.
+
 ``pseudonymize``: every user name (the ``user`` column, a queue path's part named like a user,
-the queue document's ``users`` lists and ``user_limits``) becomes a pseudonym that is the same in
-every export of this service and cannot be turned back without the service's key: an HMAC of
-the name under a random key the service keeps in its database (setting
-``export_pseudonym_key``), never exported.
+the queue document's ``users`` lists and ``user_limits``, the reaper's ``exempt_users``)
+becomes a pseudonym that is the same in every export of this service and cannot be turned back
+without the service's key: an HMAC of the name under a random key the service keeps in its
+database (setting ``export_pseudonym_key``), never exported.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def export(
     pseudonymize: bool,
     quota_document,
     settings: PolicySettings,
+    reaper_settings: dict | None = None,
 ) -> dict[str, Any]:
     """The answer of ``GET api/export`` (see the module docstring); :class:`ExportTooLarge`
     when the period holds more than one answer may."""
@@ -118,15 +122,19 @@ def export(
             f"{MAX_EXPORT_RUNS:,}: give a shorter period (since, until) or a queue"
         )
     jobs = [_job(row, runs_of.get(row["id"], []), row["id"] in culled, settings) for row in rows]
-    document = quota_document
+    document, reaper = quota_document, reaper_settings
     if pseudonymize:
         key = pseudonym_key(store)
         names = {job["user"] for job in jobs} | _document_users(quota_document)
+        names |= set((reaper_settings or {}).get("exempt_users") or ())
         rename = {name: pseudonym(key, name) for name in names if name}
         for job in jobs:
             job["user"] = rename.get(job["user"], job["user"])
             job["queue"] = _renamed_path(job["queue"], rename)
         document = _renamed_document(quota_document, rename)
+        if reaper is not None:
+            exempt = sorted(rename.get(u, u) for u in reaper.get("exempt_users") or ())
+            reaper = {**reaper, "exempt_users": exempt}
     return {
         "since": since,
         "until": until,
@@ -136,6 +144,7 @@ def export(
         "utilization": runs,
         "left_out": {"never started": left_out or 0},
         "queues": document,
+        "reaper": reaper,
     }
 
 

@@ -48,6 +48,10 @@ EXPORT_SCHEMAS = {
             "utilization": {"type": "array", "items": ref("UtilizationRun")},
             "left_out": {"type": "object", "additionalProperties": {"type": "integer"}},
             "queues": {"type": ["object", "null"], "description": "the queue document in force"},
+            "reaper": {
+                "anyOf": [ref("ReaperSettings"), {"type": "null"}],
+                "description": "the idle reaper's settings in force",
+            },
         }
     ),
 }

@@ -1,5 +1,8 @@
 """Order (tier, fair share, age) and reservation with EASY backfill."""
 
+from pathlib import Path
+
+import pytest
 from helpers import cluster, job, queues, run_replay, started, trace_job
 
 from jupyter_gpusched.core import PolicySettings, Scheduler
@@ -119,3 +122,23 @@ def test_usage_rebuilt_from_past_runs_equals_the_usage_the_engine_accounted():
         expected = decayed_usage(live.tree.get(path), now, live.half_life)
         assert abs(rebuilt.get(path).usage - expected) < 1e-6 * expected, path
     assert rebuilt.get("team/a").usage > 0 and rebuilt.get("team/b").usage > 0
+
+
+def test_a_backfill_depth_below_one_is_refused_and_one_still_starts_every_job():
+    """depth 0 stopped every full pass before its first job, so jobs that could not start at
+    their submission never started (a replay ended with them waiting); 1 is the least."""
+    from jupyter_gpusched.core.errors import ConfigError
+    from jupyter_gpusched.sim.cluster_loaders import load_cluster_spec, load_queue_spec
+    from jupyter_gpusched.sim.trace import read_trace
+
+    with pytest.raises(ConfigError) as error:
+        PolicySettings.from_dict({"backfill": {"depth": 0}})
+    assert "backfill.depth" in str(error.value) and "at least 1" in str(error.value)
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    trace = read_trace(examples / "trace.csv")
+    cluster = load_cluster_spec(str(examples / "cluster.yaml")).cluster
+    tree = load_queue_spec(str(examples / "queues.yaml"), cluster, trace, "trace.csv")
+    shallow = PolicySettings.from_dict({"backfill": {"depth": 1, "interval": "30s"}})
+    _, rows = run_replay(trace, cluster, tree, shallow)
+    assert {row["state"] for row in rows.values()} <= {"completed", "rejected"}
+    assert sum(row["state"] == "completed" for row in rows.values()) > 350

@@ -20,7 +20,7 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
       batch: 24h
       notebook: 12h                # a notebook's maximum lifetime
     backfill:
-      depth: 200                   # blocked jobs a deep pass examines for backfill
+      depth: 200                   # blocked jobs a deep pass examines for backfill (>= 1)
       interval: 30s                # deep passes (backfill, pre-emption) at most this often
     placement:
       leaf_patience: 3h            # a gang that fits one leaf switch waits this long for one
@@ -214,6 +214,11 @@ class PolicySettings:
             reader.fail("must be at least 1 (jobs)", "placement.workload_half_life")
         if settings.checkpoint_interval <= 0:
             reader.fail("must be longer than 0", "checkpoint.interval")
+        if settings.backfill_depth < 1:  # 0 stopped a pass before its first job: none started
+            reader.fail(
+                "must be at least 1 (1: a pass stops at the first blocked job, no backfill)",
+                "backfill.depth",
+            )
         return settings
 
 

@@ -19,7 +19,7 @@ import math
 
 from ..core import JobState
 from . import recorded as rec
-from .metrics import percentile
+from .metrics import percentile, text_table
 from .replay import ReplayResult
 from .trace import TraceJob
 
@@ -176,16 +176,8 @@ def class_table(run: str, baseline: str, classes: dict[str, dict]) -> str:
     rows = [["class", *(heading for _, heading, _ in FIGURES)]]
     for name, figures in classes.items():
         rows.append([name, *(cell(figures[key]) for key, _, _ in FIGURES)])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [f"Difference per job class: {run} vs {baseline} (baseline -> run (difference))"]
-    for n, row in enumerate(rows):
-        cells = [row[0].ljust(widths[0])] + [
-            c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)
-        ]
-        lines.append("  ".join(cells))
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    title = f"Difference per job class: {run} vs {baseline} (baseline -> run (difference))"
+    return title + "\n" + text_table(rows)
 
 
 def compare(runs: list[tuple[ReplayResult, ReplayResult | None]], trace: list[TraceJob]) -> dict:

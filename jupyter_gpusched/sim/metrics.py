@@ -195,6 +195,12 @@ def comparison_table(all_metrics: dict[str, dict]) -> str:
                 else f"{value:,}"
             )
         rows.append(row)
+    return text_table(rows)
+
+
+def text_table(rows: list[list[str]]) -> str:
+    """``rows`` (the first one the heading) as plain-text columns: the first left-aligned, the
+    others right-aligned, the heading underlined."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for n, row in enumerate(rows):

@@ -118,40 +118,45 @@ def write_trace(path, trace: list[TraceJob]) -> None:
         writer.writerows(trace_row(job) for job in trace)
 
 
-def read_trace(path) -> list[TraceJob]:
-    """Read a trace CSV in the contract format, sorted by submit time (stable)."""
-    path = Path(path)
+def csv_rows(path, what: str, required: tuple, allowed: tuple):
+    """The rows of the CSV file ``path`` as ``(line, row)``, its header checked: every column
+    of ``required``, none beyond ``allowed``; a :class:`TraceError` names the file (``what``:
+    "trace", "samples") and line otherwise."""
+    source = str(path)
     try:
-        handle = path.open(newline="")
+        handle = Path(path).open(newline="")  # noqa: SIM115 (the with below closes it)
     except OSError as exc:
-        raise TraceError(f"cannot read the trace: {exc.strerror}", source=str(path)) from None
+        raise TraceError(f"cannot read the {what}: {exc.strerror}", source=source) from None
     with handle:
         reader = csv.DictReader(handle)
         header = [h.strip() for h in reader.fieldnames or []]
         reader.fieldnames = header
-        missing = [c for c in REQUIRED if c not in header]
+        missing = [c for c in required if c not in header]
         if missing:
             raise TraceError(
-                f"missing column(s) {', '.join(missing)}; the header must name at least "
-                f"{', '.join(REQUIRED)}",
-                source=str(path),
+                f"missing column(s) {', '.join(missing)}; the header must name "
+                f"{'at least ' if allowed != required else ''}{', '.join(required)}",
+                source=source,
                 line=1,
             )
-        unknown = [c for c in header if c not in REQUIRED + OPTIONAL + RECORDED]
+        unknown = [c for c in header if c not in allowed]
         if unknown:
-            raise TraceError(f"unknown column {unknown[0]!r}", source=str(path), line=1)
-        jobs, seen = [], set()
+            raise TraceError(f"unknown column {unknown[0]!r}", source=source, line=1)
         for row in reader:
-            job = parse_row(row, str(path), reader.line_num)
-            if job.id in seen:
-                raise TraceError(
-                    f"duplicate job_id {job.id!r}",
-                    source=str(path),
-                    line=reader.line_num,
-                    field="job_id",
-                )
-            seen.add(job.id)
-            jobs.append(job)
+            yield reader.line_num, row
+
+
+def read_trace(path) -> list[TraceJob]:
+    """Read a trace CSV in the contract format, sorted by submit time (stable)."""
+    jobs, seen = [], set()
+    for line, row in csv_rows(path, "trace", REQUIRED, REQUIRED + OPTIONAL + RECORDED):
+        job = parse_row(row, str(path), line)
+        if job.id in seen:
+            raise TraceError(
+                f"duplicate job_id {job.id!r}", source=str(path), line=line, field="job_id"
+            )
+        seen.add(job.id)
+        jobs.append(job)
     jobs.sort(key=lambda j: j.submit_time)
     return jobs
 

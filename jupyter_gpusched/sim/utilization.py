@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.utilization_bands import BAND_EDGES, band  # noqa: F401 (the bands' one home)
-from .trace import TraceError
+from .trace import TraceError, csv_rows
 
 COLUMNS = ("job_id", "start", "end", "utilization")
 
@@ -56,31 +56,10 @@ def write_utilization(path, runs) -> None:
 def read_utilization(path) -> dict[str, list[UtilizationRun]]:
     """The runs of a samples file by job id, each job's sorted by start. A bad file or row is a
     :class:`~.trace.TraceError` naming the file, the line and the field."""
-    path = Path(path)
-    source = str(path)
-    try:
-        handle = path.open(newline="")
-    except OSError as exc:
-        raise TraceError(f"cannot read the samples: {exc.strerror}", source=source) from None
     runs: dict[str, list[UtilizationRun]] = {}
-    with handle:
-        reader = csv.DictReader(handle)
-        header = [h.strip() for h in reader.fieldnames or []]
-        reader.fieldnames = header
-        missing = [c for c in COLUMNS if c not in header]
-        if missing:
-            raise TraceError(
-                f"missing column(s) {', '.join(missing)}; the header must name "
-                f"{', '.join(COLUMNS)}",
-                source=source,
-                line=1,
-            )
-        unknown = [c for c in header if c not in COLUMNS]
-        if unknown:
-            raise TraceError(f"unknown column {unknown[0]!r}", source=source, line=1)
-        for row in reader:
-            run = parse_run(row, source, reader.line_num)
-            runs.setdefault(run.job_id, []).append(run)
+    for line, row in csv_rows(path, "samples", COLUMNS, COLUMNS):
+        run = parse_run(row, str(path), line)
+        runs.setdefault(run.job_id, []).append(run)
     for job_runs in runs.values():
         job_runs.sort(key=lambda r: (r.start, r.end))
     return runs

@@ -86,7 +86,7 @@ def test_a_bad_recorded_cell_names_file_line_and_field(tmp_path, cells, field, w
 
 def test_the_recorded_baseline_by_hand():
     """4 jobs on 8 GPUs: a waits 10 s, b 20 s, c 0 s, d 100 s; a and b complete (c was culled,
-    d still runs: it ends at 130 + 170); makespan 0 -> 305 s."""
+    d still runs: it ends at 130 + 170 for the makespan); makespan 0 -> 305 s."""
     figures = recorded_metrics(_recorded_trace(), cluster_gpus=8)
     assert figures["jobs"] == 4 and figures["completed"] == 2 and figures["rejected"] == 0
     assert figures["makespan_s"] == 305.0
@@ -96,7 +96,8 @@ def test_the_recorded_baseline_by_hand():
     assert figures["wait_s_by_tier"]["1"]["mean"] == 10.0
     assert figures["wait_s_by_tier"]["2"]["mean"] == 60.0
     assert figures["wait_s_by_tier"]["3"]["max"] == 0.0
-    assert figures["jct_s"]["mean"] == 205.0 and figures["jct_s"]["p50"] == 205.0
+    # JCT: every job that ended (a 110 s, b 300 s, c culled 50 s; d still runs)
+    assert figures["jct_s"]["mean"] == round(460 / 3, 3) and figures["jct_s"]["p50"] == 110.0
     assert figures["preemptions"] == 1
     assert set(figures) == set(metrics_keys())
     for unknown in ("lost_gpu_hours", "gang_single_leaf_fraction", "busy_utilization",
@@ -116,7 +117,7 @@ def test_the_recorded_baseline_per_job_class_by_hand():
     assert research["preemptions"] == 1
     assert research["lost_gpu_hours"] is None and research["waited_policy_gpu_hours"] is None
     notebook = classes[(3, "research", "notebook")]
-    assert notebook["jct_mean_s"] is None  # culled: not completed
+    assert notebook["jct_mean_s"] == 50.0  # culled: it ended (the replay ends it then too)
     assert sum(c["gpu_utilization"] for c in classes.values()) == pytest.approx(
         recorded_metrics(trace, 8)["gpu_utilization"], abs=1e-3
     )

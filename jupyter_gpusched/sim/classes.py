@@ -26,15 +26,16 @@ from .trace import TraceJob
 # (key in metrics.json, heading in the tables, +1 higher is better / -1 lower / 0 neither)
 FIGURES = (
     ("jobs", "jobs", 0),
-    ("wait_mean_s", "wait mean (s)", -1),
-    ("wait_p95_s", "wait p95 (s)", -1),
-    ("jct_mean_s", "JCT mean (s)", -1),
-    ("gpu_utilization", "utilization", 1),
-    ("preemptions", "pre-emptions", -1),
+    ("wait_mean_s", "wait mean s", -1),
+    ("wait_p95_s", "wait p95 s", -1),
+    ("jct_mean_s", "JCT mean s", -1),
+    ("gpu_utilization", "util.", 1),
+    ("preemptions", "pre-empt.", -1),
     ("lost_gpu_hours", "lost GPU-h", -1),
-    ("waited_capacity_gpu_hours", "waited on capacity (GPU-h)", -1),
-    ("waited_placement_gpu_hours", "waited on placement (GPU-h)", -1),
-    ("waited_policy_gpu_hours", "waited on policy (GPU-h)", -1),
+    # GPU-hours waited, by the reason's family
+    ("waited_capacity_gpu_hours", "capacity GPU-h", -1),
+    ("waited_placement_gpu_hours", "placement GPU-h", -1),
+    ("waited_policy_gpu_hours", "policy GPU-h", -1),
 )
 REASONS = ("capacity", "placement", "policy")
 ROUNDING = {"gpu_utilization": 4}  # the others: 3 decimals
@@ -176,7 +177,10 @@ def class_table(run: str, baseline: str, classes: dict[str, dict]) -> str:
     rows = [["class", *(heading for _, heading, _ in FIGURES)]]
     for name, figures in classes.items():
         rows.append([name, *(cell(figures[key]) for key, _, _ in FIGURES)])
-    title = f"Difference per job class: {run} vs {baseline} (baseline -> run (difference))"
+    title = (
+        f"Difference per job class: {run} vs {baseline} (baseline -> run (difference); "
+        "s: seconds; util.: share of the cluster's GPU time; GPU-h: GPU-hours waited by reason)"
+    )
     return title + "\n" + text_table(rows)
 
 

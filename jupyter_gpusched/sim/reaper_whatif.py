@@ -339,7 +339,7 @@ def comparison_table(result: dict) -> str:
     else:
         lines.append("the candidate is the current settings (no change given)")
     for why, count in result["left_out"].items():
-        lines.append(f"left out: {count} {why}")
+        lines.append(f"left out ({count}): {why}")
     lines += [f"note: {note}" for note in result["notes"]]
     return "\n".join(lines)
 

@@ -14,7 +14,10 @@ replay wall time. The definitions:
 
 * a job *started* when its row has a ``start_time``; its wait is ``start_time - submit_time``;
 * it *completed* when its ``outcome`` is ``completed``, or it has an ``end_time`` and no
-  ``outcome`` (a trace of times only); its JCT is ``end_time - submit_time``;
+  ``outcome`` (a trace of times only);
+* its JCT is ``end_time - submit_time`` for every job that *ended*, however (completed, failed,
+  cancelled, culled, pre-empted for good): the replay runs such a job for as long as it ran and
+  then counts it completed, so the two JCTs are over the same jobs;
 * its GPU-seconds are ``run_time`` (else ``duration``) x ``gpus`` x ``gpu_fraction``;
 * the makespan runs from the first submission to the last end, a job still running at the
   export ending at ``start_time + run_time``;
@@ -51,8 +54,11 @@ def completed(job: TraceJob) -> bool:
 
 
 def jct(job: TraceJob) -> float | None:
-    """Seconds from submission to the recorded end of a completed job (else None)."""
-    return job.recorded.end_time - job.submit_time if completed(job) else None
+    """Seconds from submission to the recorded end of a job that ended (else None)."""
+    recorded = job.recorded
+    if recorded is None or recorded.end_time is None:
+        return None
+    return recorded.end_time - job.submit_time
 
 
 def gpu_seconds(job: TraceJob) -> float:
@@ -100,7 +106,7 @@ def recorded_metrics(trace: list[TraceJob], cluster_gpus: int) -> dict:
             for tier in (1, 2, 3)
         },
         "jct_s": summary(
-            [jct(job) for job in trace if completed(job)], ("mean", "p50", "p95", "p99")
+            [j for j in map(jct, trace) if j is not None], ("mean", "p50", "p95", "p99")
         ),
         "preemptions": sum(job.recorded.preemptions for job in started),
         "lost_gpu_hours": None,

@@ -253,6 +253,29 @@ def waits_by_tier(figures: dict) -> dict:
     }
 
 
+def per_job_waits(jobs_csv: Path) -> dict:
+    """How closely the replay's waits follow the recorded ones, job by job: Pearson's r and
+    the mean absolute difference (seconds)."""
+    import csv
+
+    waits: dict[str, dict[str, float]] = {}
+    with jobs_csv.open() as handle:
+        for row in csv.DictReader(handle):
+            if row["wait_s"] != "":
+                waits.setdefault(row["job_id"], {})[row["policy"]] = float(row["wait_s"])
+    pairs = [(w["recorded"], w["gpusched"]) for w in waits.values() if len(w) == 2]
+    n = len(pairs)
+    if n < 2:
+        return {"jobs": n, "r": None, "mean_abs_diff_s": None}
+    xs, ys = zip(*pairs, strict=True)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxy = sum((x - mx) * (y - my) for x, y in pairs)
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    r = sxy / math.sqrt(sxx * syy) if sxx and syy else None
+    diff = sum(abs(x - y) for x, y in pairs) / n
+    return {"jobs": n, "r": None if r is None else round(r, 3), "mean_abs_diff_s": round(diff, 2)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=240.0, help="the workload's length")
@@ -290,6 +313,7 @@ def main() -> int:
         "jobs": figures["recorded"]["jobs"],
         "waits": {name: waits_by_tier(f) for name, f in figures.items()},
         "wait_s": {name: f["wait_s"]["mean"] for name, f in figures.items()},
+        "per_job_wait": per_job_waits(replay / "jobs.csv"),
         "what_if": json.loads(what_if.stdout),
         "out": str(out),
     }

@@ -33,6 +33,19 @@ def write_notebook(hub, user: str, path: str, cells: list[str]) -> None:
     assert response.status_code in (200, 201), response.text
 
 
+def write_file(hub, user: str, path: str, text: str | None) -> None:
+    """A text file in the user's server (its folder must exist), or with ``text`` None a
+    folder, through its contents API."""
+    model = {"type": "directory"} if text is None else {"type": "file", "format": "text"}
+    response = requests.put(
+        f"{hub.url}/user/{user}/api/contents/{path}",
+        data=json.dumps({**model, "content": text}),
+        headers={"Authorization": f"token {hub.token(user)}"},
+        timeout=30,
+    )
+    assert response.status_code in (200, 201), response.text
+
+
 def open_notebook(page, hub, user: str, path: str):
     page.goto(f"{hub.url}/user/{user}/lab/tree/{path}")
     notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")

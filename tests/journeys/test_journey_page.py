@@ -10,6 +10,13 @@ Services menu he opens the scheduler's page: his server and the array (one row, 
 reason), his queue's bar at his 5 GPUs, the same estimate in the same words from the page's
 form; he cancels the array there, and the CLI's ``jobs`` says so. admin's page has the showback,
 the reaper's forms and the nodes' drain buttons; bob's page has none of them.
+
+admin then replays the cluster from a notebook of his own server: ``jupyter gpusched
+export-trace`` (no token, no URL: his server's, which carries his admin scope) writes every job
+that ran, carol's 1-GPU server included, with the files beside it readable by him alone; ``replay``
+with the demo's cluster and the exported queues shows the recorded outcome beside the replayed
+one; ``reaper what-if`` tries a shorter idle timeout on the servers' recorded GPU use. alice's
+token gets a 403 for the same export.
 """
 
 from __future__ import annotations
@@ -17,8 +24,18 @@ from __future__ import annotations
 import json
 import re
 
-from journey import TIMEOUT_MS, jobs_of, service, shot, skip_if_missing, stop_everything, sync_api
-from lab import open_notebook, output_text, run_cell, write_notebook
+import test_spawner as ts
+from journey import (
+    ROOT,
+    TIMEOUT_MS,
+    jobs_of,
+    service,
+    shot,
+    skip_if_missing,
+    stop_everything,
+    sync_api,
+)
+from lab import open_notebook, output_text, run_cell, write_file, write_notebook
 
 skip_if_missing()
 expect = sync_api.expect
@@ -96,4 +113,61 @@ def test_bob_asks_when_he_would_start_and_follows_a_sweep_on_the_page(demo, peop
         expect(admin.locator(admin_part)).to_be_visible()
     expect(admin.locator("#nodes-admin")).to_contain_text("gpu1")
     shot(admin, TEST, "4-admin-page")
+    stop_everything(hub)
+
+
+EXPORT_CELLS = [
+    "!jupyter gpusched export-trace --since 1h --out history/trace.csv",
+    "!jupyter gpusched replay history/trace.csv --cluster history/cluster.yaml "
+    "--queues history/trace-queues.yaml --policy gpusched --out history/replay --quiet "
+    "--no-report",
+    "!jupyter gpusched reaper what-if history/trace.csv --timeout-tier-2 20m",
+    "!stat -c '%a %n' history/trace*",
+]
+
+
+def test_admin_replays_the_cluster_from_a_notebook(demo, people):
+    hub = demo
+    # what ran (besides the journey above, when it ran first): a job of bob's, and carol's
+    # 1-GPU server, started and stopped
+    ran = service(hub, "POST", "api/jobs", "bob", json={"command": "true", "gpus": 1})
+    assert ran.status_code == 201, ran.text
+    ts.start_server(hub, "carol", "gpu-1")
+    ts.stop_server(hub, "carol")
+    admin = people("admin")
+    admin.goto(f"{hub.url}/hub/home")
+    admin.locator("#start").click()
+    admin.wait_for_url(re.compile(r".*/hub/spawn.*"))
+    admin.check("#gpusched-profile-cpu-only")
+    admin.get_by_role("button", name=re.compile("Start")).click()
+    admin.wait_for_url(re.compile(r".*/user/admin/lab.*"), timeout=120_000)
+    write_file(hub, "admin", "history", None)
+    write_notebook(hub, "admin", "replay-my-cluster.ipynb", EXPORT_CELLS)
+    cluster = (ROOT / "hub_config" / "demo-cluster.yaml").read_text()
+    write_file(hub, "admin", "history/cluster.yaml", cluster)
+    notebook = open_notebook(admin, hub, "admin", "replay-my-cluster.ipynb")
+
+    exported = output_text(run_cell(admin, notebook, 0, timeout_ms=60_000))
+    match = re.search(r"wrote (\d+) jobs \((\d+) notebook servers\)", exported)
+    assert match, exported
+    # every job that started, carol's server and admin's own (still running) among them
+    started = [j for j in jobs_of(hub, "admin") if j["start_time"] is not None]
+    servers = [j for j in started if j["kind"] == "notebook"]
+    assert (int(match.group(1)), int(match.group(2))) == (len(started), len(servers)), exported
+    assert len(servers) >= 2 and len(started) >= 3, started
+    replayed = output_text(run_cell(admin, notebook, 1, timeout_ms=120_000))
+    # first the difference per job class against what was recorded, then the figures side by side
+    assert replayed.lstrip().startswith("Difference per job class: gpusched vs recorded"), replayed
+    assert any(line.split() == ["recorded", "gpusched"] for line in replayed.splitlines())
+    shot(admin, TEST, "5-admin-exports-and-replays-the-cluster")
+    what_if = output_text(run_cell(admin, notebook, 2, timeout_ms=60_000))
+    assert "idle-timeout what-if:" in what_if and "timeout_tier_2 45 min -> 20 min" in what_if
+    assert re.search(r"^2\s+gpu-1\s", what_if, re.M), what_if  # carol's server, by its profile
+    modes = output_text(run_cell(admin, notebook, 3, timeout_ms=60_000))
+    for name in ("trace.csv", "trace-utilization.csv", "trace-queues.yaml", "trace-reaper.json"):
+        assert f"600 history/{name}" in modes, modes
+    shot(admin, TEST, "6-admin-tries-a-shorter-idle-timeout")
+    # a user's token: not an admin's export
+    refused = service(hub, "GET", "api/export", "alice")
+    assert refused.status_code == 403, refused.text
     stop_everything(hub)

@@ -6,10 +6,12 @@ export command, replay and what-if, is tests/test_own_history.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
-from service_helpers import services, wait_job, wait_until
+from service_helpers import TOKENS, services, wait_job, wait_until
 
+from jupyter_gpusched.cli import main
 from jupyter_gpusched.service.export import pseudonym
 from jupyter_gpusched.service.store import Store
 from jupyter_gpusched.service.utilization_record import UtilizationRecorder, utilization_runs
@@ -60,7 +62,7 @@ def test_a_growing_runs_row_is_written_at_most_every_flush_interval(tmp_path):
 
 # -- GET api/export --------------------------------------------------------------------------------
 async def test_export_lists_what_ran_with_its_outcome_and_the_servers_utilization(
-    service_factory, tmp_path
+    service_factory, tmp_path, capsys
 ):
     service = await service_factory(
         gpu_load_dir=tmp_path / "gpus", gpu_sample_interval=0.1, history_interval=0.5
@@ -135,6 +137,20 @@ async def test_export_lists_what_ran_with_its_outcome_and_the_servers_utilizatio
     status, private = await admin.get("api/export", params={"queue": "private"})
     assert status == 200 and [j["job_id"] for j in private["jobs"]] == [failed["id"]]
     assert private["utilization"] == []
+
+    # the what-if without a trace exports the service's last 30 days first (the command blocks:
+    # run it in a thread while this loop serves); alice's token is refused with the 403's words
+    def what_if(user):
+        argv = ["reaper", "what-if", "--url", service.url, "--token", TOKENS[user], "--json"]
+        return main([*argv, "--timeout-tier-2", "1h"])
+
+    assert await asyncio.to_thread(what_if, "admin") == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["total"]["servers"] == 1 and result["total"]["live_culled"] == 1
+    assert result["settings"]["current"]["timeout_tier_2"] == 0.6  # in force: the admin's
+    assert result["total"]["current"]["culled"] == 1 and result["total"]["candidate"]["culled"] == 0
+    assert await asyncio.to_thread(what_if, "alice") == 2
+    assert "403" in capsys.readouterr().err
 
 
 async def test_pseudonyms_are_stable_and_reach_queue_names_and_the_queue_document(

@@ -28,7 +28,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from .reaper import DEFAULT_URL, reaper_settings_path, request, service_token, service_url
+from .connection import DEFAULT_URL, request, service_token, service_url
 
 
 def add_parser(commands) -> None:
@@ -63,34 +63,46 @@ def add_parser(commands) -> None:
     export.set_defaults(run=run)
 
 
-def run(args) -> int:
+class ServiceFailed(Exception):
+    """The service could not be reached, or failed (a 5xx): exit code 1."""
+
+
+def fetch_export(url: str | None, token: str | None, since: str, queue=None, pseudonymize=False):
+    """``GET api/export`` of the last ``since`` (a duration: 30d, 12h, seconds); a refusal (a
+    4xx: not an admin, a bad queue) is a ConfigError with the service's message (exit code 2),
+    an unreachable or failing service :class:`ServiceFailed`."""
     from ..core import ConfigError
     from ..core.durations import parse_duration
 
     try:
-        span = parse_duration(args.since)
+        span = parse_duration(since)
     except ValueError as exc:
         raise ConfigError(f"{exc}: a duration such as 30d, 12h or 3600", field="--since") from None
     now = time.time()
     query = {"since": f"{now - span:.3f}", "until": f"{now:.3f}"}
-    if args.queue:
-        query["queue"] = args.queue
-    if args.pseudonymize:
+    if queue:
+        query["queue"] = queue
+    if pseudonymize:
         query["pseudonymize"] = "true"
-    url = service_url(args.url).rstrip("/") + "/api/export?" + urllib.parse.urlencode(query)
-    token = service_token(args.token)
+    address = service_url(url).rstrip("/") + "/api/export?" + urllib.parse.urlencode(query)
     try:
-        status, answer = request(url, token)
+        status, answer = request(address, service_token(token))
     except OSError as exc:
-        print(f"jupyter-gpusched export-trace: cannot reach the service: {exc}", file=sys.stderr)
-        return 1
+        raise ServiceFailed(f"cannot reach the service at {address}: {exc}") from None
+    if status >= 500:
+        raise ServiceFailed(f"the service failed: {status}: {answer.get('error')}")
     if status >= 400:
         field = f" ({answer.get('field')})" if answer.get("field") else ""
-        print(
-            f"jupyter-gpusched export-trace: {status}: {answer.get('error')}{field}",
-            file=sys.stderr,
-        )
-        return 2 if status < 500 else 1
+        raise ConfigError(f"the service answered {status}: {answer.get('error')}{field}")
+    return answer
+
+
+def run(args) -> int:
+    try:
+        answer = fetch_export(args.url, args.token, args.since, args.queue, args.pseudonymize)
+    except ServiceFailed as exc:
+        print(f"jupyter-gpusched export-trace: {exc}", file=sys.stderr)
+        return 1
     written = write_export(answer, Path(args.out))
     origin = written["origin"]
     print(
@@ -105,6 +117,13 @@ def run(args) -> int:
         if count:
             print(f"left out: {count:,} jobs {reason}", file=sys.stderr)
     return 0
+
+
+def reaper_settings_path(trace) -> Path:
+    """Where the idle reaper's settings in force at the export lie: ``NAME-reaper.json`` beside
+    the trace ``NAME.csv`` (what ``reaper what-if`` takes as the current settings)."""
+    trace = Path(trace)
+    return trace.with_name(trace.stem + "-reaper.json")
 
 
 def write_export(answer: dict, out: Path) -> dict:

@@ -1,19 +1,16 @@
 """``jupyter-gpusched reaper show|set key=value ...``: the idle reaper's settings over the REST
 API; ``reaper what-if TRACE``: other idle timeouts tried on an exported trace, offline.
 
-The service's URL: ``--url``, else ``$GPUSCHED_SERVICE_URL`` (what the client and the magics
-use; the spawner sets it in every server), else ``$GPUSCHED_URL`` (its older name), else the
-demo hub's proxy, ``http://127.0.0.1:$GPUSCHED_HUB_PORT/services/gpusched/`` (8000 without the
-variable, as in ``make demo``). The token: ``--token``, else ``$GPUSCHED_SERVICE_TOKEN``, else
-``$JUPYTERHUB_API_TOKEN`` (both set in a single-user server, as for the user commands). ``set``
-needs an admin of the scheduler.
+The service's URL and the token: ``--url`` and ``--token``, else as :mod:`.connection` says
+(inside a single-user server, the server's). ``set`` needs an admin of the scheduler.
 
 Values: JSON where it parses (``300``, ``null``, ``true``, ``["a","b"]``), else text (``30m``);
 ``exempt_*`` also take ``a,b``; ``off`` turns a timeout off; ``profile_timeouts.SLUG=15m`` sets one
 profile's timeout.
 
-``what-if`` needs no service: it replays the notebook servers of a trace written by
-``export-trace`` and their GPU utilization (``NAME-utilization.csv`` beside it) through the
+``what-if`` needs no service when given a trace: it replays the notebook servers of a trace
+written by ``export-trace`` (without one, it exports the service's last ``--since`` first, as an
+admin) and their GPU utilization (``NAME-utilization.csv`` beside it) through the
 reaper's own decision (``sim/reaper_whatif.py``), under the current settings (the policy file's
 ``reaper:`` section, else those in force at the export: ``NAME-reaper.json``, else the
 defaults) and under the candidate (the current with the flags applied), and prints both side by
@@ -24,33 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-DEFAULT_URL = "http://127.0.0.1:$GPUSCHED_HUB_PORT/services/gpusched/"
-
-
-def service_token(given: str | None = None) -> str | None:
-    """The token (see the module's docstring): inside a single-user server the server's token
-    for the service, which carries an admin's scope for an admin's own server."""
-    return (
-        given or os.environ.get("GPUSCHED_SERVICE_TOKEN") or os.environ.get("JUPYTERHUB_API_TOKEN")
-    )
-
-
-def service_url(given: str | None = None) -> str:
-    """The service's URL (see the module's docstring)."""
-    if given:
-        return given
-    for name in ("GPUSCHED_SERVICE_URL", "GPUSCHED_URL"):
-        if os.environ.get(name):
-            return os.environ[name]
-    port = os.environ.get("GPUSCHED_HUB_PORT") or "8000"
-    return f"http://127.0.0.1:{port}/services/gpusched/"
-
+from .connection import DEFAULT_URL, request, service_token, service_url
 
 LISTS = ("exempt_users", "exempt_groups", "exempt_profiles")
 
@@ -62,7 +36,8 @@ def add_parser(commands) -> None:
         "try other idle timeouts on an exported trace (what-if)",
         description="show: the settings in force and the sessions; set KEY=VALUE ...: change "
         "settings (admins), e.g. `set timeout_tier_2=20m warning_lead=5m exempt_users=alice`; "
-        "what-if TRACE: what other settings would have done to the trace's notebook servers.",
+        "what-if [TRACE]: what other settings would have done to the notebook servers of an export "
+        "(without TRACE: of the service's last 30 days).",
     )
     _service_options(reaper, None)  # `reaper --url U show` as well as `reaper show --url U`
     actions = reaper.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -106,22 +81,6 @@ def parse_pairs(pairs: list[str]) -> dict:
         else:
             changes[key] = value
     return changes
-
-
-def request(url: str, token: str | None, method: str = "GET", body=None) -> tuple[int, dict]:
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"token {token}"
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        try:
-            return exc.code, json.loads(exc.read() or b"{}")
-        except ValueError:
-            return exc.code, {"error": exc.reason}
 
 
 def run(args) -> int:
@@ -175,7 +134,16 @@ def add_what_if_parser(actions) -> None:
         epilog="Durations: seconds, or 30m, 1h30m; `off` turns a timeout off. Kernel shutdowns "
         "(shutdown_kernels_first) cannot be replayed, nor servers without GPUs.",
     )
-    what_if.add_argument("trace", help="the trace file `export-trace` wrote")
+    what_if.add_argument(
+        "trace",
+        nargs="?",
+        help="the trace file `export-trace` wrote (without it: the service's last --since, "
+        "exported now; an admin's token, as for export-trace)",
+    )
+    what_if.add_argument(
+        "--since", default="30d", help="without TRACE: how far back to export (default 30d)"
+    )
+    _service_options(what_if, argparse.SUPPRESS)
     what_if.add_argument(
         "--samples",
         metavar="FILE",
@@ -198,13 +166,6 @@ def add_what_if_parser(actions) -> None:
     what_if.set_defaults(run=run_what_if)
 
 
-def reaper_settings_path(trace) -> Path:
-    """Where the idle reaper's settings in force at the export lie: ``NAME-reaper.json`` beside
-    the trace ``NAME.csv`` (what ``reaper what-if`` takes as the current settings)."""
-    trace = Path(trace)
-    return trace.with_name(trace.stem + "-reaper.json")
-
-
 def current_settings(policy_file: str | None, trace: str | None = None) -> dict:
     """The reaper settings of ``policy_file``'s ``reaper:`` section; without one, those the
     service had in force at the export (``NAME-reaper.json`` beside ``trace``), else the
@@ -212,6 +173,7 @@ def current_settings(policy_file: str | None, trace: str | None = None) -> dict:
     from ..core import ConfigError
     from ..core.reaper_settings import DEFAULTS, validate, with_profile_idle_timeouts
     from ..files import check_reaper_section, read_yaml
+    from .export import reaper_settings_path
 
     if policy_file is None:
         exported = reaper_settings_path(trace) if trace is not None else None
@@ -268,11 +230,31 @@ def candidate_settings(current: dict, args) -> dict:
 
 
 def run_what_if(args) -> int:
+    if args.trace is not None:
+        return what_if_on(args.trace, args)
+    import tempfile
+
+    from .export import ServiceFailed, fetch_export, write_export
+
+    try:
+        answer = fetch_export(getattr(args, "url", None), getattr(args, "token", None), args.since)
+    except ServiceFailed as exc:
+        print(f"jupyter-gpusched reaper what-if: {exc}", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory(prefix="gpusched-what-if-") as folder:
+        trace = Path(folder) / "trace.csv"
+        write_export(answer, trace)
+        return what_if_on(str(trace), args, f"the service's last {args.since}")
+
+
+def what_if_on(trace_file: str, args, named: str | None = None) -> int:
+    """The what-if on an exported trace (``named``: what to call it in the output)."""
     from ..core import ConfigError
     from ..sim.reaper_whatif import comparison, comparison_table
     from ..sim.trace import read_trace
     from ..sim.utilization import read_utilization, utilization_path
 
+    args.trace = trace_file
     current = current_settings(args.config, args.trace)
     candidate = candidate_settings(current, args)
     samples = Path(args.samples) if args.samples else utilization_path(args.trace)
@@ -289,7 +271,8 @@ def run_what_if(args) -> int:
         print(json.dumps({**result, "settings": settings}, indent=2, sort_keys=True))
         return 0
     replayed = result["total"]["servers"]
-    print(f"idle-timeout what-if: {replayed} notebook servers of {args.trace} ({samples})")
+    where = named or f"{args.trace} ({samples})"
+    print(f"idle-timeout what-if: {replayed} notebook servers of {where}")
     print("each figure current -> candidate\n")
     print(comparison_table(result))
     return 0

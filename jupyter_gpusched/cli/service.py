@@ -5,7 +5,7 @@
 The client is the kernel-side one (:class:`~jupyter_gpusched.notebook.client.Client`), so a
 terminal and a notebook send the same requests. Its URL: ``--url``, else
 ``$GPUSCHED_SERVICE_URL`` (set in every single-user server the scheduler starts), else as
-``reaper`` finds it (:func:`.reaper.service_url`). Its token, from the environment only (a token
+``reaper`` finds it (:func:`.connection.service_url`). Its token, from the environment only (a token
 on a command line is visible to every user of the machine in ``ps``):
 ``$GPUSCHED_SERVICE_TOKEN``, else ``$JUPYTERHUB_API_TOKEN`` (both set in a single-user server).
 
@@ -22,7 +22,7 @@ import sys
 from datetime import datetime
 
 from ..notebook.client import Client, GPUSchedError
-from .reaper import service_url
+from .connection import service_url
 
 OK, FAILED, BAD_INPUT = 0, 1, 2
 TABLE_WIDTH = 100  # a table's line fits this many columns (the longest column is cut with …)

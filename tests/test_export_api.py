@@ -30,8 +30,9 @@ def test_samples_in_one_band_are_one_run_a_new_band_or_a_gap_starts_another(tmp_
     for t, util in ((0, 0.0), (10, 0.5), (20, 0.2), (30, 0.9)):  # band [0, 1)
         recorder.add("j-1", 1000.0 + t, util, stale_after=120.0)
     recorder.add("j-1", 1040.0, 87.0, stale_after=120.0)  # busy: a new run
-    recorder.add("j-1", 1050.0, 60.0, stale_after=120.0)  # still [50, 100]
+    recorder.add("j-1", 1050.0, 30.0, stale_after=120.0)  # still [20, 100]: busy
     recorder.add("j-1", 1300.0, 70.0, stale_after=120.0)  # after a gap: unmeasured between
+    recorder.add("j-1", 1310.0, 15.0, stale_after=120.0)  # [10, 20): a band of its own
     recorder.add("j-2", 1000.0, 3.0, stale_after=120.0)
     recorder.close("j-1")
     recorder.flush()
@@ -40,10 +41,11 @@ def test_samples_in_one_band_are_one_run_a_new_band_or_a_gap_starts_another(tmp_
         ("j-1", 1000.0, 1030.0, 0.9),
         ("j-1", 1040.0, 1050.0, 87.0),
         ("j-1", 1300.0, 1300.0, 70.0),
+        ("j-1", 1310.0, 1310.0, 15.0),
         ("j-2", 1000.0, 1000.0, 3.0),
     ]
     recorder.tick(86400.0 + 1200.0)  # a day after 1200: the runs that ended before go
-    assert [r["start"] for r in utilization_runs(store.engine, ["j-1", "j-2"])] == [1300.0]
+    assert [r["start"] for r in utilization_runs(store.engine, ["j-1", "j-2"])] == [1300.0, 1310.0]
     store.close()
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-BAND_EDGES = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0)  # percent
+# Fine below 20%, where idle thresholds are set; one band above, so that a busy GPU whose
+# utilization swings (40%, 60%, 45% ...) is one run per busy stretch, not a row per sample.
+BAND_EDGES = (1.0, 2.0, 5.0, 10.0, 20.0)  # percent
 
 
 def band(utilization: float) -> int:
-    """The band of ``utilization`` (percent): 0 for [0, 1), 1 for [1, 2), ... 6 for [50, 100]."""
+    """The band of ``utilization`` (percent): 0 for [0, 1), 1 for [1, 2), ... 5 for [20, 100]."""
     return bisect_right(BAND_EDGES, utilization)

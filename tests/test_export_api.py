@@ -188,3 +188,25 @@ async def test_pseudonyms_are_stable_and_reach_queue_names_and_the_queue_documen
     assert "alice" not in str(first) and "bob" not in str(first)
     assert key not in str(first)  # the key stays in the service
     await asyncio.sleep(0)
+
+
+def test_a_job_waiting_again_after_a_preemption_is_unfinished_and_its_work_is_its_last_run():
+    """Its end_time is its pre-empted run's end, not an end: the export says it has none, and
+    its duration is the work a replay needs (earlier runs keep whole checkpoint intervals)."""
+    from jupyter_gpusched.core.jobspec import TRACE_FIELDS
+    from jupyter_gpusched.core.settings import PolicySettings
+    from jupyter_gpusched.service.export import _job, work
+
+    row = {f.column_name: None for f in TRACE_FIELDS}
+    row.update(id="j-000007", submit_time=10.0, first_start=20.0, end_time=80.0, kind="batch")
+    row.update(state="pending", preemptions=1, profile=None, gpus=2, tier=3, queue="q", user="u")
+    settings = PolicySettings.from_dict({"checkpoint": {"interval": "25s"}})
+    record = _job(row, [60.0], culled=False, settings=settings)
+    assert record["outcome"] == "running" and record["end_time"] is None
+    assert record["start_time"] == 20.0 and record["preemptions"] == 1
+    assert record["run_time"] == 60.0 and record["duration"] == 60.0
+    assert work([60.0, 30.0], settings) == 30.0 + 50.0  # two whole intervals of the first
+    assert work([60.0, 30.0], settings.replace(checkpoint_on_signal=True)) == 90.0
+    row.update(state="completed", end_time=130.0)
+    assert _job(row, [60.0, 50.0], culled=False, settings=settings)["outcome"] == "completed"
+    assert _job(row, [60.0, 50.0], culled=True, settings=settings)["outcome"] == "culled"

@@ -58,7 +58,7 @@ class Scheduler:
         queues: QueueTree | None = None,
         settings: PolicySettings | None = None,
         policy: Policy | str = "gpusched",
-        tally_by_class: bool = False,  # keep pending_gpus_by_class too (a replay's class table)
+        tally_by_class: bool = False,  # keep pending_gpus_by_class (a replay's class table)
     ):
         self.cluster = cluster
         self.state = ClusterState(cluster)
@@ -76,9 +76,9 @@ class Scheduler:
             self._key, self.policy.order != "arrival", node_gpus=cluster.max_node_gpus
         )
         self.pending_gpus_by_reason = {"capacity": 0, "placement": 0, "policy": 0}
+        self.pending_gpus_by_class = {} if tally_by_class else None  # by (tier, queue, kind)
         # the bookkeeping steps the collaborators are given too: none holds the scheduler (no
         # reference cycle: a scheduler let go of is freed at once, with all its jobs)
-        self.pending_gpus_by_class = {} if tally_by_class else None  # by (tier, queue, kind)
         self._set_reason = reason_setter(self.pending_gpus_by_reason, self.pending_gpus_by_class)
         self._walltime = self.settings.walltime
         self.reservation: Reservation | None = None

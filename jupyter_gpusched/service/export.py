@@ -40,6 +40,7 @@ MAX_EXPORT_JOBS = 100_000  # jobs in one answer; more: a 400 asking for a shorte
 MAX_EXPORT_RUNS = 1_000_000  # utilization runs in one answer
 KEY_SETTING = "export_pseudonym_key"
 OUTCOMES = ("completed", "failed", "cancelled", "preempted", "culled", "running")
+UNFINISHED = ("pending", "running")  # a job that started and is pending is waiting again
 
 
 class ExportTooLarge(ValueError):
@@ -83,7 +84,7 @@ def export(
     started = sa.and_(
         j.c.first_start.is_not(None),
         j.c.first_start <= until,
-        sa.or_(j.c.end_time.is_(None), j.c.end_time >= since),
+        sa.or_(j.c.state.in_(UNFINISHED), j.c.end_time.is_(None), j.c.end_time >= since),
         _in_queue(j.c.queue, queue),
     )
     never = sa.and_(j.c.first_start.is_(None), j.c.submit_time <= until, j.c.submit_time >= since)
@@ -167,14 +168,13 @@ def _job(row: dict, runs: list[float], culled: bool, settings: PolicySettings) -
     }
     for spec_field in TRACE_FIELDS:
         record[spec_field.wire] = row[spec_field.column_name]
-    running = row["end_time"] is None
-    state = row["state"]
-    outcome = "running" if running else "culled" if culled else state
-    if outcome not in OUTCOMES:  # pending again after a requeue, then cancelled: as recorded
-        outcome = "cancelled"
+    # unfinished at the export: running, or waiting again after a pre-emption (its end_time is
+    # then its last run's, not an end)
+    unfinished = row["state"] in UNFINISHED or row["end_time"] is None
+    outcome = "running" if unfinished else "culled" if culled else row["state"]
     record.update(
         start_time=row["first_start"],
-        end_time=row["end_time"],
+        end_time=None if unfinished else row["end_time"],
         run_time=sum(runs),
         preemptions=row["preemptions"],
         outcome=outcome,

@@ -109,6 +109,7 @@ def run(args) -> int:
         f"wrote {written['jobs']:,} jobs ({written['notebooks']:,} notebook servers) to "
         f"{args.out}, {written['runs']:,} utilization runs to {written['utilization']}, "
         + (f"the queues to {written['queues']}" if written["queues"] else "no queue file")
+        + (f", the reaper's settings to {written['reaper']}" if written["reaper"] else "")
         + "; time 0 is "
         + (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(origin)) if origin else "-"),
         file=sys.stderr,

@@ -73,13 +73,14 @@ def export(
     since: float,
     until: float,
     queue: str | None,
-    pseudonymize: bool,
+    key: str | None,
     quota_document,
     settings: PolicySettings,
     reaper_settings: dict | None = None,
 ) -> dict[str, Any]:
-    """The answer of ``GET api/export`` (see the module docstring); :class:`ExportTooLarge`
-    when the period holds more than one answer may."""
+    """The answer of ``GET api/export`` (see the module docstring), user names pseudonymized
+    under ``key`` when one is given (the service's: :func:`pseudonym_key`); :class:`ExportTooLarge`
+    when the period holds more than one answer may. It only reads: a thread may run it."""
     j, a, e = jobs_table, allocations_table, events_table
     started = sa.and_(
         j.c.first_start.is_not(None),
@@ -124,8 +125,8 @@ def export(
         )
     jobs = [_job(row, runs_of.get(row["id"], []), row["id"] in culled, settings) for row in rows]
     document, reaper = quota_document, reaper_settings
+    pseudonymize = key is not None
     if pseudonymize:
-        key = pseudonym_key(store)
         names = {job["user"] for job in jobs} | _document_users(quota_document)
         names |= set((reaper_settings or {}).get("exempt_users") or ())
         rename = {name: pseudonym(key, name) for name in names if name}

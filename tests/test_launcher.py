@@ -151,7 +151,8 @@ def test_notebook_with_a_failing_cell_fails(notebook_jobs):
     exit = wait_exit(launcher, handle)
     assert (exit.code, exit.outcome) == (1, "failed")
     executed = nbformat.read(handle["notebook_output"], as_version=4)  # saved up to the failure
-    assert executed.cells[0].outputs[0]["ename"] == "ValueError"
+    outputs = executed.cells[0].outputs
+    assert outputs and outputs[0]["ename"] == "ValueError", read_log(launcher, handle)
     assert executed.cells[1].outputs == []
 
 

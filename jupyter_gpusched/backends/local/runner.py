@@ -98,6 +98,9 @@ def _keep_kernels_in_our_group() -> None:
     launcher.Popen = popen
 
 
+IOPUB_TIMEOUT = 60  # seconds (run_notebook)
+
+
 def run_notebook(path: str, output) -> dict:
     """Execute the notebook at ``path`` with nbclient and save the executed copy (also a partial
     one, after a failure) to ``output`` (a path or a file open for writing).
@@ -127,7 +130,15 @@ def run_notebook(path: str, output) -> dict:
 
     nb = nbformat.read(path, as_version=4)
     kernel_name = nb.metadata.get("kernelspec", {}).get("name") or "python3"
-    client = Client(nb, kernel_name=kernel_name, resources={"metadata": {"path": os.getcwd()}})
+    client = Client(
+        nb,
+        kernel_name=kernel_name,
+        resources={"metadata": {"path": os.getcwd()}},
+        # how long a cell's output may trail its reply: nbclient's 4 s lost a failed cell's
+        # traceback from the saved copy on a busy machine (it waits only until the kernel says
+        # it is idle, so a longer bound costs nothing otherwise)
+        iopub_timeout=IOPUB_TIMEOUT,
+    )
     failure: list[BaseException] = []
 
     def execute() -> None:

@@ -210,3 +210,24 @@ def test_a_job_waiting_again_after_a_preemption_is_unfinished_and_its_work_is_it
     row.update(state="completed", end_time=130.0)
     assert _job(row, [60.0, 50.0], culled=False, settings=settings)["outcome"] == "completed"
     assert _job(row, [60.0, 50.0], culled=True, settings=settings)["outcome"] == "culled"
+
+
+def test_a_queue_keeps_its_subtree_only_whatever_its_name_holds(tmp_path):
+    """``queue=a_b`` is a path, not a LIKE pattern: axb's jobs stay out."""
+    from jupyter_gpusched.core.settings import PolicySettings
+    from jupyter_gpusched.service.export import export
+
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    rows = [
+        {"id": f"j-00000{n}", "number": n, "user": "u", "queue": queue, "tier": 2,
+         "kind": "batch", "gpus": 1, "state": "completed", "submit_time": 10.0 * n,
+         "first_start": 10.0 * n + 1, "end_time": 10.0 * n + 5}
+        for n, queue in enumerate(("a_b", "a_b/x", "axb/x", "a_bc", "a%b/x"), 1)
+    ]  # fmt: skip
+    store.add_jobs(rows, [])
+    exported = export(store, 0.0, 100.0, "a_b", None, None, PolicySettings(), None)
+    assert [j["queue"] for j in exported["jobs"]] == ["a_b", "a_b/x"]
+    assert [j["queue"] for j in export(store, 0.0, 100.0, "a%b", None, None, PolicySettings())[
+        "jobs"
+    ]] == ["a%b/x"]  # fmt: skip
+    store.close()

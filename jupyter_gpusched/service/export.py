@@ -65,7 +65,8 @@ def pseudonym_key(store) -> str:
 def _in_queue(column, queue: str | None):
     if not queue:
         return sa.true()
-    return sa.or_(column == queue, column.like(queue.replace("%", r"\%") + "/%", escape="\\"))
+    literal = queue.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return sa.or_(column == queue, column.like(literal + "/%", escape="\\"))
 
 
 def export(

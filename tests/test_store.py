@@ -73,6 +73,7 @@ def test_job_round_trip_every_field(store):
         cpus=8.5,
         memory_gb=64.0,
         walltime=3600.0,
+        deadline=T0 + 7200.5,
         labels={"ib": "yes", "zone": "b"},
         command="python train.py --lr 1e-3",
         notebook="analysis.ipynb",

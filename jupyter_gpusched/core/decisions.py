@@ -30,3 +30,15 @@ class Stop:
     job_id: str
     reason: str
     ended: bool = False
+
+
+@dataclass(frozen=True)
+class DeadlineMissed:
+    """``job_id`` was still unfinished at its ``deadline`` (or, under the ``slurm`` policy, could
+    no longer finish by then). ``action``: ``kept`` (it goes on: the policy's
+    ``deadlines.on_miss: keep``) or ``cancelled`` (the engine has cancelled it if it was pending,
+    and a :class:`Stop` follows if it was running)."""
+
+    job_id: str
+    deadline: float
+    action: str

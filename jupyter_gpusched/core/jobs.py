@@ -44,7 +44,8 @@ class Job:
     ``gpu_fraction`` below 1 asks for a share of one GPU (fractions on a GPU sum to at most 1,
     and a whole-GPU job never lands on a shared GPU); ``labels`` must all match node labels;
     ``cpus`` and ``memory_gb`` are per job, spread over its nodes; ``walltime`` is the user's
-    estimate in seconds (None = the policy default). The request block is the one of
+    estimate in seconds (None = the policy default); ``deadline`` is when it must have
+    finished (None = no deadline; :mod:`.deadlines`). The request block is the one of
     :class:`~.jobspec.JobSpec` (``tests/test_jobspec.py`` checks that they agree).
     """
 
@@ -61,6 +62,7 @@ class Job:
     cpus: float | None = None
     memory_gb: float | None = None
     walltime: float | None = None
+    deadline: float | None = None  # it must have finished by then (the engine's clock)
     gpu_fraction: float = 1.0  # below 1: a share of one GPU (then gpus is 1)
     priority: int = 0  # an admin's override: higher goes first within the job's tier
     held: bool = False  # held by an admin: pending, but not considered until released
@@ -84,6 +86,7 @@ class Job:
     first_reason: Reason | None = None
     reject_reason: str | None = None
     reject_field: str | None = None  # the request field the rejection is about
+    deadline_missed: bool = False  # it was still unfinished at its deadline (core/deadlines.py)
 
     @classmethod
     def from_spec(cls, spec: JobSpec, id: str, submit_time: float) -> Job:

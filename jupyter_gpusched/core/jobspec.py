@@ -49,6 +49,7 @@ MAX_GPU_MODELS = 16  # 'gpu_model': alternatives
 MAX_GPU_MODEL = 100  # 'gpu_model': characters of one model name
 MIN_GPU_FRACTION = 0.01  # 'gpu_fraction': the smallest share of a GPU
 MAX_WALLTIME = 365 * 86_400.0  # 'walltime': seconds (one year)
+MAX_DEADLINE = 2 * 365 * 86_400.0  # 'deadline': at most this long after submission (two years)
 MAX_CPUS = 65_536.0  # 'cpus' for one job
 MAX_MEMORY_GB = 1_048_576.0  # 'memory_gb' for one job (1 PB)
 MAX_PROFILE = 200  # 'profile' (a hub profile's slug) of a notebook job and a monitor's report
@@ -197,6 +198,14 @@ class JobSpec:
         maximum=MAX_WALLTIME,
         column=Column("double"),
         trace=True,
+    )
+    deadline: float | None = declare(
+        help="when it must have finished: a time with its zone (2026-12-24T18:00:00Z) or a "
+        "duration from submission (6h, 2d, seconds); later than submission + walltime",
+        parse="deadline",
+        maximum=MAX_DEADLINE,
+        column=Column("double"),
+        trace=True,  # in the trace, seconds from the trace start, like submit_time
     )
     cpus: float | None = declare(
         help=f"CPUs for the whole job (number from 0 to {MAX_CPUS:g})",

@@ -91,6 +91,11 @@ def number(maximum: float, minimum: float = 0, null: bool = True) -> dict:
 
 _MODEL = f"[^|\\s\\u0000][^|\\u0000]{{0,{MAX_GPU_MODEL - 1}}}"
 WALLTIME_TEXT = duration_pattern(MAX_WALLTIME)
+# a deadline as text: a duration from now, or an ISO 8601 time with its zone (Z or an offset)
+DEADLINE_TEXT = (
+    f"^(?:{WALLTIME_TEXT.strip('^$')})$"
+    r"|^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})$"
+)
 
 # -- POST api/jobs -------------------------------------------------------------------------------
 # Each field's schema, by its spec's parse (core/jobspec.py): the plain kinds from its declared
@@ -127,6 +132,12 @@ _FIELD_SCHEMAS = {
         "anyOf": [
             {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": f.spec.maximum},
             {"type": "string", "maxLength": MAX_DURATION_TEXT, "pattern": WALLTIME_TEXT},
+        ]
+    },
+    "deadline": lambda f: {
+        "anyOf": [
+            {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": f.spec.maximum},
+            {"type": "string", "maxLength": MAX_DURATION_TEXT, "pattern": DEADLINE_TEXT},
         ]
     },
     "server_name": lambda f: text(f.spec.maximum, NO_NUL),

@@ -7,6 +7,9 @@ request's parser (service/requests.py) reads its fields with these.
 from __future__ import annotations
 
 import math
+import re
+import time
+from datetime import datetime
 
 from ..core.durations import parse_duration
 from ..core.jobspec import FIELDS, MAX_GPU_MODEL, MAX_GPU_MODELS, MAX_WALLTIME
@@ -87,6 +90,41 @@ def read_walltime(value) -> float:
             "walltime",
         )
     return seconds
+
+
+def read_deadline(value, now: float | None = None, latest: float = 2 * 365 * 86_400.0) -> float:
+    """The time (epoch seconds) by which a job must have finished, from a time with its zone
+    (ISO 8601: ``2026-12-24T18:00:00Z``, ``2026-12-24T19:00+01:00``) or a duration from ``now``
+    (the submission: a number of seconds or ``6h``, ``2d``); at most ``latest`` after now."""
+    now = time.time() if now is None else now
+    expected = (
+        "'deadline' must be a time with its zone (2026-12-24T18:00:00Z) or a duration from "
+        f"now (seconds, 90m, 6h, 2d), later than now and at most {latest / 86400:g} days ahead"
+    )
+    if isinstance(value, str) and len(value) > MAX_DURATION_TEXT:
+        raise RequestError(f"{expected}; got {quote(value)}", "deadline")
+    when = math.nan
+    if isinstance(value, str) and re.match(r"\s*\d{4}-\d{2}-\d{2}", value):
+        try:
+            moment = datetime.fromisoformat(value.strip())
+        except ValueError:
+            moment = None
+        if moment is not None and moment.tzinfo is None:
+            raise RequestError(
+                f"'deadline' {quote(value)} has no time zone: add Z (UTC) or an offset such "
+                "as +01:00",
+                "deadline",
+            )
+        if moment is not None:
+            when = moment.timestamp()
+    else:
+        try:
+            when = now + parse_duration(value)
+        except (ValueError, TypeError, OverflowError):
+            pass
+    if not now < when <= now + latest:  # NaN too
+        raise RequestError(f"{expected}; got {quote(value)}", "deadline")
+    return when
 
 
 def read_text(data, name, max_length: int) -> str | None:

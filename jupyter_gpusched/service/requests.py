@@ -45,6 +45,7 @@ from .request_values import (
     RequestError,
     quote,
     read_choice,
+    read_deadline,
     read_models,
     read_number,
     read_strings,
@@ -161,6 +162,7 @@ _PARSERS = {
     "boolean": _plain(lambda data, f: _boolean(data, f.wire)),
     "gpu_model": _plain(lambda data, f: read_models(data.get(f.wire))),
     "walltime": _plain(lambda data, f: read_walltime(data[f.wire])),
+    "deadline": _plain(lambda data, f: read_deadline(data[f.wire], latest=f.spec.maximum)),
 }
 
 

@@ -1,7 +1,8 @@
 """The trace file of DESIGN.md: CSV, one job a row, times in seconds from the trace start.
 
 Columns: ``job_id, submit_time, duration, gpus`` (required), then optional ``tier, queue, user,
-kind, gpus_per_node, gpu_model, walltime, gpu_fraction, cpus, memory_gb``: besides the three
+kind, gpus_per_node, gpu_model, walltime, deadline, gpu_fraction, cpus, memory_gb``
+(``deadline`` in seconds from the trace start, like ``submit_time``): besides the three
 of the trace itself, the job spec's fields marked ``trace`` (core/jobspec.py), under their
 request names. An empty cell means "not given"; ``gpu_model`` may list alternatives separated
 by ``|``. ``gpus`` 0 is a CPU-only
@@ -77,6 +78,7 @@ class TraceJob:
     gpus_per_node: int | None = None
     gpu_models: frozenset[str] | None = None
     walltime: float | None = None
+    deadline: float | None = None  # seconds from the trace start, like submit_time
     gpu_fraction: float = 1.0  # < 1: a share of one GPU (gpus must be 1)
     cpus: float | None = None
     memory_gb: float | None = None
@@ -202,6 +204,10 @@ def parse_row(row: dict, source: str, line: int) -> TraceJob:
             walltime = parse_duration(walltime)
         except ValueError as exc:
             fail("walltime", str(exc))
+    submit_time = number("submit_time")
+    deadline = number("deadline", default=None)
+    if deadline is not None and deadline <= submit_time:
+        fail("deadline", f"{deadline:g} must be after submit_time ({submit_time:g})")
     per_node = number("gpus_per_node", int, 1, default=None)
     if per_node and gpus % per_node:
         fail("gpus_per_node", f"{per_node} does not divide gpus ({gpus})")
@@ -211,7 +217,6 @@ def parse_row(row: dict, source: str, line: int) -> TraceJob:
     array_max_running = number("array_max_running", int, 1, default=None)
     if array_id is None and (array_index is not None or array_max_running is not None):
         fail("array_id", "is required with array_index and array_max_running")
-    submit_time = number("submit_time")
     trace_job = TraceJob(
         id=job_id,
         submit_time=submit_time,
@@ -224,6 +229,7 @@ def parse_row(row: dict, source: str, line: int) -> TraceJob:
         gpus_per_node=per_node,
         gpu_models=frozenset(m.strip() for m in models.split("|")) if models else None,
         walltime=walltime,
+        deadline=deadline,
         gpu_fraction=fraction,
         cpus=number("cpus", default=None),
         memory_gb=number("memory_gb", default=None),

@@ -383,6 +383,10 @@ class Scheduler:
     def _estimated_end(self, job: Job) -> float:
         return job.start_time + self._walltime(job)
 
+    def planned_run_time(self, job: Job) -> float:
+        """How long the engine plans ``job`` to run: its walltime, else the policy default."""
+        return self._walltime(job)
+
     def next_wakeup(self) -> float | None:
         """When the adapter should call :meth:`schedule` even if nothing happens: a pre-emption
         victim passes its minimum run time then."""

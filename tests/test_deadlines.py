@@ -195,7 +195,7 @@ def test_earliest_finish_of_a_job_that_fits_now():
 def test_the_policy_file_reads_the_deadline_settings():
     settings = PolicySettings.from_dict({"deadlines": {"urgency": 0.5, "on_miss": "cancel"}})
     assert (settings.deadline_urgency, settings.deadline_on_miss) == (0.5, "cancel")
-    with pytest.raises(ConfigError, match="deadlines.on_miss"):
+    with pytest.raises(ConfigError, match=r"deadlines\.on_miss"):
         PolicySettings.from_dict({"deadlines": {"on_miss": "kill"}})
     with pytest.raises(ConfigError, match="deadlines"):
         PolicySettings.from_dict({"deadlines": {"urgent": 1}})

@@ -113,6 +113,10 @@ def recorded_metrics(trace: list[TraceJob], cluster_gpus: int) -> dict:
         "gang_jobs": None,
         "gang_single_leaf_fraction": None,
         "wait_gpu_hours_by_reason": dict.fromkeys(("capacity", "placement", "policy")),
+        "estimated_jobs": None,  # no engine planned these jobs
+        "estimate_too_short_fraction": None,
+        "reserved_jobs": None,
+        "reservations_too_short_fraction": None,
         "sim_wall_s": None,
         "jobs_per_s": None,
     }

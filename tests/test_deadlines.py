@@ -218,3 +218,19 @@ def test_decisions_with_deadlines_are_deterministic():
         return out
 
     assert run() == run()
+
+
+def test_the_tier2_job_an_urgent_job_reclaimed_from_does_not_pre_empt_it_back():
+    # (the property suite found this: as a plain tier-3 victim, the urgent job and the tier-2
+    # job it had reclaimed from pre-empted each other in turns)
+    sched = reclaim_case(deadline=5000)
+    sched.schedule(1000)
+    [victim] = preempted(sched.schedule(3800))
+    sched.job_ended(victim.job_id, 3800 + victim.grace, "preempted")
+    decisions = sched.schedule(3800 + victim.grace)
+    assert "a3" in started(decisions)
+    assert not preempted(decisions)
+    assert sched.jobs[victim.job_id].state == JobState.PENDING  # requeued, tier 2, wants back in
+    for now in (5000, 10000, 50000):
+        assert not preempted(sched.schedule(now))
+    assert sched.jobs["a3"].state == JobState.RUNNING

@@ -145,6 +145,7 @@ class Preemptions:
                 limit_node=limit_node,
                 one_leaf=self._patient(job, now, behind=behind),
                 urgent=urgent,
+                urgent_jobs=self.priorities.urgent,
             )
             if found is not None:
                 break

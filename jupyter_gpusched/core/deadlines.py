@@ -143,7 +143,13 @@ def act(sched, now: float) -> None:
         if job is None or job.state.finished or job.deadline_missed:
             continue
         if kind == URGENT:
-            sched.priorities.make_urgent(job_id, latest_start(job, sched.planned_run_time(job)))
+            run_time = sched.planned_run_time(job)
+            queued = sched._waiting_in_line(job)  # in the pending lists: moves to its own
+            if queued:
+                sched.pending.remove(job, run_time)
+            sched.priorities.make_urgent(job_id, latest_start(job, run_time))
+            if queued:
+                sched.pending.add(job, run_time)
             reordered = True
         elif kind == LATEST_START and job.state == JobState.PENDING:
             _missed(sched, job, now, cancel=True)

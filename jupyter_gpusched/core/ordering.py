@@ -8,8 +8,8 @@ time-invariant equivalent ``fair_share.weight * F - age.weight * submit / max_ag
 exact as of the last recomputation, which runs every ``fair_share.recalc_interval``).
 
 An admin's priority override (``Job.priority``, higher first) ranks a job within its tier; jobs
-with an override get lists of their own. A job with a deadline gets a list of its own too
-(under ``gpusched``): once urgent it goes ahead of its tier's other jobs (:mod:`.deadlines`).
+with an override get lists of their own. An urgent job with a deadline (:mod:`.deadlines`) gets a
+list of its own too: it goes ahead of its tier's other jobs, least slack first.
 
 Within one list every job has the same tier, priority and fair-share factor, so the list's own order
 (submit time, then id) is its priority order. The global order is a merge of the list heads whose
@@ -124,12 +124,13 @@ class PendingQueue:
         key: Callable[[str], tuple],
         by_queue_and_tier: bool = True,
         node_gpus: int = 8,
-        deadline_lists: bool = False,
+        urgent: Callable[[str], bool] | None = None,
     ):
         self.key = key  # priority key of a job id; smaller goes first
         self.by_queue_and_tier = by_queue_and_tier
-        # a job with a deadline gets a list of its own: it overtakes its list when urgent
-        self.deadline_lists = deadline_lists
+        # is a job urgent (core/deadlines.py)? Then it has a list of its own, for it goes ahead
+        # of the jobs of its list (None: no job ever is)
+        self.urgent = urgent
         self.node_gpus = node_gpus  # GPUs of the largest node: a job of more spans nodes
         self.shapes: dict[tuple, ListShapes] = {}
         self.lists: dict[tuple, list[tuple[float, str]]] = {}
@@ -143,7 +144,7 @@ class PendingQueue:
         return copy_parts(self, memo, flat=("heads", "sizes"), nested=("lists", "list_sizes"))
 
     def list_of(self, job: Job) -> tuple:
-        if self.deadline_lists and job.deadline is not None:
+        if self.urgent is not None and job.deadline is not None and self.urgent(job.id):
             return (job.queue, job.tier, job.priority, job.id)
         if self.by_queue_and_tier:
             return (job.queue, job.tier, job.priority)

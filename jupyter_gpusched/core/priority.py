@@ -57,6 +57,9 @@ class PriorityKeys:
         self.urgent[job_id] = latest_start
         self._keys.pop(job_id, None)
 
+    def is_urgent(self, job_id: str) -> bool:
+        return job_id in self.urgent
+
     def finished(self, job_id: str) -> None:
         """The job has finished: nothing of it is kept."""
         self._keys.pop(job_id, None)

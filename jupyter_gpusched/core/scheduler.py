@@ -79,7 +79,7 @@ class Scheduler:
             self._key,
             self.policy.order != "arrival",
             node_gpus=cluster.max_node_gpus,
-            deadline_lists=urgency,
+            urgent=self.priorities.is_urgent if urgency else None,
         )
         self.deadlines = DeadlineWatch(
             self.policy.deadlines if urgency or self.policy.deadlines != "urgency" else "ignore",

@@ -192,6 +192,8 @@ def submit_ops(draw, sizes: list[int], n_leaves: int, models: list, cpus: bool, 
         "queue": draw(st.integers(0, n_leaves - 1)),
         "kind": draw(st.sampled_from(["batch", "batch", "notebook"])),
         "walltime": draw(st.none() | st.sampled_from([100.0, 1000.0, 5000.0, 30000.0])),
+        # a deadline, seconds after submission: urgency, reclaim and misses in play
+        "deadline": draw(st.none() | st.none() | st.sampled_from([300.0, 2000.0, 8000.0, 4e4])),
         "duration": draw(st.sampled_from([50.0, 400.0, 1000.0, 3000.0, 20000.0, 20000.0])),
         "cpus": draw(st.none() | st.integers(1, 48)) if cpus else None,
         "memory_gb": draw(st.none() | st.integers(1, 300)) if memory else None,
@@ -354,6 +356,7 @@ class Harness:
             cpus=op["cpus"],
             memory_gb=op["memory_gb"],
             walltime=op["walltime"],
+            deadline=None if op.get("deadline") is None else self.now + op["deadline"],
             gpu_fraction=op.get("gpu_fraction", 1.0),
             array_id=array_id,
             array_index=index,
@@ -442,7 +445,16 @@ class Harness:
             assert victim.id in sched.running, f"{d}: the victim is not running"
             assert by.state == JobState.PENDING, f"{d}: the pre-emptor is {by.state}"
             assert victim.tier != 1, f"{d}: a tier-1 job was pre-empted"
-            assert by.tier != 3, f"{d}: a tier-3 job pre-empted"
+            if by.tier == 3:  # only an urgent deadline, to reclaim its queue's guarantee
+                assert by.id in sched.priorities.urgent, f"{d}: a tier-3 job pre-empted"
+                assert victim.tier == 2 or victim.deadline is None, (
+                    f"{d}: an urgent tier-3 job pre-empted a tier-3 job with a deadline"
+                )
+                for path in _chain_paths(sched.tree, by.queue)[:-1]:
+                    q = sched.tree.get(path)
+                    assert before[path] + _amount(by) <= q.guaranteed + EPS, (
+                        f"{d}: an urgent tier-3 job pre-empted outside its queue's guarantee"
+                    )
             assert not _fractional(victim) and not _fractional(by), (
                 f"{d}: fractional jobs neither pre-empt nor are pre-empted"
             )

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .agenda import Agenda
     from .ledger import RunningLedger
     from .policies import Policy
+    from .priority import PriorityKeys
     from .quotas import QueueTree
     from .settings import PolicySettings
     from .state import ClusterState
@@ -92,10 +93,12 @@ class Preemptions:
         *,
         set_reason: Callable[[Job, Reason | None], None],
         patient: Callable[[Job, float], bool],  # may it wait for one leaf switch (.passes)
+        priorities: PriorityKeys,  # (read only: which jobs are urgent, core/deadlines.py)
     ):
         self.state, self.tree, self.settings, self.policy = state, tree, settings, policy
         self.jobs, self.running, self.ledger, self.agenda = jobs, running, ledger, agenda
         self._set_reason, self._patient = set_reason, patient  # the scheduler's bookkeeping
+        self.priorities = priorities
         self.claims: dict[str, Claim] = {}  # pre-empting job id -> what it was promised
         self._victims = VictimSearch(state, tree, settings, policy.topology)
 
@@ -118,10 +121,13 @@ class Preemptions:
 
     def _preempt(self, job: Job, now: float, limit_node=None, behind=False) -> bool | None:
         """Try to pre-empt for ``job``: None if there was nothing to try, else success."""
-        if job.tier == 3 or job.fractional or not job.gpus:
+        urgent = job.id in self.priorities.urgent  # its deadline is near (core/deadlines.py)
+        if (job.tier == 3 and not urgent) or job.fractional or not job.gpus:
             return None  # fractional and CPU-only jobs neither pre-empt nor are pre-empted
         queue = self.tree.get(job.queue) if self.policy.quotas else self.tree.root
         reclaim = self.policy.quotas and self.reclaims(job)
+        if job.tier == 3 and not reclaim:
+            return None  # an urgent tier-3 job pre-empts only to reclaim its guarantee
         if self.ledger.preemptible_gpus(reclaim) + self.state.free_for(job) < job.gpus:
             return None
         # tier-3 victims first (shorter grace, no guarantee touched); reclaim from tier 2 only
@@ -138,6 +144,7 @@ class Preemptions:
                 reclaim=reclaiming,
                 limit_node=limit_node,
                 one_leaf=self._patient(job, now, behind=behind),
+                urgent=urgent,
             )
             if found is not None:
                 break

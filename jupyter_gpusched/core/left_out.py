@@ -88,6 +88,8 @@ def list_cannot_start(sched, pass_, job: Job, now: float) -> bool:
         return False
     if pass_.tries > 0 and not (job.tier == 3 and sched.tier_first):
         return False
+    if pass_.tries > 0 and job.id in sched.priorities.urgent:
+        return False  # an urgent job of tier 3 may pre-empt (core/deadlines.py)
     reservation = sched.reservation
     if reservation is None or reservation.start is None or sched.maintenance:
         return False

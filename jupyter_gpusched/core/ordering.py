@@ -8,7 +8,8 @@ time-invariant equivalent ``fair_share.weight * F - age.weight * submit / max_ag
 exact as of the last recomputation, which runs every ``fair_share.recalc_interval``).
 
 An admin's priority override (``Job.priority``, higher first) ranks a job within its tier; jobs
-with an override get lists of their own.
+with an override get lists of their own. A job with a deadline gets a list of its own too
+(under ``gpusched``): once urgent it goes ahead of its tier's other jobs (:mod:`.deadlines`).
 
 Within one list every job has the same tier, priority and fair-share factor, so the list's own order
 (submit time, then id) is its priority order. The global order is a merge of the list heads whose
@@ -119,10 +120,16 @@ class ListShapes:
 
 class PendingQueue:
     def __init__(
-        self, key: Callable[[str], tuple], by_queue_and_tier: bool = True, node_gpus: int = 8
+        self,
+        key: Callable[[str], tuple],
+        by_queue_and_tier: bool = True,
+        node_gpus: int = 8,
+        deadline_lists: bool = False,
     ):
         self.key = key  # priority key of a job id; smaller goes first
         self.by_queue_and_tier = by_queue_and_tier
+        # a job with a deadline gets a list of its own: it overtakes its list when urgent
+        self.deadline_lists = deadline_lists
         self.node_gpus = node_gpus  # GPUs of the largest node: a job of more spans nodes
         self.shapes: dict[tuple, ListShapes] = {}
         self.lists: dict[tuple, list[tuple[float, str]]] = {}
@@ -136,6 +143,8 @@ class PendingQueue:
         return copy_parts(self, memo, flat=("heads", "sizes"), nested=("lists", "list_sizes"))
 
     def list_of(self, job: Job) -> tuple:
+        if self.deadline_lists and job.deadline is not None:
+            return (job.queue, job.tier, job.priority, job.id)
         if self.by_queue_and_tier:
             return (job.queue, job.tier, job.priority)
         return ("", 0, job.priority)

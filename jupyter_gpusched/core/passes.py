@@ -148,8 +148,9 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()
 
 def nothing_usable(sched, pass_: Pass, job: Job, now: float) -> bool:
     """True when what is free is of no use to ``job`` or to any job after it."""
-    if pass_.tries > 0 and job.tier < 3:
-        return False  # it may pre-empt (tiers are strict: after tier 3 only tier 3 comes)
+    if pass_.tries > 0 and (job.tier < 3 or job.id in sched.priorities.urgent):
+        return False  # it may pre-empt (tiers are strict: after tier 3 only tier 3 comes, and
+        # an urgent tier-3 job, which may pre-empt, before the others: core/deadlines.py)
     smallest = sched.pending.smallest_request()
     if sched.state.free_total + sched.state.shared_room_total < smallest - 1e-9:
         return True

@@ -45,10 +45,14 @@ class Policy:
     leaf_patience: bool = True  # a gang waits for one leaf switch (placement.leaf_patience)
     # single-node jobs go where the expected fragmentation grows least (FGD, core.fragmentation)
     fragmentation: bool = False
+    # jobs with a deadline (core/deadlines.py): "urgency" (urgent jobs go first in their tier,
+    # may reclaim their guarantee; deadlines.on_miss applies), "slurm" (Slurm's --deadline: a
+    # pending job is cancelled once it can no longer end in time), "ignore" (misses reported)
+    deadlines: str = "ignore"
 
 
 POLICIES = {
-    "gpusched": Policy("gpusched", fragmentation=True),
+    "gpusched": Policy("gpusched", fragmentation=True, deadlines="urgency"),
     "fifo": Policy(
         "fifo",
         order="arrival",
@@ -76,6 +80,7 @@ POLICIES = {
         backfill=True,
         topology=True,
         leaf_patience=False,  # Slurm's --switches is unset by default: gangs do not wait
+        deadlines="slurm",
     ),
 }
 

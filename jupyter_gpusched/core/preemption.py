@@ -3,7 +3,8 @@
 Who may be pre-empted for a job ``J`` that cannot otherwise start:
 - never a tier-1 job, never a job inside its minimum run time, never one already signalled,
   never a fractional job (fractional jobs neither pre-empt nor are pre-empted);
-- a tier-3 job, by any tier-1 or tier-2 job;
+- a tier-3 job, by any tier-1 or tier-2 job, and (to reclaim its queue's guarantee) by an urgent
+  tier-3 job with a deadline, unless it has a deadline itself (:mod:`.deadlines`);
 - a tier-2 job, only when ``J`` reclaims: ``J``'s queue is under its guarantee
   (:func:`~jupyter_gpusched.core.admission.under_guarantee`), the victim's queue is not ``J``'s,
   and taking the victim never brings the victim's queue (or an ancestor that is not also
@@ -55,6 +56,7 @@ def find_victims(
     reclaim: bool,
     limit_node: Queue | None,
     one_leaf: bool = False,
+    urgent: bool = False,
 ) -> tuple[Placement, list[Job]] | None:
     """The victims to pre-empt so that ``job`` can start, and where it will run; or None.
 
@@ -76,8 +78,8 @@ def find_victims(
             return False
         if victim.tier == 2 and not (reclaim and _other_queue(ctx.tree, victim, chain)):
             return False
-        if victim.tier == 3 and job.tier == 3:
-            return False
+        if victim.tier == 3 and job.tier == 3 and (not urgent or victim.deadline is not None):
+            return False  # tier 3 gives way to tier 3 only for an urgent deadline, never in turns
         return limit_node is None or _under(ctx.tree.get(victim.queue), limit_node)
 
     def cost(victim: Job) -> tuple:

@@ -27,9 +27,11 @@ class PriorityKeys:
         self.factors: dict[str, float] = {}  # queue path -> fair-share factor
         self.computed_at = -math.inf  # when the factors (and the cached keys) were computed
         self._keys: dict[str, tuple] = {}
+        # urgent jobs (core/deadlines.py) -> their latest start: ahead of their tier's others
+        self.urgent: dict[str, float] = {}
 
     def __deepcopy__(self, memo):  # (core/copying.py: factors are numbers, keys tuples)
-        return copy_parts(self, memo, flat=("factors", "_keys"))
+        return copy_parts(self, memo, flat=("factors", "_keys", "urgent"))
 
     def refresh(self, now: float, half_life: float) -> bool:
         """Recompute the factors if they are due; True when they were (the keys changed)."""
@@ -47,6 +49,18 @@ class PriorityKeys:
     def forget(self, job_id: str) -> None:
         """The job's priority changed, or it is gone."""
         self._keys.pop(job_id, None)
+
+    def make_urgent(self, job_id: str, latest_start: float) -> None:
+        """The job's deadline is near (core/deadlines.py): under the ``priority`` order it goes
+        ahead of its tier's jobs that are not urgent, least slack (``latest_start``) first. The
+        caller refreshes the pending queue's heads."""
+        self.urgent[job_id] = latest_start
+        self._keys.pop(job_id, None)
+
+    def finished(self, job_id: str) -> None:
+        """The job has finished: nothing of it is kept."""
+        self._keys.pop(job_id, None)
+        self.urgent.pop(job_id, None)
 
     def key(self, job_id: str) -> tuple:
         key = self._keys.get(job_id)
@@ -69,5 +83,8 @@ class PriorityKeys:
             w = SLURM_WEIGHTS
             score = w["qos"] * (3 - job.tier) / 2 + w["fairshare"] * fair + w["age"] * age
             return (-job.priority, -score, job.submit_time, job.id)
+        latest = self.urgent.get(job.id)
+        if latest is not None:  # urgent: first in its tier (after an admin's override)
+            return (job.tier, -job.priority, 0, latest, 0.0, job.id)
         score = s.fair_share_weight * fair + s.age_weight * age
-        return (job.tier, -job.priority, -score, job.submit_time, job.id)
+        return (job.tier, -job.priority, 1, -score, job.submit_time, job.id)

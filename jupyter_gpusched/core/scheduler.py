@@ -27,12 +27,13 @@ from __future__ import annotations
 import math
 from functools import partial
 
-from . import reasons
+from . import deadlines, reasons
 from .admin import HELD, Admin
 from .admission import Capacity, rejection, validate
 from .agenda import Agenda
 from .claims import Holding, Preemptions, holdings
 from .cluster import Cluster
+from .deadlines import DeadlineWatch
 from .decisions import Start, Stop
 from .errors import ConfigError
 from .fragmentation import Fragmentation
@@ -72,8 +73,16 @@ class Scheduler:
         self.maintenance: dict[int, float] = {}  # node index -> when it is drained
         self.priorities = PriorityKeys(self.jobs, self.tree, self.settings, self.policy)
         self._key = self.priorities.key
+        urgency = self.policy.deadlines == "urgency" and self.policy.order == "priority"
         self.pending = PendingQueue(
-            self._key, self.policy.order != "arrival", node_gpus=cluster.max_node_gpus
+            self._key,
+            self.policy.order != "arrival",
+            node_gpus=cluster.max_node_gpus,
+            deadline_lists=urgency,
+        )
+        self.deadlines = DeadlineWatch(
+            self.policy.deadlines if urgency or self.policy.deadlines != "urgency" else "ignore",
+            self.settings.deadline_urgency,
         )
         self.pending_gpus_by_reason = {"capacity": 0, "placement": 0, "policy": 0}
         self.pending_gpus_by_class = {} if tally_by_class else None  # by (tier, queue, kind)
@@ -113,6 +122,7 @@ class Scheduler:
             self.agenda,
             set_reason=self._set_reason,
             patient=self._patient,
+            priorities=self.priorities,
         )
         self._claims = self.preemptions.claims  # the same dict: events and passes read it
         self.admin = Admin(
@@ -158,6 +168,8 @@ class Scheduler:
         if self.state.fgd is not None and job.gpus:
             self.state.fgd.workload.observe(job)
         job.state, job.pending_since = JobState.PENDING, now
+        if job.deadline is not None:
+            deadlines.watch(self, job, now)
         if job.held:  # submitted on hold
             self._set_reason(job, HELD)
             return job
@@ -165,16 +177,17 @@ class Scheduler:
         self.agenda.new.append(job.id)
         return job
 
-    def cancel(self, job_id: str, now: float) -> Job:
+    def cancel(self, job_id: str, now: float, why: str = "cancelled") -> Job:
         job = self.jobs[job_id]
         if job.state == JobState.PENDING:
             self.preemptions.drop(job)
             self._leave_pending(job)
             job.state, job.end_time, job.held = JobState.CANCELLED, now, False
+            self.priorities.finished(job_id)
             self.agenda.freed = True  # it may have held the reservation or claimed GPUs
         elif job.state == JobState.RUNNING and job_id not in self._stopping:
             self._stopping.add(job_id)
-            self.agenda.decisions.append(Stop(job_id, "cancelled"))
+            self.agenda.decisions.append(Stop(job_id, why))
         return job
 
     def job_ended(
@@ -208,6 +221,8 @@ class Scheduler:
             job.state = JobState.PREEMPTED
         else:
             job.state = JobState.COMPLETED if outcome == "completed" else JobState.FAILED
+        if job.state.finished:
+            self.priorities.finished(job_id)
         if outcome != "refused":
             job.refusals = 0
         if claim_owner is not None:
@@ -256,6 +271,8 @@ class Scheduler:
                     self.pending.add(job, self._walltime(job))
                     self.agenda.new.append(job.id)
                 self.agenda.wake_at(later)
+            if self.deadlines.events:
+                deadlines.act(self, now)
         if self.agenda.freed or self.agenda.new:
             full, new = self.agenda.freed, self.agenda.new
             self.agenda.freed, self.agenda.new = False, []

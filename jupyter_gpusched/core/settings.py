@@ -32,6 +32,10 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
                                    # fragmentation grows least (FGD); false: best fit
       workload_half_life: 2000     # FGD's histogram of job shapes: a job's weight halves
                                    # after this many later submissions
+    deadlines:                     # jobs with a deadline (core/deadlines.py)
+      urgency: 1.0                 # urgent once its slack is at most this x its run time:
+                                   # then ahead of its tier's other jobs, least slack first
+      on_miss: keep                # unfinished at its deadline: keep (report it) or cancel
     launch:
       retry_delay: 30s             # a placement the launcher refused (e.g. Slurm) is retried
       max_retry_delay: 15m         # after this, doubled at each refusal up to the maximum
@@ -85,6 +89,8 @@ class PolicySettings:
     launch_retry_delay: float = 30.0
     launch_max_retry_delay: float = 900.0
     launch_max_refusals: int = 5
+    deadline_urgency: float = 1.0
+    deadline_on_miss: str = "keep"  # keep | cancel
     reaper: dict = field(default_factory=dict)
 
     def default_walltime(self, kind: str) -> float:
@@ -151,6 +157,10 @@ class PolicySettings:
         if not isinstance(fragmentation, bool):
             reader.fail(f"must be true or false, got {fragmentation!r}", "placement.fragmentation")
         launch = reader.section("launch", {"retry_delay", "max_retry_delay", "max_refusals"})
+        deadlines = reader.section("deadlines", {"urgency", "on_miss"})
+        on_miss = deadlines.get("on_miss", "keep")
+        if on_miss not in ("keep", "cancel"):
+            reader.fail(f"must be keep or cancel, got {on_miss!r}", "deadlines.on_miss")
         signal_name = str(data.get("preemption_signal", defaults.preemption_signal)).upper()
         if not signal_name.startswith("SIG"):
             signal_name = "SIG" + signal_name
@@ -171,6 +181,7 @@ class PolicySettings:
             "backfill",
             "placement",
             "launch",
+            "deadlines",
             "reaper",
         }
         if unknown:
@@ -200,6 +211,8 @@ class PolicySettings:
             launch_retry_delay=reader.duration(launch, "retry_delay", 30.0, "launch"),
             launch_max_retry_delay=reader.duration(launch, "max_retry_delay", 900.0, "launch"),
             launch_max_refusals=int(reader.number(launch, "max_refusals", 5, "launch")),
+            deadline_urgency=reader.number(deadlines, "urgency", 1.0, "deadlines"),
+            deadline_on_miss=on_miss,
             reaper=dict(reaper),
         )
         if settings.fair_share_half_life <= 0:

@@ -100,6 +100,22 @@ def write_jobs_csv(results: list[ReplayResult], path, first_rows=()) -> None:
             writer.writerows(job_rows(result))
 
 
+def deadline_figures(outcomes) -> dict:
+    """The deadline figures of the jobs with a deadline that were not rejected, given as
+    ``(deadline, end time or None, completed, cancelled for its deadline)``: how many,
+    the fraction that completed by their deadline, how late the late ones ended (mean, p95;
+    those cancelled for their deadline are missed but not late), and how many were cancelled."""
+    outcomes = list(outcomes)
+    met = sum(1 for deadline, end, done, _ in outcomes if done and end <= deadline + 1e-9)
+    late = [end - deadline for deadline, end, _, gone in outcomes if end and end > deadline + 1e-9]
+    return {
+        "deadline_jobs": len(outcomes),
+        "deadline_met_fraction": round(met / len(outcomes), 4) if outcomes else None,
+        "deadline_miss_s": summary(late, ("mean", "p95")),
+        "deadline_cancelled": sum(1 for *_, gone in outcomes if gone),
+    }
+
+
 def metrics(result: ReplayResult) -> dict:
     scheduler = result.scheduler
     jobs = [result.job(t.id) for t in result.trace]
@@ -147,6 +163,16 @@ def metrics(result: ReplayResult) -> dict:
         "wait_gpu_hours_by_reason": {
             family: round(value / 3600, 3) for family, value in result.wait_gpu_s_by_reason.items()
         },
+        **deadline_figures(
+            (
+                j.deadline,
+                j.end_time,
+                j.state == JobState.COMPLETED,
+                j.state == JobState.CANCELLED and j.deadline_missed,
+            )
+            for j in jobs
+            if j.deadline is not None and j.state != JobState.REJECTED
+        ),
         "sim_wall_s": round(wall, 3),
         "jobs_per_s": round(len(jobs) / wall, 1) if wall else 0.0,
     }
@@ -171,6 +197,8 @@ TABLE_ROWS = (
     ("waited on capacity (GPU-h)", ("wait_gpu_hours_by_reason", "capacity")),
     ("waited on placement (GPU-h)", ("wait_gpu_hours_by_reason", "placement")),
     ("waited on policy (GPU-h)", ("wait_gpu_hours_by_reason", "policy")),
+    ("deadlines met", ("deadline_met_fraction",)),
+    ("deadline miss mean (s)", ("deadline_miss_s", "mean")),
     ("replay wall time (s)", ("sim_wall_s",)),
 )
 
@@ -179,7 +207,10 @@ def comparison_table(all_metrics: dict[str, dict]) -> str:
     """A plain-text table: one row per figure, one column per policy (None: ``n/a``)."""
     names = list(all_metrics)
     rows = [["", *names]]
+    with_deadlines = any(m.get("deadline_jobs") for m in all_metrics.values())
     for label, path, *scale in TABLE_ROWS:
+        if path[0].startswith("deadline") and not with_deadlines:
+            continue  # a trace without deadlines: no such rows
         row = [label]
         for name in names:
             value = all_metrics[name]

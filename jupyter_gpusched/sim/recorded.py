@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .metrics import JOB_COLUMNS, _number, summary
+from .metrics import JOB_COLUMNS, _number, deadline_figures, summary
 from .trace import TraceJob
 
 NAME = "recorded"  # the column's name beside the policies
@@ -113,6 +113,11 @@ def recorded_metrics(trace: list[TraceJob], cluster_gpus: int) -> dict:
         "gang_jobs": None,
         "gang_single_leaf_fraction": None,
         "wait_gpu_hours_by_reason": dict.fromkeys(("capacity", "placement", "policy")),
+        **deadline_figures(
+            (job.deadline, job.recorded and job.recorded.end_time, completed(job), False)
+            for job in trace
+            if job.deadline is not None
+        ),
         "sim_wall_s": None,
         "jobs_per_s": None,
     }

@@ -183,3 +183,18 @@ async def test_a_pending_job_that_misses_is_cancelled_under_on_miss_cancel(servi
     row = service.live.store.get_job(view["id"])
     assert (row["state"], bool(row["deadline_missed"])) == ("cancelled", True)
     assert view["id"] not in service.live.engine.jobs  # forgotten, as a cancelled job is
+
+
+async def test_a_running_job_that_misses_is_stopped_under_on_miss_cancel(service_factory):
+    service = await service_factory(policy={"deadlines": {"on_miss": "cancel"}})
+    alice = service.client("alice")
+    job = await submit(alice, h100(1, walltime=1, deadline=3))  # planned as 1 s; runs a minute
+    assert job["state"] == "running", job
+    view = await wait_job(alice, job["id"], "cancelled")
+    assert view["deadline_missed"] is True, view
+    assert view["message"].startswith("cancelled: its deadline "), view
+    assert "passed while it ran" in view["message"], view
+    [event] = await _miss_events(service, job["id"])
+    assert event["data"]["action"] == "cancelled" and "stopping it" in event["message"], event
+    _, text = await alice.get("metrics")
+    assert 'gpusched_deadline_misses_total{action="cancelled"} 1.0' in text

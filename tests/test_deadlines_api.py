@@ -14,7 +14,7 @@ import time
 from datetime import datetime, timezone
 
 import pytest
-from service_helpers import services, wait_job, wait_until
+from service_helpers import services, start_service, wait_job, wait_until
 from test_estimate_api import everything
 from test_service_api import fill_h100, h100, submit
 
@@ -198,3 +198,23 @@ async def test_a_running_job_that_misses_is_stopped_under_on_miss_cancel(service
     assert event["data"]["action"] == "cancelled" and "stopping it" in event["message"], event
     _, text = await alice.get("metrics")
     assert 'gpusched_deadline_misses_total{action="cancelled"} 1.0' in text
+
+
+async def test_a_miss_is_reported_once_across_a_restart(tmp_path):
+    """The flag is stored: the restarted engine, whose deadline has passed, says nothing more."""
+    service = await start_service(tmp_path)
+    try:
+        view = await _missed(service, service.client("alice"))
+    finally:
+        await service.stop()  # (its jobs' processes are killed: the restart finds them gone)
+    again = await start_service(tmp_path)
+    try:
+        alice = again.client("alice")
+        # it starts once the restart has ended the jobs ahead of it: passes have run since
+        started = await wait_job(alice, view["id"], "running")
+        assert started["deadline_missed"] is True, started
+        assert len(await _miss_events(again, view["id"])) == 1
+        _, text = await alice.get("metrics")
+        assert 'gpusched_deadline_misses_total{action="kept"} 0.0' in text
+    finally:
+        await again.stop()

@@ -152,6 +152,10 @@ policy_settings = st.fixed_dictionaries(
         "minrun3": st.sampled_from([0.0, 0.0, 120.0]),
         "backfill_depth": st.sampled_from([200, 200, 1, 2]),
         "recalc": st.sampled_from([300.0, 0.0]),
+        # learned run-time estimates (core/runtime_estimates.py): after one completed run of a
+        # shape, jobs of that shape are planned with it (a job past its estimate ends "now")
+        "estimate": st.sampled_from(["missing", "always", "never"]),
+        "estimate_min_samples": st.sampled_from([1, 1, 3]),
     }
 )
 
@@ -165,6 +169,9 @@ def build_settings(spec: dict) -> PolicySettings:
         },
         backfill_depth=spec["backfill_depth"],
         fair_share_recalc_interval=spec["recalc"],
+        estimate=spec.get("estimate", "never"),  # (the pinned scenarios predate estimates)
+        estimate_min_samples=spec.get("estimate_min_samples", 3),
+        estimate_margin=1.0,  # estimates often too short: overruns in play
     )
 
 
@@ -293,6 +300,7 @@ class Harness:
         self.sched = Scheduler(self.cluster, tree, self.settings, policy)
         self.leaves = leaves_of(queues)
         self.check = check
+        self.plans: dict[str, float] = {}  # job id -> its planned run time when first seen
         self.now = 0.0
         self.seq = 0
         self.events: list[tuple] = []  # (time, kind, seq, job_id, run)
@@ -514,6 +522,16 @@ class Harness:
     def check_state(self) -> None:
         sched, state, cluster = self.sched, self.sched.state, self.cluster
         jobs = sched.jobs
+
+        # a job's planned run time (walltime, default or learned estimate) is frozen at its
+        # submission: the pending queue and the ledger find it by (planned run time, id)
+        for job_id, job in jobs.items():
+            if job.state.finished:
+                continue
+            planned = self.plans.setdefault(job_id, job.planned_run_time)
+            assert job.planned_run_time == planned, (job_id, planned, job.planned_run_time)
+            if job.walltime and job.planned_run_time is not None:
+                assert job.planned_run_time <= job.walltime  # a walltime is the limit
 
         # -- invariant 1: no GPU held twice (fractions of a shared GPU sum to <= 1, and no
         # whole-GPU holder shares it); free_mask is the complement; CPUs/memory within the node

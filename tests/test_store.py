@@ -413,3 +413,39 @@ def test_commits_survive_kill_9(sqlite_url):
         assert [j["number"] for j in store.jobs()] == list(range(1, 101))
         assert len(store.events(kind="submitted")) == 100
         assert store.next_number() == 101
+
+
+# -- run-time estimates ----------------------------------------------------------------------
+
+
+def test_a_restarted_engine_plans_with_estimates_learned_from_the_stored_history(store):
+    """recovery.fit_run_times: the last completed jobs, from the real store, fit the engine's
+    run-time estimates before anything is queued (core/runtime_estimates.py)."""
+    from helpers import cluster
+    from helpers import job as engine_job
+
+    from jupyter_gpusched.core import PolicySettings, Scheduler
+    from jupyter_gpusched.service.recovery import fit_run_times
+
+    times = {1: 100.0, 2: 200.0, 3: 300.0}
+    for number, ran in times.items():  # alice's "train" runs, completed
+        store.add_job(
+            job(number, name="train", state="completed", start_time=T0, end_time=T0 + ran)
+        )
+    store.add_job(job(4, name="train", state="failed", start_time=T0, end_time=T0 + 9999))
+    store.add_job(job(5, name="train", state="running", start_time=T0))
+    store.add_job(  # resumed after a pre-emption: its last run is not the whole job's
+        job(6, name="train", state="completed", start_time=T0, end_time=T0 + 5, preemptions=1)
+    )
+    assert [r["end_time"] - r["start_time"] for r in store.completed_runs(10)] == [100, 200, 300]
+    assert len(store.completed_runs(2)) == 2  # bounded: the last ones
+
+    settings = PolicySettings.from_dict({"walltime": {"estimate": "missing"}})
+    engine = Scheduler(cluster(("n1", 8, "leaf")), settings=settings)
+    assert fit_run_times(engine, store) == 3
+    first = store.get_job("j-000001")
+    submitted = engine_job("new", first["gpus"], user="alice")  # (this engine has no queues)
+    submitted.run_name = "train"
+    engine.submit(submitted, T0 + 1000)
+    # p90 of 100, 200, 300 (280) x 1.2
+    assert submitted.estimated and submitted.planned_run_time == pytest.approx(336.0)

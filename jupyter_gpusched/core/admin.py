@@ -128,7 +128,7 @@ class Admin:
         """Nodes whose maintenance begins before ``job`` would end if it started now."""
         if not self.maintenance:
             return frozenset()
-        end = now + self._walltime(job)
+        end = now + (job.walltime or self._walltime(job))  # a walltime is a limit: kept to
         return frozenset(i for i, start in self.maintenance.items() if end > start)
 
     def restore(self, job: Job, placement: Placement, now: float) -> Job:

@@ -87,6 +87,12 @@ class Job:
     reject_reason: str | None = None
     reject_field: str | None = None  # the request field the rejection is about
     deadline_missed: bool = False  # it was still unfinished at its deadline (core/deadlines.py)
+    # what matches it with similar earlier runs (its name, notebook or command; None: unknown),
+    # and the run time the engine plans it with, frozen at submission: its walltime, the
+    # default, or a learned estimate (``estimated``; core/runtime_estimates.py)
+    run_name: str | None = None
+    planned_run_time: float | None = None
+    estimated: bool = False
 
     @classmethod
     def from_spec(cls, spec: JobSpec, id: str, submit_time: float) -> Job:

@@ -47,6 +47,7 @@ from .priority import PriorityKeys
 from .quotas import QueueTree
 from .reservation import Reservation
 from .retries import LaunchRetries
+from .runtime_estimates import RuntimeEstimates
 from .settings import PolicySettings
 from .state import ClusterState, Placement
 from .workload import Workload
@@ -89,7 +90,8 @@ class Scheduler:
         # the bookkeeping steps the collaborators are given too: none holds the scheduler (no
         # reference cycle: a scheduler let go of is freed at once, with all its jobs)
         self._set_reason = reason_setter(self.pending_gpus_by_reason, self.pending_gpus_by_class)
-        self._walltime = self.settings.walltime
+        self.runtime_estimates = RuntimeEstimates.from_settings(self.settings)
+        self._walltime = partial(self.runtime_estimates.frozen_plan, self.settings)
         self.reservation: Reservation | None = None
         # a deep pass leaves out the lists behind the reservation that cannot start (see
         # .left_out); False: it examines every job, the reference the tests compare with
@@ -165,6 +167,7 @@ class Scheduler:
             return job
         if self.policy.quotas:
             job.queue = self.tree.get(job.queue).path
+        self._walltime(job)  # its planned run time, frozen now (runtime_estimates.frozen_plan)
         if self.state.fgd is not None and job.gpus:
             self.state.fgd.workload.observe(job)
         job.state, job.pending_since = JobState.PENDING, now
@@ -199,6 +202,8 @@ class Scheduler:
         if job_id not in self.running:
             return  # already ended (e.g. by a node going down): nothing to do
         job = self.running.pop(job_id)
+        if outcome == "completed" and job_id not in self._stopping:
+            self.runtime_estimates.completed(job, now)
         self.ledger.ended(job, self.state.release(job_id), self._estimated_end(job))
         self._account(job, -1, now)
         job.end_time = now
@@ -401,7 +406,8 @@ class Scheduler:
         return job.start_time + self._walltime(job)
 
     def planned_run_time(self, job: Job) -> float:
-        """How long the engine plans ``job`` to run: its walltime, else the policy default."""
+        """How long the engine plans ``job`` to run: its walltime, the policy default or a
+        learned estimate (:mod:`.runtime_estimates`)."""
         return self._walltime(job)
 
     def next_wakeup(self) -> float | None:

@@ -18,7 +18,15 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
       max_age: 7d                  # ... until a job has waited this long
     walltime:                      # used when a job gives no walltime estimate
       batch: 24h
-      notebook: 12h                # a notebook's maximum lifetime
+      notebook: 12h                # what a notebook without a walltime is planned with
+      estimate: never              # learned run-time estimates (core/runtime_estimates.py):
+                                   # missing: plan jobs without a walltime with one; always:
+                                   # every job (never past its walltime); never: walltimes and
+                                   # the defaults above only (docs/engine.md: the figures)
+      estimate_quantile: 0.9       # the quantile of similar jobs' recent run times ...
+      estimate_margin: 1.2         # ... times this margin (>= 1)
+      estimate_history: 20         # run times kept per key (user, kind, GPUs, name ...)
+      estimate_min_samples: 3      # runs a key needs before it gives an estimate
     backfill:
       depth: 200                   # blocked jobs a deep pass examines for backfill (>= 1)
       interval: 30s                # deep passes (backfill, pre-emption) at most this often
@@ -80,6 +88,11 @@ class PolicySettings:
     max_age: float = 7 * 86400.0
     walltime_batch: float = 86400.0
     walltime_notebook: float = 12 * 3600.0
+    estimate: str = "never"  # learned run-time estimates: missing | always | never
+    estimate_quantile: float = 0.9
+    estimate_margin: float = 1.2
+    estimate_history: int = 20
+    estimate_min_samples: int = 3
     backfill_depth: int = 200
     backfill_interval: float = 30.0
     leaf_patience: float = 3 * 3600.0
@@ -147,7 +160,7 @@ class PolicySettings:
         checkpoint = reader.section("checkpoint", {"interval", "on_signal"})
         fair = reader.section("fair_share", {"half_life", "weight", "recalc_interval"})
         age = reader.section("age", {"weight", "max_age"})
-        walltime = reader.section("walltime", {"batch", "notebook"})
+        walltime = reader.section("walltime", {"batch", "notebook", *ESTIMATE_FIELDS})
         backfill = reader.section("backfill", {"depth", "interval"})
         placement = reader.section(
             "placement",
@@ -200,6 +213,7 @@ class PolicySettings:
             max_age=reader.duration(age, "max_age", 7 * 86400.0, "age"),
             walltime_batch=reader.duration(walltime, "batch", 86400.0, "walltime"),
             walltime_notebook=reader.duration(walltime, "notebook", 12 * 3600.0, "walltime"),
+            **_estimate_settings(reader, walltime, defaults),
             backfill_depth=int(reader.number(backfill, "depth", 200, "backfill")),
             backfill_interval=reader.duration(backfill, "interval", 30.0, "backfill"),
             leaf_patience=reader.duration(placement, "leaf_patience", 3 * 3600.0, "placement"),
@@ -233,6 +247,49 @@ class PolicySettings:
                 "backfill.depth",
             )
         return settings
+
+
+ESTIMATE_FIELDS = (
+    "estimate",
+    "estimate_quantile",
+    "estimate_margin",
+    "estimate_history",
+    "estimate_min_samples",
+)
+
+
+def _estimate_settings(reader: _Reader, section: dict, defaults: PolicySettings) -> dict:
+    """The ``walltime.estimate*`` fields (learned run-time estimates), checked."""
+    mode = section.get("estimate", defaults.estimate)
+    if mode is False:  # YAML 1.1 reads ``off`` and ``no`` as false
+        mode = "never"
+    if mode not in ("missing", "always", "never"):
+        reader.fail(f"must be missing, always or never, got {mode!r}", "walltime.estimate")
+    q = reader.number(section, "estimate_quantile", defaults.estimate_quantile, "walltime")
+    if not 0 < q <= 1:
+        reader.fail(f"must be above 0 and at most 1, got {q!r}", "walltime.estimate_quantile")
+    margin = reader.number(section, "estimate_margin", defaults.estimate_margin, "walltime")
+    if margin < 1:
+        reader.fail(f"must be at least 1, got {margin!r}", "walltime.estimate_margin")
+    counts = {}
+    for key, least in (("estimate_history", 1), ("estimate_min_samples", 1)):
+        value = reader.number(section, key, getattr(defaults, key), "walltime")
+        if value != int(value) or value < least:
+            reader.fail(
+                f"must be a whole number >= {least}, got {section[key]!r}", f"walltime.{key}"
+            )
+        counts[key] = int(value)
+    if counts["estimate_min_samples"] > counts["estimate_history"]:
+        reader.fail(
+            "must not exceed walltime.estimate_history (the run times kept)",
+            "walltime.estimate_min_samples",
+        )
+    return {
+        "estimate": mode,
+        "estimate_quantile": q,
+        "estimate_margin": margin,
+        **counts,
+    }
 
 
 def policy_error(data: dict, source: str, message: str, where: str) -> ConfigError:

@@ -14,6 +14,7 @@ from ..core import reasons
 from ..core.cluster import Cluster
 from ..core.jobs import Job, JobState, Reason
 from ..core.jobspec import FIELDS, JobSpec, SpecField
+from ..core.runtime_estimates import run_name
 from ..core.state import Part, Placement
 
 
@@ -134,6 +135,7 @@ def job_from_row(row: dict) -> tuple[Job, Extra]:
     job.runs = row.get("runs") or 0
     job.preemptions = row.get("preemptions") or 0
     job.deadline_missed = bool(row.get("deadline_missed"))  # NULL: a row from before deadlines
+    job.run_name = run_name(row.get("name"), row.get("notebook"), row.get("command"))
     extra = Extra(
         number=row["number"],
         **{f.name: value(f) for f in _EXTRA_FIELDS},

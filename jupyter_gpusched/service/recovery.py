@@ -13,7 +13,7 @@ import logging
 
 from ..backends.interface import Exit
 from ..core.errors import ConfigError
-from ..core.jobs import JobState
+from ..core.jobs import Job, JobState
 from ..core.quotas import QueueTree
 from ..core.recovery import (
     End,
@@ -23,6 +23,7 @@ from ..core.recovery import (
     interrupted_stop,
     waiting_since,
 )
+from ..core.runtime_estimates import run_name
 from .records import job_from_row, placement_from_rows
 
 log = logging.getLogger("jupyter_gpusched.service")
@@ -57,6 +58,7 @@ def recover(live) -> dict:
     engine.tree.seed_usage(
         ((q, g, s, now if e is None else e) for q, g, s, e in runs), now, half_life
     )
+    fit_run_times(engine, store)
     rows = store.unfinished_jobs()
     running = sorted((r for r in rows if r["state"] == "running"), key=lambda r: r["start_time"])
     for row in running:
@@ -123,6 +125,23 @@ def recover(live) -> dict:
         live.submissions.count_pending(job, +1)
         counts["pending"] += 1
     return counts
+
+
+HISTORY_RUNS = 10_000  # completed jobs the run-time estimates are fitted on at start-up
+
+
+def fit_run_times(engine, store, limit: int = HISTORY_RUNS) -> int:
+    """Fit the engine's run-time estimates (core/runtime_estimates.py) on the last ``limit``
+    completed jobs, oldest first, before any job is queued. Returns the runs observed."""
+    runs = store.completed_runs(limit)
+    for row in runs:
+        job = Job(
+            id="", gpus=row["gpus"], submit_time=0.0, queue=row["queue"] or "",
+            user=row["user"] or "", kind=row["kind"],
+            run_name=run_name(row["name"], row["notebook"], row["command"]),
+        )  # fmt: skip
+        engine.runtime_estimates.observe(job, row["end_time"] - row["start_time"])
+    return len(runs)
 
 
 def _latest_event(store, job_id: str) -> str | None:

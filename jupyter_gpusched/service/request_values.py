@@ -6,6 +6,7 @@ request's parser (service/requests.py) reads its fields with these.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import time
@@ -118,10 +119,8 @@ def read_deadline(value, now: float | None = None, latest: float = 2 * 365 * 86_
         if moment is not None:
             when = moment.timestamp()
     else:
-        try:
+        with contextlib.suppress(ValueError, TypeError, OverflowError):
             when = now + parse_duration(value)
-        except (ValueError, TypeError, OverflowError):
-            pass
     if not now < when <= now + latest:  # NaN too
         raise RequestError(f"{expected}; got {quote(value)}", "deadline")
     return when

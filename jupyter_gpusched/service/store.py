@@ -245,6 +245,21 @@ class Store:
         with self.engine.connect() as conn:
             return [tuple(row) for row in conn.execute(query).all()]
 
+    def completed_runs(self, limit: int) -> list[dict[str, Any]]:
+        """The last ``limit`` jobs that completed (by end time), oldest first, with what the
+        engine's run-time estimates learn from them (core/runtime_estimates.py)."""
+        j = jobs_table
+        columns = (j.c.user, j.c.queue, j.c.kind, j.c.gpus, j.c.name, j.c.notebook, j.c.command)
+        query = (
+            sa.select(*columns, j.c.start_time, j.c.end_time)
+            .where(j.c.state == "completed", j.c.preemptions == 0)
+            .where(j.c.start_time.is_not(None), j.c.end_time.is_not(None))
+            .order_by(j.c.end_time.desc(), j.c.number.desc())
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            return [dict(row) for row in conn.execute(query).mappings()][::-1]
+
     # -- usage ---------------------------------------------------------------------------------
 
     def usage(self, start: float, end: float, by: str = "queue") -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from ..core.arrays import ArraySpec
 from ..core.errors import ConfigError
 from ..core.estimate import Estimate, estimate
 from ..core.jobs import Job, JobState
+from ..core.runtime_estimates import run_name
 from ..core.submission import check_submission
 from ..core.wording import gpus_text
 from .deadlines import earliest_finish_or_refuse
@@ -144,6 +145,7 @@ class Submissions:
         pending limit, counting ``count`` jobs of this request)."""
         live = self.live
         job = Job.from_spec(filled, job_id_for(self.number), live.clock())
+        job.run_name = run_name(filled.name, filled.notebook, filled.command)
         refusal = check_submission(job, live.cluster, live.engine.tree, self.pending_of, count)
         if refusal is not None:
             raise RequestError(refusal.message, refusal.field, 429 if refusal.limit else 400)

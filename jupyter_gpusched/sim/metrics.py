@@ -173,8 +173,31 @@ def metrics(result: ReplayResult) -> dict:
             for j in jobs
             if j.deadline is not None and j.state != JobState.REJECTED
         ),
+        **estimate_metrics(result, jobs),
         "sim_wall_s": round(wall, 3),
         "jobs_per_s": round(len(jobs) / wall, 1) if wall else 0.0,
+    }
+
+
+def estimate_metrics(result: ReplayResult, jobs: list) -> dict:
+    """How learned run-time estimates (core/runtime_estimates.py) fared: the jobs planned
+    with one, the fraction of those whose real run time was longer (their reservation-time
+    ends were too early), and among the jobs that held the reservation at the end of a pass,
+    the fraction that first started later than the first such reservation's start."""
+    durations = {t.id: t.duration for t in result.trace}
+    estimated = [j for j in jobs if j.estimated]
+    short = sum(1 for j in estimated if durations[j.id] > j.planned_run_time)
+    reserved = result.first_reservation
+    late = sum(
+        1
+        for job_id, start in reserved.items()
+        if (first := result.job(job_id).first_start) is None or first > start + 1e-6
+    )
+    return {
+        "estimated_jobs": len(estimated),
+        "estimate_too_short_fraction": round(short / len(estimated), 4) if estimated else 0.0,
+        "reserved_jobs": len(reserved),
+        "reservations_too_short_fraction": round(late / len(reserved), 4) if reserved else 0.0,
     }
 
 
@@ -194,6 +217,9 @@ TABLE_ROWS = (
     ("pre-emptions", ("preemptions",)),
     ("lost GPU-hours", ("lost_gpu_hours",)),
     ("gangs in one leaf", ("gang_single_leaf_fraction",)),
+    ("jobs planned by estimate", ("estimated_jobs",)),
+    ("estimates too short", ("estimate_too_short_fraction",)),
+    ("reservations started late", ("reservations_too_short_fraction",)),
     ("waited on capacity (GPU-h)", ("wait_gpu_hours_by_reason", "capacity")),
     ("waited on placement (GPU-h)", ("wait_gpu_hours_by_reason", "placement")),
     ("waited on policy (GPU-h)", ("wait_gpu_hours_by_reason", "policy")),

@@ -118,6 +118,10 @@ def recorded_metrics(trace: list[TraceJob], cluster_gpus: int) -> dict:
             for job in trace
             if job.deadline is not None
         ),
+        "estimated_jobs": None,  # no engine planned these jobs
+        "estimate_too_short_fraction": None,
+        "reserved_jobs": None,
+        "reservations_too_short_fraction": None,
         "sim_wall_s": None,
         "jobs_per_s": None,
     }

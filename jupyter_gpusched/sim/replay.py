@@ -62,6 +62,8 @@ class ReplayResult:
     refused: dict[str, Job] = field(default_factory=dict)
     # wait_gpu_s_by_reason per job class (tier, queue, kind): only when replay(by_class=True)
     wait_gpu_s_by_class: dict[tuple, dict[str, float]] | None = None
+    # job id -> the start of the first reservation it held at the end of a pass
+    first_reservation: dict[str, float] = field(default_factory=dict)
 
     def job(self, job_id: str) -> Job:
         """The engine's job, or the refused one."""
@@ -106,6 +108,7 @@ def replay(
     queue_usage: dict[str, list] = {q.path: [] for q in queues_tracked}
     next_sample = now
     refused: dict[str, Job] = {}
+    first_reservation: dict[str, float] = {}
 
     def pending_of(user: str) -> int:  # only asked for users with a pending_jobs limit
         return sum(
@@ -181,6 +184,9 @@ def replay(
                 record = records[decision.job_id]
                 heapq.heappush(heap, (now, END, seq, decision.job_id, record.run))
             seq += 1
+        held = scheduler.reservation
+        if held is not None and held.start is not None and held.job_id not in first_reservation:
+            first_reservation[held.job_id] = held.start
         by_reason = scheduler.pending_gpus_by_reason
         point = (allocated, by_reason["capacity"], by_reason["placement"], by_reason["policy"])
         if not timeline or timeline[-1][1:] != point:
@@ -212,6 +218,7 @@ def replay(
         queue_usage=queue_usage,
         refused=refused,
         wait_gpu_s_by_class=waits_by_class,
+        first_reservation=first_reservation,
     )
 
 

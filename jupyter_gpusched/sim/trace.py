@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -281,3 +282,24 @@ def with_walltimes(trace: list[TraceJob], factor: float | None) -> list[TraceJob
         t if t.walltime is not None else dataclasses.replace(t, walltime=t.duration * factor)
         for t in trace
     ]
+
+
+def with_deadlines(
+    trace: list[TraceJob], percent: float, slack: tuple[float, float] = (1.5, 4.0)
+) -> list[TraceJob]:
+    """A deadline model for traces without deadlines (benchmarks, what-ifs): ``percent`` of the
+    jobs (chosen by a hash of the job id, so the same ones under every policy and run) must
+    finish within ``s`` x their walltime (their run time where they give none) of their
+    submission, ``s`` spread evenly over ``slack`` by the same hash. Jobs that have a deadline
+    keep theirs."""
+    low, high = slack
+    out = []
+    for job in trace:
+        bucket = int.from_bytes(hashlib.sha256(job.id.encode()).digest()[:4], "big")
+        if job.deadline is not None or bucket % 10_000 >= percent * 100:
+            out.append(job)
+            continue
+        factor = low + (high - low) * ((bucket >> 16) % 1000) / 999
+        planned = job.walltime if job.walltime is not None else job.duration
+        out.append(dataclasses.replace(job, deadline=job.submit_time + factor * planned))
+    return out

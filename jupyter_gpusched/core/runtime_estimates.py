@@ -1,0 +1,162 @@
+"""Learned run-time estimates: how long a job will run, from how long similar jobs ran.
+
+Users rarely give a walltime, and those they give are limits rounded up (a run against real
+Slurm found minute-rounded walltimes 4.4x the real run time on average). The engine plans with
+a job's run time in three places: the reservation's start (when running jobs end), backfill's
+"ends before the reservation" test, and maintenance windows. A planned run time far too long
+keeps GPUs idle in front of a reservation that small jobs could have used.
+
+:class:`RuntimeEstimates` is a small deterministic model, fitted on the runs that completed
+(the live service also feeds it its stored history at start-up; a replay, the trace's earlier
+jobs as they end). A job is matched with earlier runs by keys, most specific first:
+
+1. (user, kind, GPUs, name), where the job's name (else its notebook, else its command) is known;
+2. (user, kind, GPUs);
+3. (queue, kind, GPUs).
+
+The first key with at least ``min_samples`` runs gives the estimate: the ``quantile`` (linear
+between closest ranks) of its last ``history`` run times, times ``margin``. No key with enough
+runs: no estimate. Memory is bounded: ``history`` run times per key, at most ``max_keys`` keys
+(the one observed least recently goes first).
+
+:meth:`RuntimeEstimates.planned` is what the scheduler freezes on a job at submission
+(``Job.planned_run_time``), per the policy file's ``walltime.estimate``:
+
+- ``missing``: jobs without a walltime are planned with the estimate (else the default walltime);
+  a user's walltime is kept as it is;
+- ``always``: every job with an estimate is planned with it, never longer than its walltime;
+- ``never``: walltimes and defaults only, as before estimates existed.
+
+A walltime stays the limit the user set; an estimate only plans: nothing stops a job at it. A
+running job past its planned end is taken by :func:`.reservation.reserve` to end now, so the
+reservation is recomputed, later, at each pass. The plan is frozen at submission, so a job's own
+run never feeds its own estimate, and the pending queue and the ledger, which find a job by
+(planned run time, id), find it until it ends.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+MODES = ("missing", "always", "never")
+MAX_NAME = 200  # characters of a name (or command) kept in a key
+MAX_KEYS = 20_000  # keys kept (each holds at most ``history`` run times)
+
+
+def run_name(name: str | None, notebook: str | None, command: str | None) -> str | None:
+    """What names a run for matching with earlier runs: its name, else notebook, else command."""
+    text = name or notebook or command
+    return text[:MAX_NAME] if text else None
+
+
+def quantile(ordered: tuple[float, ...] | list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of sorted ``ordered``, linear between closest ranks."""
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+class RuntimeEstimates:
+    def __init__(
+        self,
+        quantile: float = 0.9,
+        margin: float = 1.2,
+        history: int = 20,
+        min_samples: int = 3,
+        max_keys: int = MAX_KEYS,
+    ):
+        self.quantile, self.margin = quantile, margin
+        self.history, self.min_samples, self.max_keys = history, min_samples, max_keys
+        # key -> (its last run times, oldest first; the estimate they give, or None). Values
+        # are tuples, replaced on each observation: a copy of the dict is a whole copy
+        self._by_key: OrderedDict[tuple, tuple[tuple[float, ...], float | None]] = OrderedDict()
+        self.observed = 0  # runs observed in all
+
+    @classmethod
+    def from_settings(cls, settings) -> RuntimeEstimates:
+        return cls(
+            settings.estimate_quantile,
+            settings.estimate_margin,
+            settings.estimate_history,
+            settings.estimate_min_samples,
+        )
+
+    def __deepcopy__(self, memo):  # (core/estimate.py's snapshot: values are immutable)
+        new = object.__new__(RuntimeEstimates)
+        memo[id(self)] = new
+        new.__dict__.update(self.__dict__)
+        new._by_key = OrderedDict(self._by_key)
+        return new
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    @staticmethod
+    def keys(job) -> list[tuple]:
+        """The keys ``job`` is matched by, most specific first."""
+        keys = []
+        if job.run_name is not None:
+            keys.append(("user", job.user, job.kind, job.gpus, job.run_name))
+        keys.append(("user", job.user, job.kind, job.gpus))
+        keys.append(("queue", job.queue, job.kind, job.gpus))
+        return keys
+
+    def observe(self, job, run_time: float) -> None:
+        """``job`` completed a run of ``run_time`` seconds."""
+        run_time = max(float(run_time), 0.0)
+        self.observed += 1
+        by_key = self._by_key
+        for key in self.keys(job):
+            found = by_key.pop(key, None)  # (re-inserted last: the most recently observed)
+            runs = (found[0] if found else ()) + (run_time,)
+            if len(runs) > self.history:
+                runs = runs[-self.history :]
+            value = None
+            if len(runs) >= self.min_samples:
+                value = quantile(sorted(runs), self.quantile) * self.margin
+            by_key[key] = (runs, value)
+        while len(by_key) > self.max_keys:
+            by_key.popitem(last=False)
+
+    def estimate(self, job) -> float | None:
+        """The run time ``job`` is expected to stay within, or None without enough history."""
+        by_key = self._by_key
+        for key in self.keys(job):
+            found = by_key.get(key)
+            if found is not None and found[1] is not None:
+                return found[1]
+        return None
+
+    def completed(self, job, now: float) -> None:
+        """``job``'s run completed at ``now``: observed unless an earlier run of it was
+        pre-empted (this run then resumed part of the work)."""
+        if not job.preemptions:
+            self.observe(job, now - job.start_time)
+
+    def runs(self, key: tuple) -> tuple[float, ...]:
+        """The run times kept for ``key`` (oldest first)."""
+        found = self._by_key.get(key)
+        return found[0] if found else ()
+
+    def planned(self, job, settings) -> tuple[float, bool]:
+        """What the engine plans ``job`` to run, and whether that is an estimate: see the
+        module's text for the modes (``settings.estimate``)."""
+        mode = settings.estimate
+        if mode == "never" or (mode == "missing" and job.walltime):
+            return settings.walltime(job), False
+        estimate = self.estimate(job)
+        if estimate is None:
+            return settings.walltime(job), False
+        if job.walltime and job.walltime <= estimate:
+            return job.walltime, False  # the limit is shorter: it stands
+        return estimate, True
+
+    def frozen_plan(self, settings, job) -> float:
+        """The run time the engine plans ``job`` with (:meth:`planned`), frozen on the job at the
+        first ask (the scheduler asks at submission) and the same from then until it ends."""
+        planned = job.planned_run_time
+        if planned is None:
+            planned, job.estimated = self.planned(job, settings)
+            job.planned_run_time = planned
+        return planned

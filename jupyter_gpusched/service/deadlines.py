@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import datetime, timezone
 
@@ -48,8 +49,11 @@ def earliest_finish_or_refuse(engine, job: Job) -> float | None:
         raise RequestError(exc.message, exc.field) from None
     if finish is None or finish <= job.deadline:
         return finish
-    run_time = engine.planned_run_time(job)
-    if job.walltime:
+    trial = dataclasses.replace(job, labels=dict(job.labels))  # (the engine freezes its plan)
+    run_time = engine.planned_run_time(trial)
+    if trial.estimated:  # a learned estimate (core/runtime_estimates.py)
+        planned = f"a run time of {describe_duration(run_time)} estimated from runs like it"
+    elif job.walltime:
         planned = describe_duration(run_time)
         planned = f"walltime {planned} (give a shorter walltime if it runs less)"
     else:

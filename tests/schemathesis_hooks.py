@@ -15,6 +15,8 @@
   refuses what a submission would) the document says JSON Schema cannot describe
   (``service/openapi.py``): a job must fit this cluster and name one of its queues and GPU
   models, ``gpus_per_node`` must divide ``gpus``, ``cwd`` must be a directory the user may enter,
+  a ``deadline`` must be after now (a time, or a duration that is not ~0) and one the engine can
+  meet (service/deadlines.py),
   a queue document must keep the queues, and ``since`` must be before ``until`` (for
   ``api/history``, at most 31 days before it; for ``api/export``, 366, and its ``queue`` one of
   the service's). Only those operations, only a 400 naming those
@@ -51,6 +53,8 @@ STATE_DEPENDENT = {
         "cwd": "^the working directory .* does not exist or .* may not enter it",
         # an array's ranges upwards, its size and %MAX_RUNNING within bounds (core/arrays.py)
         "array": "must go upwards|must be at least 1|elements$|indices go up to",
+        # after now (the clock's), and one the engine can meet (its queue, its walltime)
+        "deadline": "^'deadline' must be a time with its zone .*later than now|cannot be met: ",
     },
     # a queue document must keep the queues; limits at least the guarantees, guarantees within
     # the cluster, the default queue one of them

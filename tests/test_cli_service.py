@@ -20,7 +20,7 @@ import pytest
 from service_helpers import TOKENS, services, wait_job, wait_until
 
 from jupyter_gpusched.cli.jobs import estimate_text
-from jupyter_gpusched.cli.service import TABLE_WIDTH, table
+from jupyter_gpusched.cli.service import TABLE_WIDTH, table, when
 
 COMMAND = str(Path(sys.executable).parent / "jupyter-gpusched")
 
@@ -245,6 +245,42 @@ async def test_estimate_asks_the_service_and_queues_nothing(service):
     rc, _, err = await cli(env, "estimate", "--gpus", "99")
     assert rc == 2
     assert service.app.store.jobs() == []
+
+
+async def test_deadlines_are_submitted_listed_and_refused_with_the_earliest_finish(service):
+    env = server_env(service, "alice")
+    argv = ("submit", "--json", "--walltime", "1h", "--deadline", "6h", "sleep", "60")
+    rc, out, err = await cli(env, *argv)
+    assert rc == 0, err
+    job = json.loads(out)
+    assert job["deadline"] > job["submit_time"] + 6 * 3600 - 1 and not job["deadline_missed"]
+    rc, out, _ = await cli(env, "jobs")
+    header, row = out.splitlines()[0].split(), out.splitlines()[1]
+    assert header[header.index("STATE") + 1] == "DEADLINE"
+    assert row.startswith(job["id"]) and when(job["deadline"]) in row, out
+    rc, out, _ = await cli(env, "jobs", "--json")
+    assert json.loads(out)["jobs"][0]["deadline"] == job["deadline"]
+    for _ in range(2):  # every H100 busy, planned as 24 h each
+        rc, _, err = await cli(env, "submit", "--gpus", "8", "--gpu-model", "H100", "sleep", "60")
+        assert rc == 0, err
+    h100 = ("--gpus", "8", "--gpu-model", "H100", "--walltime", "1h")
+    rc, out, err = await cli(env, "submit", *h100, "--deadline", "3d", "true")
+    assert rc == 0, err
+    waiting = out.strip()
+    rc, out, _ = await cli(env, "queue")
+    assert "DEADLINE" in out.splitlines()[0]
+    assert any(line.startswith(waiting) for line in out.splitlines()), out
+    rc, out, _ = await cli(env, "queue", "--json")
+    [entry] = json.loads(out)["queue"]["jobs"]
+    assert entry["id"] == waiting and entry["deadline"] and entry["deadline_missed"] is False
+    rc, _, err = await cli(env, "submit", *h100, "--deadline", "6h", "true")
+    assert rc == 2 and "'deadline'" in err and "the earliest this job can finish is" in err, err
+    rc, _, err = await cli(env, "estimate", *h100, "--deadline", "6h")
+    assert rc == 2 and "cannot be met" in err, err
+    rc, out, err = await cli(env, "estimate", "--walltime", "1h", "--deadline", "6h")
+    assert rc == 0 and out.startswith("starts now; can finish at "), (out, err)
+    rc, _, err = await cli(env, "submit", "--deadline", "2026-12-24T18:00", "true")
+    assert rc == 2 and "no time zone" in err, err
 
 
 def test_estimate_text_follows_the_contract():

@@ -42,6 +42,7 @@ async def test_a_free_cluster_starts_now_and_nothing_is_queued(service_factory):
         "reason": None,
         "queue": "team",
         "position": None,
+        "earliest_finish": None,  # (a job with a deadline: tests/test_deadlines_api.py)
     }
     assert await everything(service) == before
     # no job number was used up: the next submission gets the number it would have had
@@ -148,7 +149,9 @@ def test_the_openapi_document_describes_the_estimate():
     }
     assert set(operation["responses"]) == {"200", "400", "401", "403", "405", "413", "429"}
     schema = openapi.SCHEMAS["Estimate"]
-    assert set(schema["required"]) == {"start_now", "eta", "reason", "queue", "position"}
+    assert set(schema["required"]) == {
+        *("start_now", "eta", "reason", "queue", "position", "earliest_finish")
+    }
 
 
 async def test_the_eta_is_epoch_seconds(service_factory):

@@ -231,3 +231,32 @@ def test_a_queue_keeps_its_subtree_only_whatever_its_name_holds(tmp_path):
         "jobs"
     ]] == ["a%b/x"]  # fmt: skip
     store.close()
+
+
+def test_export_trace_writes_a_deadline_as_seconds_from_the_trace_start(tmp_path):
+    from jupyter_gpusched.cli.export import write_export
+    from jupyter_gpusched.sim.trace import read_trace
+
+    t0 = 1_800_000_000.0
+    job = {
+        "job_id": "j-000001",
+        "submit_time": t0,
+        "duration": 60.0,
+        "gpus": 1,
+        "tier": 2,
+        "queue": "team",
+        "user": "alice",
+        "kind": "batch",
+        "walltime": 120.0,
+        "deadline": t0 + 3600.0,
+        "start_time": t0 + 5,
+        "end_time": t0 + 65,
+        "run_time": 60.0,
+        "preemptions": 0,
+        "outcome": "completed",
+    }
+    later = {**job, "job_id": "j-000002", "submit_time": t0 + 1, "deadline": None}
+    write_export({"jobs": [job, later]}, tmp_path / "trace.csv")
+    first, second = read_trace(tmp_path / "trace.csv")
+    assert (first.submit_time, first.deadline) == (0.0, 3600.0)
+    assert (second.submit_time, second.deadline) == (1.0, None)

@@ -88,6 +88,7 @@ def test_job_round_trip_every_field(store):
         end_time=None,
         runs=2,
         preemptions=1,
+        deadline_missed=True,
         exit_code=None,
         message=None,
         handle={"pid": 1234, "create_time": 1699999999.5},

@@ -165,7 +165,7 @@ def write_export(answer: dict, out: Path) -> dict:
                 gpus_per_node=job.get("gpus_per_node"),
                 gpu_models=frozenset(models) if models else None,
                 walltime=job.get("walltime"),
-                deadline=at(job.get("deadline")),
+                deadline=at(job.get("deadline")),  # seconds from the trace start, as submit_time
                 gpu_fraction=job.get("gpu_fraction") or 1.0,
                 cpus=job.get("cpus"),
                 memory_gb=job.get("memory_gb"),

@@ -72,6 +72,12 @@ def _job_options(parser) -> None:
     parser.add_argument("--queue", help="queue path, e.g. research/vision (default: yours)")
     parser.add_argument("--tier", type=int, choices=(1, 2, 3), help="1, 2 (default) or 3")
     parser.add_argument("--walltime", help="the longest it runs: 30m, 2h, 1d or seconds")
+    parser.add_argument(
+        "--deadline",
+        help="when it must have finished: a duration from now (6h, 2d) or a time with its zone "
+        "(2026-12-24T18:00Z); refused, with the earliest finish, if it cannot be met (give "
+        "--walltime too: without it the scheduler plans with its default)",
+    )
     parser.add_argument("--name", help="a label for the job")
     parser.add_argument("--gpu-model", help="e.g. H100, or 'A100|H100'")
     parser.add_argument("--cpus", type=float, help="CPUs for the job (needed with --gpus 0)")
@@ -81,7 +87,7 @@ def _job_options(parser) -> None:
 def _fields(args) -> dict:
     """The request fields the options give (those given only)."""
     fields = {"gpus": args.gpus}
-    for key in ("queue", "tier", "walltime", "name", "gpu_model", "cpus", "memory_gb"):
+    for key in ("queue", "tier", "walltime", "deadline", "name", "gpu_model", "cpus", "memory_gb"):
         value = getattr(args, key)
         if value is not None:
             fields[key] = value

@@ -3,7 +3,8 @@
 
 The pending elements of a job array are one row, named the Slurm way: ``a-000012_[5-99%8]``
 (its id, the indices still pending, its ``%max_running``); running elements are rows of their
-own. Other users' names are hidden as the API hides them (``-``).
+own. Other users' names are hidden as the API hides them (``-``). A ``DEADLINE`` column is
+added when a listed job has a deadline: its time, and ``missed`` once it was unfinished then.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def run_queue(args, client) -> int:
     if args.start:
         rows = [r for r in rows if r["state"] == "pending"]
         rows.sort(key=lambda r: (_eta(r) is None, _eta(r) or 0, r["position"] or 0))
-    print(table(QUEUE_HEADERS, [_queue_row(r) for r in rows]))
+    print(table(*with_deadlines(QUEUE_HEADERS, [_queue_row(r) for r in rows], rows)))
     return OK
 
 
@@ -115,7 +116,8 @@ def run_jobs(args, client) -> int:
         print_json(answer)
         return OK
     rows = []
-    for view in answer["jobs"]:
+    views = answer["jobs"]
+    for view in views:
         name = view.get("name")
         if view.get("array_id") is not None:  # which element of which array
             name = f"{view['array_id']}_{view['array_index']}" + (f" {name}" if name else "")
@@ -132,5 +134,26 @@ def run_jobs(args, client) -> int:
                 view.get("exit_code"),
             ]
         )
-    print(table(JOBS_HEADERS, rows))
+    print(table(*with_deadlines(JOBS_HEADERS, rows, views)))
     return OK
+
+
+def with_deadlines(headers: list[str], rows: list[list], views: list[dict]):
+    """``headers`` and ``rows``, and a DEADLINE column after STATE where a job of ``views``
+    (the rows' jobs, in order) has a deadline: when, and "missed" once it was unfinished then."""
+    if not any(view.get("deadline") for view in views):
+        return headers, rows
+    at = headers.index("STATE") + 1
+    cells = [deadline_text(view) for view in views]
+    return (
+        [*headers[:at], "DEADLINE", *headers[at:]],
+        [[*row[:at], cell, *row[at:]] for row, cell in zip(rows, cells, strict=True)],
+    )
+
+
+def deadline_text(view: dict) -> str | None:
+    """A job's deadline as a column shows it: ``18:00``, ``12-24 18:00``, ``... missed``."""
+    deadline = view.get("deadline")
+    if deadline is None:
+        return None
+    return when(deadline) + (" missed" if view.get("deadline_missed") else "")

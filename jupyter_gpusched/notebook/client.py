@@ -6,6 +6,7 @@ give the URL and a token (``Client(url, token)``, or those environment variables
 
     from jupyter_gpusched import client
     job = client.submit(command="python train.py", gpus=2, walltime="2h")
+    client.submit(command="python eval.py", walltime="1h", deadline="6h")   # done within 6 h
     job.logs(follow=True)       # prints the output as it comes, until the job ends
     job.wait()                  # -> "completed"
     client.estimate(command="python train.py", gpus=8)   # -> about 25 min (at 14:05 UTC)
@@ -25,6 +26,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
 from typing import Any
 
 import requests
@@ -117,6 +119,7 @@ class Client:
         queue: str | None = None,
         gpu_model: str | list[str] | None = None,
         walltime: str | float | None = None,
+        deadline: datetime | timedelta | str | float | None = None,
         env: dict[str, str] | None = None,
         cwd: str | os.PathLike | None = None,
         name: str | None = None,
@@ -129,7 +132,11 @@ class Client:
         ``args`` and ``kwargs`` in the job; see :meth:`Job.result`). The job's Python is
         ``$GPUSCHED_PYTHON``, the one the launcher chose for your account. ``cwd`` defaults to
         the current directory, or your home if the job could not enter it (a warning says so).
-        ``more``: other fields of POST api/jobs
+        ``deadline``: when it must have finished: a :class:`~datetime.datetime` with its time
+        zone, a :class:`~datetime.timedelta` from now, or the API's forms (``"6h"``,
+        ``"2026-12-24T18:00Z"``, seconds); a deadline the scheduler says cannot be met (given
+        the walltime, the queue and the reservations) is refused with the earliest finish
+        (GPUSchedError on ``deadline``). ``more``: other fields of POST api/jobs
         (``gpus_per_node``, ``gpu_fraction``, ``cpus``, ``memory_gb``, ``labels``, ``held``).
         ``array``: a job array, its indices (``range(100)``) or Slurm's text (``"0-99%8"``),
         with at most ``max_running`` elements running at once: a :class:`JobArray` of the
@@ -147,7 +154,7 @@ class Client:
                 return payloads.function_payload(call, where)
 
         named = {"tier": tier, "queue": queue, "gpu_model": gpu_model, "walltime": walltime}
-        named.update(env=env, name=name)
+        named.update(deadline=deadline, env=env, name=name)
         fields = _fields(gpus, more, notebook=notebook, **named)
         if array is not None:
             fields["array"] = _array_field(array, max_running)
@@ -159,7 +166,8 @@ class Client:
         """When would this job start? The arguments of :meth:`submit`; nothing is submitted
         (nor pickled, nor written: what a job runs does not change when it starts). Returns an
         :class:`~.estimate.Estimate`, printed as "starts now", "about 25 min (at 14:05 UTC)"
-        or "waits: <reason>"; refused as the submission would be (GPUSchedError)."""
+        or "waits: <reason>" (with a ``deadline``: and the earliest it can finish); refused as
+        the submission would be (GPUSchedError)."""
         notebook, function = options.pop("notebook", None), options.pop("function", None)
         _exactly_one(command, notebook, function)
         if options.get("array") is not None or options.get("max_running") is not None:
@@ -290,7 +298,24 @@ def _exactly_one(command, notebook, function) -> None:
         )
 
 
-_NAMED_FIELDS = ("tier", "queue", "gpu_model", "walltime", "env", "name")  # submit's own
+_NAMED_FIELDS = ("tier", "queue", "gpu_model", "walltime", "deadline", "env", "name")
+
+
+def deadline_field(value):
+    """The ``deadline`` field of POST api/jobs for ``deadline=``: an aware datetime as ISO 8601,
+    a timedelta as seconds from now, anything else as given (the API's ``"6h"``,
+    ``"2026-12-24T18:00Z"``, seconds; the service checks them). A naive datetime is a
+    ValueError: which zone it means is not known."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(
+                f"deadline={value!r} has no time zone: add tzinfo (e.g. "
+                "datetime(..., tzinfo=timezone.utc), or .astimezone() for this machine's zone)"
+            )
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return value
 
 
 def _fields(gpus, more: dict, notebook=None, **named) -> dict:
@@ -299,6 +324,8 @@ def _fields(gpus, more: dict, notebook=None, **named) -> dict:
     ``more``, the other fields, as given."""
     if notebook is not None:  # relative to this directory, wherever the job runs
         named["notebook"] = os.path.abspath(os.fspath(notebook))
+    if named.get("deadline") is not None:
+        named["deadline"] = deadline_field(named["deadline"])
     fields: dict[str, Any] = {"gpus": gpus, **more}
     fields.update((key, value) for key, value in named.items() if value is not None)
     return fields

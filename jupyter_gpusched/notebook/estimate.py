@@ -1,11 +1,13 @@
 """What ``POST api/estimate`` answered, as :meth:`.client.Client.estimate` and ``%%gpujob
 --estimate`` return it: it prints as one line ("starts now", "about 25 min (at 14:05 UTC)",
-"waits: <reason>"), the words of :func:`~jupyter_gpusched.core.wording.estimate_text`.
+"waits: <reason>"), the words of :func:`~jupyter_gpusched.core.wording.estimate_text`; a job
+with a deadline adds the earliest it can finish ("; can finish at 16:10 UTC").
 """
 
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 
 from ..core.wording import estimate_text
 
@@ -13,7 +15,9 @@ from ..core.wording import estimate_text
 class Estimate:
     """``start_now``, ``eta`` (epoch seconds or None), ``reason`` (the reason a pending job's
     record would carry, a dict, or None), ``queue`` (the leaf queue it would go to) and
-    ``position`` (1-based place in the pending order, or None); ``data``: the whole answer."""
+    ``position`` (1-based place in the pending order, or None), ``earliest_finish`` (a job
+    with a deadline: the earliest it can finish, epoch seconds; else None); ``data``: the whole
+    answer."""
 
     def __init__(self, data: dict, now: float | None = None):
         self.data = data
@@ -22,6 +26,7 @@ class Estimate:
         self.reason: dict | None = data["reason"]
         self.queue: str = data["queue"]
         self.position: int | None = data["position"]
+        self.earliest_finish: float | None = data.get("earliest_finish")
         self._now = now  # the time to count the wait from (None: when printed)
 
     def text(self, clock: bool = True) -> str:
@@ -36,10 +41,21 @@ class Estimate:
         where = f"queue {self.queue}"
         if not self.start_now and self.position is not None:
             where = f"#{self.position} in {where}"
-        return f"{self.text()} ({where})"
+        finish = ""
+        if self.earliest_finish is not None:
+            finish = f"; can finish at {utc_clock(self.earliest_finish, self._now)}"
+        return f"{self.text()}{finish} ({where})"
 
     def __str__(self) -> str:
         return self.text()
 
     def __repr__(self) -> str:
         return f"<Estimate {self.queue}: {self.text()}>"
+
+
+def utc_clock(epoch: float, now: float | None = None) -> str:
+    """``16:10 UTC``, or ``2026-12-24 16:10 UTC`` on another day than ``now``'s (UTC), as
+    :func:`~jupyter_gpusched.core.wording.estimate_text` gives the time of a start."""
+    moment = datetime.fromtimestamp(epoch, timezone.utc)
+    today = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc).date()
+    return moment.strftime("%H:%M UTC" if moment.date() == today else "%Y-%m-%d %H:%M UTC")

@@ -149,6 +149,10 @@ class Job:
             "tier": str(d.get("tier", "")),
             "queue": d.get("queue") or "",
         }
+        if d.get("deadline"):  # when it must have finished; "missed": it was unfinished then
+            out["deadline"] = _clock(d["deadline"]) + (
+                " (missed)" if d.get("deadline_missed") else ""
+            )
         if d.get("state") == "pending":
             position = d.get("position")
             out["position"] = f"#{position + 1}" if position is not None else ""

@@ -1,8 +1,11 @@
 """IPython magics: ``%load_ext jupyter_gpusched``, then
 
-``%%gpujob --gpus 2 --tier 2 [--queue Q] [--gpu-model M] [--walltime 2h] [--name N] [--wait]``
-``[--estimate]``
+``%%gpujob --gpus 2 --tier 2 [--queue Q] [--gpu-model M] [--walltime 2h] [--deadline 6h]``
+``[--name N] [--wait] [--estimate]``
     (``--gpus 0 --cpus 4 [--memory-gb 16]``: a CPU-only job)
+    ``--deadline``: when it must have finished, a duration from now (``6h``) or a time with
+    its zone (``2026-12-24T18:00Z``); one the scheduler cannot meet is a ``UsageError`` that
+    gives the earliest finish (give a walltime: without one it plans with the default).
     Runs the cell's code as a batch job. The cell text is written to
     ``.gpusched/cell-<time>-<id>.py`` under the kernel's working directory (your home, with a
     warning, when the job could not enter that) and run there by ``$GPUSCHED_PYTHON`` (the
@@ -12,7 +15,7 @@
     the kernel's variables, imports and earlier cells, IPython syntax (``%magics``, ``!shell``),
     and the kernel's environment variables (the job gets the scheduler's minimal environment).
     A bad option (``--gpus -1``, ``--gpus 0`` without CPUs or memory, an unknown one, a tier the
-    service refuses) is a one-line
+    service refuses, a deadline it cannot meet) is a one-line
     ``UsageError`` naming it; any other service error raises
     :class:`~jupyter_gpusched.notebook.client.GPUSchedError`.
     Prints the job id and returns the :class:`~jupyter_gpusched.notebook.client.Job`; ``--wait``
@@ -46,6 +49,7 @@ OPTIONS = {
     "queue": "--queue",
     "gpu_model": "--gpu-model",
     "walltime": "--walltime",
+    "deadline": "--deadline",
     "name": "--name",
     "cpus": "--cpus",
     "memory_gb": "--memory-gb",
@@ -73,6 +77,11 @@ class GPUSchedMagics(Magics):
     @argument("--queue", default=None, help="queue path, e.g. research/vision")
     @argument("--gpu-model", dest="gpu_model", default=None, help="e.g. H100 or 'A100|H100'")
     @argument("--walltime", default=None, help="the longest it runs: 30m, 2h, 1d or seconds")
+    @argument(
+        "--deadline",
+        default=None,
+        help="when it must have finished: 6h (from now) or 2026-12-24T18:00Z (a time with zone)",
+    )
     @argument("--cpus", type=float, default=None, help="CPUs for the job (needed with --gpus 0)")
     @argument("--memory-gb", dest="memory_gb", type=float, default=None, help="memory in GB")
     @argument("--name", default=None, help="a label (default: gpujob)")
@@ -83,7 +92,7 @@ class GPUSchedMagics(Magics):
         """Run this cell as a batch job on the GPU scheduler (see the module's docstring)."""
         args = parse_argstring(self.gpujob, line)
         fields = {"gpus": args.gpus, "name": args.name or "gpujob"}
-        for key in ("tier", "queue", "gpu_model", "walltime", "cpus", "memory_gb"):
+        for key in ("tier", "queue", "gpu_model", "walltime", "deadline", "cpus", "memory_gb"):
             if getattr(args, key) is not None:
                 fields[key] = getattr(args, key)
         written = []
@@ -150,6 +159,8 @@ def jobs_text(jobs: list[Job]) -> str:
         )
         if s.get("where"):
             extra = f"on {s['where']}"
+        if s.get("deadline"):
+            extra = f"{extra} · deadline {s['deadline']}".lstrip(" ·")
         lines.append(
             f"{job.id}  {s['state']:<9} {s['gpus']:>6} GPU  tier {s['tier']}  "
             f"{s['queue']:<12} {s['name'][:20]:<20} {extra}".rstrip()

@@ -164,6 +164,8 @@ class QueueHandler(APIHandler):
             "gpus": job.gpus,
             "gpu_fraction": job.gpu_fraction,
             "submit_time": job.submit_time,
+            "deadline": job.deadline,
+            "deadline_missed": job.deadline_missed,
             "reason": reason,
             # a job array's element (core/arrays.py): listed as one row of its array by the CLI
             "array_id": job.array_id,
@@ -193,7 +195,7 @@ class EstimateHandler(APIHandler):
 
     @api
     def post(self):
-        answer = self.live.estimate(self.identity, job_request(self))
+        answer, finish = self.live.estimate(self.identity, job_request(self))
         self.send(
             {
                 "start_now": answer.start_now,
@@ -201,6 +203,7 @@ class EstimateHandler(APIHandler):
                 "reason": reason_dict(answer.reason),  # the caller's own job: nothing hidden
                 "queue": answer.job.queue,
                 "position": answer.position,
+                "earliest_finish": finish,  # with a deadline only (service/deadlines.py)
             }
         )
 

@@ -26,10 +26,11 @@ import os
 import time
 
 from ..backends.interface import Exit, LaunchError
-from ..core.decisions import Preempt, Start, Stop
+from ..core.decisions import DeadlineMissed, Preempt, Start, Stop
 from ..core.jobs import Job, JobState
 from ..core.scheduler import Scheduler
 from . import admin_changes
+from .deadlines import carry_out_miss
 from .identity import Identity
 from .launch_specs import describe, launch_spec
 from .poll_parts import sync_nodes, tick_parts
@@ -82,6 +83,7 @@ class LiveScheduler:
         self._cancel_reasons: dict[str, str] = {}  # running batch job -> its cancel's reason
         self._tasks: set[asyncio.Task] = set()
         self._in_pass = self._again = False  # see run_pass
+        self._forget_later: dict[str, Job] = {}  # finished in a pass: forgotten after the next
         self.decisions = 0
         # notebook servers: ended once they are gone from local_nodes (server_stops.py)
         self.server_stops = ServerStops(self, local_nodes)
@@ -109,7 +111,8 @@ class LiveScheduler:
         return self.submissions.submit(who, request)
 
     def estimate(self, who: Identity, request: JobRequest):
-        """What ``request`` would meet if submitted now; nothing queued (submissions.py)."""
+        """What ``request`` would meet if submitted now, and its earliest finish if it has a
+        deadline (else None); nothing queued (submissions.py)."""
         return self.submissions.estimate(who, request)
 
     async def saved(self, job_id: str) -> None:
@@ -193,8 +196,10 @@ class LiveScheduler:
         try:
             self._again = True
             while self._again:
-                self._again = False
+                self._again, done = False, list(self._forget_later.values())
                 self._run_pass_once()
+                for job in done:  # (as cancel(): after a pass that may still look at it)
+                    self._forget(self._forget_later.pop(job.id))
         finally:
             self._in_pass = False
 
@@ -246,6 +251,8 @@ class LiveScheduler:
                     self._stopping[job.id] = (job.runs, "cancelled")
                     signame = self.engine.settings.preemption_signal
                     stops.append((job, job.runs, signame, self.cancel_grace, extra.handle))
+            elif isinstance(decision, DeadlineMissed):  # (deadlines.py)
+                events.append(carry_out_miss(self, job, decision))
             if self.metrics:
                 self.metrics.decided(type(decision).__name__.lower())
             changes.append((job.id, self._fields(job)))

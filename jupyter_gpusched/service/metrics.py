@@ -42,6 +42,15 @@ class Metrics:
             ["field"],
             registry=self.registry,
         )
+        self.deadline_misses = Counter(
+            "gpusched_deadline_misses",
+            "Jobs unfinished at their deadline, by what was done: kept (left to go on) or "
+            "cancelled (the policy's deadlines.on_miss)",
+            ["action"],
+            registry=self.registry,
+        )
+        for action in ("kept", "cancelled"):  # both series from the start, at 0
+            self.deadline_misses.labels(action=action)
         self.live = live
         self.registry.register(_StateCollector(self))
 
@@ -57,6 +66,9 @@ class Metrics:
 
     def refused(self, field: str | None) -> None:
         self.refusals.labels(field=field or "").inc()
+
+    def deadline_missed(self, action: str) -> None:
+        self.deadline_misses.labels(action=action).inc()
 
 
 class _StateCollector:

@@ -119,6 +119,7 @@ def build_jobs_table(metadata: sa.MetaData, fields: Iterable[SpecField] = FIELDS
         sa.Column("end_time", sa.Double),
         sa.Column("runs", sa.Integer, nullable=False, default=0),
         sa.Column("preemptions", sa.Integer, nullable=False, default=0),
+        sa.Column("deadline_missed", sa.Boolean),  # unfinished at its deadline (NULL: no)
         sa.Column("exit_code", sa.Integer),
         sa.Column("message", sa.Text),  # how it ended
         sa.Column("handle", Json),  # the launcher's, for this run

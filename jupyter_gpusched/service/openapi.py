@@ -13,7 +13,8 @@ Schemathesis on it against a live service behind a real hub):
   one of ``command`` and ``notebook``. What JSON Schema cannot say is in the descriptions, and
   is answered with a 400 naming the field: ``gpus_per_node`` must divide ``gpus``; a job must fit
   this cluster (GPUs, shape, labels, CPUs, memory), name one of its queues and GPU models, and a
-  ``cwd`` its user may enter; a queue document must keep the queues and their guarantees must
+  ``cwd`` its user may enter, and a ``deadline`` after now that the engine can meet (a 400
+  giving the earliest finish); a queue document must keep the queues and their guarantees must
   add up.
 
 ``tests/test_service_api.py`` checks that every route the service serves is described here and

@@ -93,6 +93,7 @@ _JOB_ALWAYS = {
     "end_time": nullable("number"),
     "runs": INTEGER,
     "preemptions": INTEGER,
+    "deadline_missed": BOOLEAN,  # unfinished at its deadline (core/deadlines.py)
     "reason": ref("Reason"),
     "position": {"type": ["integer", "null"], "minimum": 0},
     "mine": BOOLEAN,
@@ -148,6 +149,8 @@ QUEUE_ENTRY = strict(
         "gpus": INTEGER,
         "gpu_fraction": NUMBER,
         "submit_time": NUMBER,
+        "deadline": nullable("number"),  # epoch seconds, as submit_time
+        "deadline_missed": BOOLEAN,
         "reason": ref("Reason"),
         "array_id": nullable("string"),
         "array_index": nullable("integer"),
@@ -266,6 +269,7 @@ ESTIMATE = strict(
         "reason": ref("Reason"),  # as the job's record would carry it (null: it starts now)
         "queue": STRING,  # the leaf queue it would go to
         "position": {"type": ["integer", "null"], "minimum": 1},  # 1-based; null: starts now
+        "earliest_finish": nullable("number"),  # a job with a deadline: epoch s; else null
     }
 )
 

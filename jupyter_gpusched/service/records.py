@@ -99,6 +99,7 @@ def state_fields(job: Job, extra: Extra) -> dict:
         "end_time": job.end_time,
         "runs": job.runs,
         "preemptions": job.preemptions,
+        "deadline_missed": job.deadline_missed,
         "exit_code": extra.exit_code,
         "message": extra.message,
         "handle": extra.handle,
@@ -133,6 +134,7 @@ def job_from_row(row: dict) -> tuple[Job, Extra]:
     job.first_start = row.get("first_start")
     job.runs = row.get("runs") or 0
     job.preemptions = row.get("preemptions") or 0
+    job.deadline_missed = bool(row.get("deadline_missed"))  # NULL: a row from before deadlines
     job.run_name = run_name(row.get("name"), row.get("notebook"), row.get("command"))
     extra = Extra(
         number=row["number"],
@@ -220,6 +222,7 @@ def public_job(row: dict, *, mine: bool, full: bool, position: int | None = None
             "end_time": row["end_time"],
             "runs": row["runs"],
             "preemptions": row["preemptions"],
+            "deadline_missed": bool(row.get("deadline_missed")),
             "reason": row["reason"],
             "position": position,
             "mine": mine,

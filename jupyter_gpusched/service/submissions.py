@@ -2,7 +2,8 @@
 
 :class:`Submissions` is the part of :class:`.live.LiveScheduler` that takes a request in: it
 resolves the queue (the user's team queue when none is named), checks the account the job
-would run as, asks core (``core/submission.py``) whether it may be queued at all, numbers it,
+would run as, asks core (``core/submission.py``) whether it may be queued at all and, for a job
+with a deadline, whether it can still finish by then (``deadlines.py``), numbers it,
 and commits it together with the other submissions of the same turn of the event loop (a group
 commit) before the 201 goes out. Apart from live.py because none of it is the pass: it only
 adds pending jobs, then asks the live scheduler for one.
@@ -22,6 +23,7 @@ from ..core.jobs import Job, JobState
 from ..core.runtime_estimates import run_name
 from ..core.submission import check_submission
 from ..core.wording import gpus_text
+from .deadlines import earliest_finish_or_refuse
 from .identity import Identity
 from .records import Extra, array_id_for, job_id_for, row_for
 from .requests import JobRequest, RequestError
@@ -72,7 +74,8 @@ class Submissions:
                     array_index=index,
                     array_max_running=array.max_running,
                 )
-                jobs.append(self._enter(element, who, count=count - i))
+                # one deadline for all: the first element's check is theirs (deadlines.py)
+                jobs.append(self._enter(element, who, count=count - i, deadline_check=i == 0))
         except RequestError:
             self._undo(jobs)
             self.number = first_number
@@ -103,12 +106,17 @@ class Submissions:
             request, queue=queue.path, tier=request.tier or live.default_tier, user=who.name
         )
 
-    def _enter(self, filled: JobRequest, who: Identity, count: int) -> Job:
+    def _enter(
+        self, filled: JobRequest, who: Identity, count: int, deadline_check: bool = True
+    ) -> Job:
         """The pending job ``filled`` asks for, in the engine and waiting to be committed
         (RequestError when refused: nothing kept). ``count``: the jobs of this request still
-        to come, this one included (the pending limit counts them all)."""
+        to come, this one included (the pending limit counts them all); ``deadline_check``:
+        refuse a deadline it cannot meet (before the engine sees it)."""
         live = self.live
         job = self._checked_job(filled, count)
+        if deadline_check:
+            earliest_finish_or_refuse(live.engine, job)
         try:
             live.engine.submit(job, job.submit_time)
         except ConfigError as exc:
@@ -165,17 +173,19 @@ class Submissions:
         for job in jobs:
             self._batch_of[job.id] = self._saved
 
-    def estimate(self, who: Identity, request: JobRequest) -> Estimate:
-        """What ``request`` would meet if submitted now (core/estimate.py), refused as
-        :meth:`submit` would refuse it; nothing is queued, numbered or stored."""
+    def estimate(self, who: Identity, request: JobRequest) -> tuple[Estimate, float | None]:
+        """What ``request`` would meet if submitted now (core/estimate.py), and the earliest
+        it could finish if it has a deadline (else None), refused as :meth:`submit` would
+        refuse it (a deadline it cannot meet too); nothing is queued, numbered or stored."""
         job = self._checked_job(self._filled(who, request), count=1)
+        finish = earliest_finish_or_refuse(self.live.engine, job)
         try:
             answer = estimate(self.live.engine, job, job.submit_time)
         except ConfigError as exc:
             raise RequestError(exc.message, exc.field) from None
         if answer.rejected:
             raise _never_runs(job)
-        return answer
+        return answer, finish
 
     def _check_account(self, who: Identity, request: JobRequest) -> None:
         """The account ``who``'s work would run as may be used (a 403 if not: AccountPolicy),

@@ -21,7 +21,8 @@ METRIC_KEYS = {
     "wait_s", "wait_s_by_tier", "jct_s", "preemptions", "lost_gpu_hours", "gang_jobs",
     "gang_single_leaf_fraction", "wait_gpu_hours_by_reason", "sim_wall_s", "jobs_per_s",
     "estimated_jobs", "estimate_too_short_fraction", "reserved_jobs",
-    "reservations_too_short_fraction",
+    "reservations_too_short_fraction", "deadline_jobs", "deadline_met_fraction",
+    "deadline_miss_s", "deadline_cancelled",
 }  # fmt: skip
 
 

@@ -183,7 +183,7 @@ def test_failed_cancelled_and_preempted_runs_are_not_learned():
     assert not scheduler.jobs["x"].estimated
 
 
-def test_an_overrun_is_taken_to_end_now_and_the_reservation_recomputed():
+def test_an_overrun_is_planned_to_run_as_long_again_and_the_reservation_recomputed():
     c = cluster(("n1", 8, "leaf"))
     scheduler = Scheduler(c, settings=MISSING)
     now = run_three(scheduler)  # ann's 8-GPU jobs: 120 s planned
@@ -192,14 +192,18 @@ def test_an_overrun_is_taken_to_end_now_and_the_reservation_recomputed():
     scheduler.submit(job("next", 8, t=now, user="bob"), now)
     scheduler.schedule(now)
     assert scheduler.reservation.start == pytest.approx(now + 120.0)
-    later = now + 500.0  # past its planned end, still running: the reservation moves to now
+    later = now + 500.0  # past its planned end, still running: planned to run 500 s more
     scheduler.submit(job("nudge", 8, t=later, user="cat"), later)
     scheduler.job_ended("nudge-missing", later)  # (nothing: no such running job)
     scheduler.agenda.freed = True
     scheduler.schedule(later)
     assert scheduler.reservation.job_id == "next"
-    assert scheduler.reservation.start == pytest.approx(later)
+    assert scheduler.reservation.start == pytest.approx(now + 1000.0)
     assert "overrun" in scheduler.running  # nothing stops it at its estimate
+    much_later = now + 86400.0 + 10  # past the default walltime (24 h): taken to end now
+    scheduler.agenda.freed = True
+    scheduler.schedule(much_later)
+    assert scheduler.reservation.start == pytest.approx(much_later)
 
 
 def test_the_estimate_api_snapshot_plans_with_the_same_model_and_leaves_it_alone():

@@ -28,6 +28,7 @@ from .one_leaf import hold_one_leaf
 from .placement import find_placement, placement_exists, shape_reason
 from .reservation import may_backfill, reserve
 from .resources import place_cpu_only_or_reason
+from .runtime_estimates import corrected_ends
 from .shapes import ShapeCache
 from .state import Placement
 
@@ -111,7 +112,8 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()
                     within = (
                         sched.settings.leaf_reservation_slack if sched._fits_one_leaf(job) else None
                     )
-                    previous = reserve(sched.state, job, sched.ledger.ends, sched.jobs, now, within)
+                    ends = corrected_ends(sched.ledger.ends, sched.jobs, now, sched.overrun_end)
+                    previous = reserve(sched.state, job, ends, sched.jobs, now, within)
                     hold_one_leaf(sched.cluster, job, previous, within)
                 sched.reservation = previous  # a quick pass keeps the last one's estimate
                 pass_.reserved_key = sched._key(job_id)

@@ -28,15 +28,18 @@ runs: no estimate. Memory is bounded: ``history`` run times per key, at most ``m
 - ``never``: walltimes and defaults only, as before estimates existed.
 
 A walltime stays the limit the user set; an estimate only plans: nothing stops a job at it. A
-running job past its planned end is taken by :func:`.reservation.reserve` to end now, so the
-reservation is recomputed, later, at each pass. The plan is frozen at submission, so a job's own
-run never feeds its own estimate, and the pending queue and the ledger, which find a job by
-(planned run time, id), find it until it ends.
+running job past its estimate is planned to run as long again as it has run, within its
+walltime (:func:`corrected_ends`); the reservation is recomputed at each pass. The plan is
+frozen at submission, so a job's own run never feeds its own estimate, and the pending queue and
+the ledger, which find a job by (planned run time, id), find it until it ends.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
+from collections.abc import Iterable
+from itertools import islice
 
 MODES = ("missing", "always", "never")
 MAX_NAME = 200  # characters of a name (or command) kept in a key
@@ -160,3 +163,23 @@ class RuntimeEstimates:
             planned, job.estimated = self.planned(job, settings)
             job.planned_run_time = planned
         return planned
+
+
+def corrected_ends(ends: list, jobs: dict, now: float, overrun_end) -> Iterable[tuple[float, str]]:
+    """The running jobs' (planned end, id), soonest first, for a reservation at ``now``: a job
+    that has outrun its learned estimate is planned to end at ``overrun_end(job, now)`` (as long
+    again as it has run, within its walltime: :meth:`.Scheduler.overrun_end`) rather than now.
+    A prediction found too short is raised (as Tsafrir, Etsion and Feitelson, 2007, raise it to
+    the user's estimate): taking such a job to end now would reserve GPUs it still holds, and
+    let no job backfill in front of a start that will not come. A job planned with its walltime
+    or the default that outruns it is still taken to end now, as before estimates."""
+    overrun = 0
+    while overrun < len(ends) and ends[overrun][0] < now:
+        overrun += 1
+    if not any(jobs[job_id].estimated for _, job_id in ends[:overrun]):
+        return ends
+    late = sorted(
+        (overrun_end(jobs[job_id], now) if jobs[job_id].estimated else end, job_id)
+        for end, job_id in ends[:overrun]
+    )
+    return heapq.merge(late, islice(ends, overrun, None))

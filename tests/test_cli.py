@@ -175,3 +175,17 @@ def test_reaper_show_follows_the_demo_hub_port(monkeypatch, capsys):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_replay_with_a_deadline_model_reports_the_deadline_figures(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["replay", *EXAMPLE, "--policy", "gpusched", "--policy", "slurm",
+                 "--deadlines", "25", "--out", str(out), "--quiet", "--no-report"])  # fmt: skip
+    assert code == 0
+    figures = json.loads((out / "metrics.json").read_text())["policies"]
+    for name in ("gpusched", "slurm"):
+        assert 60 <= figures[name]["deadline_jobs"] <= 140, figures[name]  # ~25 % of 400
+        assert 0 < figures[name]["deadline_met_fraction"] <= 1
+    assert figures["gpusched"]["deadline_jobs"] == figures["slurm"]["deadline_jobs"]
+    assert "deadlines met" in capsys.readouterr().out
+    assert main(["replay", *EXAMPLE, "--deadlines", "120", "--out", str(out)]) == 2

@@ -102,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         "otherwise the policy file's default walltime); the same for every policy",
     )
     replay.add_argument(
+        "--deadlines",
+        type=float,
+        metavar="PERCENT",
+        help="give PERCENT of the jobs whose trace gives no deadline one of 1.5-4x their "
+        "walltime after their submission (chosen by a hash of the job id: the same jobs under "
+        "every policy); metrics.json then has the deadline figures",
+    )
+    replay.add_argument(
         "--config",
         action="append",
         dest="configs",
@@ -174,7 +182,7 @@ def run_replay(args) -> int:
     from ..sim.loaders import WALLTIME_FACTORS, load_trace, parse_tier_mix
     from ..sim.metrics import comparison_table, metrics, write_jobs_csv
     from ..sim.replay import replay
-    from ..sim.trace import with_walltimes
+    from ..sim.trace import with_deadlines, with_walltimes
 
     try:
         policies = [get_policy(name) for name in args.policies or ["gpusched", "fifo"]]
@@ -189,6 +197,10 @@ def run_replay(args) -> int:
     elif factor <= 0:
         raise ConfigError("must be greater than 0", field="--walltime-factor")
     trace = with_walltimes(loaded.jobs, factor)
+    if args.deadlines is not None:
+        if not 0 <= args.deadlines <= 100:
+            raise ConfigError("must be a percentage from 0 to 100", field="--deadlines")
+        trace = with_deadlines(trace, args.deadlines)
     if not args.quiet:
         took = time.perf_counter() - started
         print(f"read {len(trace):,} jobs from {args.trace} in {took:.2f} s", file=sys.stderr)

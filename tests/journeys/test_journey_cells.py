@@ -3,7 +3,8 @@
 She starts the 1-GPU server, opens a notebook and runs, cell by cell: ``%%gpujob --wait`` (the
 job runs as alice, in her team's queue, and its output comes back into the cell); a function
 through ``client.submit(function=...)`` (its result comes back); ``%%gpujob --gpus 0`` (one line
-saying what is wrong, no traceback); the QueueWidget, where her own notebook server is not one
+saying what is wrong, no traceback); ``%%gpujob --deadline 1h`` (it runs, its deadline kept),
+and a deadline its walltime cannot meet (one line with the earliest finish); the QueueWidget, where her own notebook server is not one
 click from being cancelled (the widget says where to stop it) and ended jobs have no Cancel
 button.
 """
@@ -28,6 +29,9 @@ CELLS = [
     "job = Client().submit(function=lambda: 6 * 7, gpus=1, name='a-function')\n"
     "print('result', job.result(timeout=120))",
     "%%gpujob --gpus 0\nprint('never')",
+    "%%gpujob --gpus 1 --walltime 10m --deadline 1h --wait --name with-a-deadline\n"
+    "print('done in time')",
+    "%%gpujob --gpus 1 --walltime 2h --deadline 30m\nprint('never')",
     "from jupyter_gpusched.notebook.widgets import QueueWidget\nQueueWidget(interval=1)",
 ]
 
@@ -55,7 +59,19 @@ def test_jobs_from_cells_run_as_alice_and_the_widget_is_safe(demo, people):
     assert len(text.strip().splitlines()) <= 2, text
     shot(page, TEST, "1-cells")
 
-    cell = run_cell(page, notebook, 4)
+    cell = run_cell(page, notebook, 4, timeout_ms=120_000)
+    assert "done in time" in output_text(cell), output_text(cell)
+    [job] = [j for j in jobs_of(hub, "alice") if j.get("name") == "with-a-deadline"]
+    assert job["state"] == "completed" and not job["deadline_missed"], job
+    assert abs(job["deadline"] - job["submit_time"] - 3600) < 60, job
+
+    cell = run_cell(page, notebook, 5)
+    text = output_text(cell)
+    assert "cannot be met" in text and "earliest" in text and "Traceback" not in text, text
+    assert not [j for j in jobs_of(hub, "alice") if j.get("walltime") == 7200], "it was queued"
+    shot(page, TEST, "2-deadline")
+
+    cell = run_cell(page, notebook, 6)
     widget = cell.locator(".jp-OutputArea")
     server = next(j for j in jobs_of(hub, "alice", "running") if j["kind"] == "notebook")
     expect(widget).to_contain_text(server["id"], timeout=TIMEOUT_MS)
@@ -68,5 +84,5 @@ def test_jobs_from_cells_run_as_alice_and_the_widget_is_safe(demo, people):
         "a Cancel button in the widget, though none of alice's jobs is cancellable"
     )
     assert ts.service_job(hub, "alice", server["id"])["state"] == "running"
-    shot(page, TEST, "2-queue-widget")
+    shot(page, TEST, "3-queue-widget")
     stop_everything(hub)

@@ -4,9 +4,9 @@ She starts the 1-GPU server, opens a notebook and runs, cell by cell: ``%%gpujob
 job runs as alice, in her team's queue, and its output comes back into the cell); a function
 through ``client.submit(function=...)`` (its result comes back); ``%%gpujob --gpus 0`` (one line
 saying what is wrong, no traceback); ``%%gpujob --deadline 1h`` (it runs, its deadline kept),
-and a deadline its walltime cannot meet (one line with the earliest finish); the QueueWidget, where her own notebook server is not one
-click from being cancelled (the widget says where to stop it) and ended jobs have no Cancel
-button.
+and a deadline its walltime cannot meet (one line with the earliest finish); the QueueWidget,
+where her own notebook server is not one click from being cancelled (the widget says where to
+stop it) and ended jobs have no Cancel button.
 """
 
 from __future__ import annotations

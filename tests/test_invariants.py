@@ -475,9 +475,8 @@ class Harness:
             )
             self.preempted_pairs.add((d.by, d.job_id))
             assert math.isclose(d.grace, tiers[victim.tier].grace_period), d
-            if victim.tier == 2 or victim.id in sched.priorities.urgent:
-                # only to return borrowed capacity: never for plain priority (an urgent tier-3
-                # job with a deadline is a victim as tier 2 is: core/deadlines.py)
+            if victim.tier == 2:
+                # only to return borrowed capacity: never for plain priority
                 assert policy.quotas and policy.guarantees, (
                     f"{d}: a tier-2 job pre-empted under policy {policy.name}, which has no "
                     "guarantees to reclaim"

@@ -145,7 +145,6 @@ class Preemptions:
                 limit_node=limit_node,
                 one_leaf=self._patient(job, now, behind=behind),
                 urgent=urgent,
-                urgent_jobs=self.priorities.urgent,
             )
             if found is not None:
                 break
@@ -163,6 +162,7 @@ class Preemptions:
         grace = 0.0
         for victim in victims:
             victim.preempted_by = job.id
+            victim.preemptors += (job.id,)
             tier_grace = self.settings.tiers[victim.tier].grace_period
             grace = max(grace, tier_grace)
             self.agenda.decisions.append(

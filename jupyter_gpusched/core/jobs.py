@@ -79,6 +79,7 @@ class Job:
     runs: int = 0
     preemptions: int = 0
     preempted_by: str | None = None  # while a pre-emption signal is pending
+    preemptors: tuple[str, ...] = ()  # the jobs that ever pre-empted it: it never takes theirs
     one_leaf_since: float | None = None  # first seen placeable only across leaf switches
     leaf_reserved_until: float | None = None  # its reservation inside one leaf starts then
     retry_at: float | None = None  # the launcher refused its placement: retried from then

@@ -2,7 +2,8 @@
 
 Who may be pre-empted for a job ``J`` that cannot otherwise start:
 - never a tier-1 job, never a job inside its minimum run time, never one already signalled,
-  never a fractional job (fractional jobs neither pre-empt nor are pre-empted);
+  never a fractional job (fractional jobs neither pre-empt nor are pre-empted), never a job
+  that once pre-empted ``J`` (no two jobs pre-empt each other in turns);
 - a tier-3 job, by any tier-1 or tier-2 job, and (to reclaim its queue's guarantee) by an urgent
   tier-3 job with a deadline, unless it has a deadline itself (:mod:`.deadlines`);
 - a tier-2 job, only when ``J`` reclaims: ``J``'s queue is under its guarantee
@@ -57,42 +58,36 @@ def find_victims(
     limit_node: Queue | None,
     one_leaf: bool = False,
     urgent: bool = False,
-    urgent_jobs=(),
 ) -> tuple[Placement, list[Job]] | None:
     """The victims to pre-empt so that ``job`` can start, and where it will run; or None.
 
     ``room[node]`` bounds what pre-emption could free on each node (the GPUs of running tier-3
     jobs there, plus tier-2 when reclaiming); nodes where even that is too little are skipped.
-    ``urgent``: ``job`` is an urgent job with a deadline; ``urgent_jobs``: the ids of all such
-    jobs (:mod:`.deadlines`). A running urgent tier-3 job is a victim as a tier-2 job is (only
-    to reclaim a guarantee, never below its own queue's): were it a plain tier-3 victim, it and
-    the tier-2 job it reclaimed from could pre-empt each other in turns.
     """
     state, cluster = ctx.state, ctx.state.cluster
     per_node = job.gpus_per_node or (job.gpus if job.gpus <= cluster.max_node_gpus else None)
     chain = {id(q) for q in queue.chain()}
+    guard = _GuaranteeGuard(ctx.tree, chain)
     minimum_run = {tier: t.minimum_run_time for tier, t in ctx.settings.tiers.items()}
-
-    def tier_of(victim: Job) -> int:  # as a victim
-        return 2 if victim.tier == 3 and victim.id in urgent_jobs else victim.tier
-
-    guard = _GuaranteeGuard(ctx.tree, chain, tier_of)
 
     def eligible(victim: Job) -> bool:
         if victim.tier == 1 or victim.preempted_by is not None or victim.fractional:
             return False
+        if victim.id in job.preemptors:
+            return False  # it pre-empted this job: never in turns (an urgent tier-3 job can
+            # reclaim from the tier-2 job that took its GPUs for plain priority, and back)
         if not victim.gpus:
             return False  # a CPU-only job frees no GPU
         if now - victim.start_time < minimum_run[victim.tier]:
             return False
-        if tier_of(victim) == 2 and not (reclaim and _other_queue(ctx.tree, victim, chain)):
+        if victim.tier == 2 and not (reclaim and _other_queue(ctx.tree, victim, chain)):
             return False
         if victim.tier == 3 and job.tier == 3 and (not urgent or victim.deadline is not None):
             return False  # tier 3 gives way to tier 3 only for an urgent deadline, never in turns
         return limit_node is None or _under(ctx.tree.get(victim.queue), limit_node)
 
     def cost(victim: Job) -> tuple:
-        return (tier_of(victim) == 2, lost_work(victim, now, ctx.settings), victim.gpus, victim.id)
+        return (victim.tier == 2, lost_work(victim, now, ctx.settings), victim.gpus, victim.id)
 
     options = []  # (cost, node, victims): the cheapest way to make room on each node
     need = per_node or 1
@@ -117,7 +112,7 @@ def find_victims(
                 free += sum(p.gpus for p in state.allocations[victim.id].parts if p.node == idx)
         if free < need or (not chosen and per_node):
             continue
-        total = (sum(v.gpus for v in chosen if tier_of(v) == 2), sum(cost(v)[1] for v in chosen))
+        total = (sum(v.gpus for v in chosen if v.tier == 2), sum(cost(v)[1] for v in chosen))
         options.append(((*total, len(chosen), idx), idx, chosen, free))
     if not options:
         return None
@@ -215,15 +210,15 @@ class _GuaranteeGuard:
     """Keeps tier-2 victims from taking their queues (or ancestors that are not the
     pre-emptor's) below their guarantees, counting the victims already taken."""
 
-    def __init__(self, tree: QueueTree, preemptor_chain: set, tier_of=lambda job: job.tier):
-        self.tree, self.chain, self.tier_of = tree, preemptor_chain, tier_of
+    def __init__(self, tree: QueueTree, preemptor_chain: set):
+        self.tree, self.chain = tree, preemptor_chain
         self.taken: dict[int, float] = {}  # id(queue) -> tier-2 GPUs taken under it
 
     def allows(self, victim: Job) -> bool:
         """Tier-3 victims are always allowed; a tier-2 victim only while its queue stays at or
         above its guarantee, counting every victim already taken from it (any tier) and the
         victims of other claims still in their grace period (``leaving``)."""
-        if self.tier_of(victim) != 2:
+        if victim.tier != 2:
             return True
         for node in self.tree.get(victim.queue).chain():
             if id(node) in self.chain:

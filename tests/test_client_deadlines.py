@@ -1,3 +1,4 @@
+# ruff: noqa: F811
 """Deadlines from a notebook: ``client.submit(deadline=...)``, ``client.estimate(deadline=...)``
 and ``%%gpujob --deadline``, against a real in-process service (the fixtures of
 ``tests/test_client.py``). What the service does with a deadline: ``tests/test_deadlines_api.py``.
@@ -12,45 +13,14 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from service_helpers import TOKENS
-from test_client import ThreadedService, fill_h100, run
+
+# service, shell and workdir: the fixtures of tests/test_client.py, used as arguments (F811)
+from test_client import fill_h100, run, service, shell, workdir  # noqa: F401
 
 from jupyter_gpusched.notebook.client import GPUSchedError
 from jupyter_gpusched.notebook.estimate import Estimate
 
 L40S = {"command": "sleep 60", "gpus": 1, "gpu_model": "L40S", "walltime": "1h"}
-
-
-# the fixtures of tests/test_client.py
-@pytest.fixture
-def service(tmp_path):
-    running = ThreadedService(tmp_path)
-    yield running
-    running.close()
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    path = tmp_path / "work"
-    path.mkdir()
-    monkeypatch.chdir(path)
-    return path
-
-
-@pytest.fixture
-def shell(service, monkeypatch, workdir):
-    from IPython.core.interactiveshell import InteractiveShell
-
-    from jupyter_gpusched.notebook.magics import GPUSchedMagics
-
-    monkeypatch.setenv("GPUSCHED_SERVICE_URL", service.url)
-    monkeypatch.setenv("GPUSCHED_SERVICE_TOKEN", TOKENS["alice"])
-    ip = InteractiveShell.instance()
-    result = ip.run_cell("%load_ext jupyter_gpusched", store_history=False)
-    assert result.success, result.error_in_exec
-    yield ip
-    ip.magics_manager.registry.pop(GPUSchedMagics.__name__, None)
-    ip.extension_manager.loaded.discard("jupyter_gpusched")
 
 
 def test_submit_takes_a_datetime_a_timedelta_or_the_apis_forms(service, workdir):

@@ -239,8 +239,12 @@ def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
     for section in ("waiting", "queue-history", "showback", "reaper-events", "nodes-admin"):
         expect(page.locator(f"#{section}")).to_have_count(0)
     # it refreshes itself: a job submitted now appears without a reload
-    later = _submit(hub, "alice", gpus=1, queue="research/vision", name="later")
-    expect(page.locator(f"#my-jobs tr.job[data-id='{later['id']}']")).to_be_visible()
+    later = _submit(
+        hub, "alice", gpus=1, queue="research/vision", name="later", walltime="1h", deadline="6h"
+    )
+    row = page.locator(f"#my-jobs tr.job[data-id='{later['id']}']")
+    expect(row).to_be_visible()
+    expect(row.locator(".deadline")).to_contain_text("due by")  # its deadline, in local time
     # when would I start? The words POST api/estimate's answer makes for the same body
     answer = _estimate(page, hub, token, gpus="1", queue="research/vision")
     assert answer["start_now"] and answer["queue"] == "research/vision"

@@ -80,6 +80,14 @@ async function cancelArray(arrayId, button) {
   }
 }
 
+function deadlineBadge(job) {
+  // a job with a deadline: when it is due (local time), or that it missed it
+  if (job.deadline === null || job.deadline === undefined) return null;
+  const missed = Boolean(job.deadline_missed);
+  const text = missed ? `missed its deadline ${clock(job.deadline)}` : `due by ${clock(job.deadline)}`;
+  return el('span', { class: `deadline${missed ? ' missed' : ''}`, text, title: new Date(job.deadline * 1000).toString() });
+}
+
 function drawMyJobs(jobs, sessions, names) {
   const spark = new Map(sessions.map((s) => [s.job_id, s.utilization_history || []]));
   if (!jobs.length) return fill('my-jobs', el('p', { class: 'empty', text: 'No pending or running jobs or servers.' }));
@@ -102,7 +110,7 @@ function drawMyJobs(jobs, sessions, names) {
       { class: `job ${state}`, 'data-id': isArray ? null : job.id, 'data-array': job.array_id || null, 'data-running': count.running, 'data-pending': count.pending },
       el('td', { text: isArray ? arrayName(job, names) : job.id }),
       el('td', { text: job.kind === 'notebook' ? job.name || 'notebook server' : what }),
-      el('td', { text: state }),
+      el('td', { text: state }, deadlineBadge(job)),
       el('td', { text: job.queue }),
       el('td', {}, tierBadge(job.tier)),
       el('td', { class: 'num', text: gpus(job.gpus * (job.gpu_fraction || 1)) }),

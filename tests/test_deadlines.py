@@ -234,3 +234,14 @@ def test_the_tier2_job_an_urgent_job_reclaimed_from_does_not_pre_empt_it_back():
     for now in (5000, 10000, 50000):
         assert not preempted(sched.schedule(now))
     assert sched.jobs["a3"].state == JobState.RUNNING
+
+
+def test_a_restored_running_job_is_still_watched_for_its_deadline():
+    from jupyter_gpusched.core.state import Part, Placement
+
+    sched = Scheduler(cluster(("n1", 8, "leaf-1")))
+    running = job("r", 8, walltime=600, deadline=1000)
+    running.start_time, running.runs, running.first_start = 100.0, 1, 100.0
+    sched.restore(running, Placement((Part(node=0, mask=255),)), 200)
+    sched.schedule(200)
+    assert DeadlineMissed("r", 1000, "kept") in sched.schedule(1000)

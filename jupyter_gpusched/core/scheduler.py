@@ -345,6 +345,8 @@ class Scheduler:
     def restore(self, job: Job, placement: Placement, now: float) -> Job:
         """See :meth:`.Admin.restore`."""
         self._start(self.admin.restore(job, placement, now), placement, now, restored=True)
+        if job.deadline is not None:
+            deadlines.watch(self, job, now)  # its deadline is still watched
         return job
 
     def forget(self, job_id: str) -> None:

@@ -112,7 +112,7 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()
                     within = (
                         sched.settings.leaf_reservation_slack if sched._fits_one_leaf(job) else None
                     )
-                    ends = corrected_ends(sched.ledger.ends, sched.jobs, now, sched.overrun_end)
+                    ends = corrected_ends(sched.ledger.ends, sched.jobs, now, sched.settings)
                     previous = reserve(sched.state, job, ends, sched.jobs, now, within)
                     hold_one_leaf(sched.cluster, job, previous, within)
                 sched.reservation = previous  # a quick pass keeps the last one's estimate

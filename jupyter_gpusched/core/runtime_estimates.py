@@ -165,10 +165,17 @@ class RuntimeEstimates:
         return planned
 
 
-def corrected_ends(ends: list, jobs: dict, now: float, overrun_end) -> Iterable[tuple[float, str]]:
+def overrun_end(settings, job, now: float) -> float:
+    """When running ``job``, past its learned estimate at ``now``, is planned to end: it runs as
+    long again as it has run, but not past its walltime (else the policy's default)."""
+    limit = job.start_time + settings.walltime(job)
+    return max(now, min(limit, job.start_time + 2 * (now - job.start_time)))
+
+
+def corrected_ends(ends: list, jobs: dict, now: float, settings) -> Iterable[tuple[float, str]]:
     """The running jobs' (planned end, id), soonest first, for a reservation at ``now``: a job
-    that has outrun its learned estimate is planned to end at ``overrun_end(job, now)`` (as long
-    again as it has run, within its walltime: :meth:`.Scheduler.overrun_end`) rather than now.
+    that has outrun its learned estimate is planned to end at :func:`overrun_end` (as long
+    again as it has run, within its walltime) rather than now.
     A prediction found too short is raised (as Tsafrir, Etsion and Feitelson, 2007, raise it to
     the user's estimate): taking such a job to end now would reserve GPUs it still holds, and
     let no job backfill in front of a start that will not come. A job planned with its walltime
@@ -179,7 +186,7 @@ def corrected_ends(ends: list, jobs: dict, now: float, overrun_end) -> Iterable[
     if not any(jobs[job_id].estimated for _, job_id in ends[:overrun]):
         return ends
     late = sorted(
-        (overrun_end(jobs[job_id], now) if jobs[job_id].estimated else end, job_id)
+        (overrun_end(settings, jobs[job_id], now) if jobs[job_id].estimated else end, job_id)
         for end, job_id in ends[:overrun]
     )
     return heapq.merge(late, islice(ends, overrun, None))

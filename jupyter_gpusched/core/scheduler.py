@@ -407,13 +407,6 @@ class Scheduler:
     def _estimated_end(self, job: Job) -> float:
         return job.start_time + self._walltime(job)
 
-    def overrun_end(self, job: Job, now: float) -> float:
-        """When running ``job``, past its learned estimate at ``now``, is planned to end: it runs
-        as long again as it has run, but not past its walltime (else the default): see
-        .runtime_estimates.corrected_ends."""
-        limit = job.start_time + self.settings.walltime(job)
-        return max(now, min(limit, job.start_time + 2 * (now - job.start_time)))
-
     def planned_run_time(self, job: Job) -> float:
         """How long the engine plans ``job`` to run: its walltime, the policy default or a
         learned estimate (:mod:`.runtime_estimates`)."""

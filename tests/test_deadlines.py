@@ -245,3 +245,17 @@ def test_a_restored_running_job_is_still_watched_for_its_deadline():
     sched.restore(running, Placement((Part(node=0, mask=255),)), 200)
     sched.schedule(200)
     assert DeadlineMissed("r", 1000, "kept") in sched.schedule(1000)
+
+
+def test_an_urgent_job_requeued_after_its_node_went_down_is_still_urgent():
+    sched = two_nodes()
+    sched.job_ended("long", 10)
+    sched.submit(job("u", 8, t=10, walltime=600, deadline=1200), 10)  # urgent at once
+    assert "u" in started(sched.schedule(10))
+    sched.submit(job("filler", 16, t=20, walltime=600), 20)
+    sched.schedule(20)
+    node = sched.cluster.nodes[next(iter(sched.state.allocations["u"].nodes))].name
+    sched.set_node_state(node, "down", 30)
+    assert sched.jobs["u"].state == JobState.PENDING
+    assert "u" in sched.priorities.urgent
+    assert order(sched, 30) == ["u", "filler"]

@@ -258,6 +258,8 @@ class Scheduler:
             self.job_ended(job_id, now, "failed")
             if job.kind == "batch" and job.state == JobState.FAILED:
                 self._requeue(job, reasons.NODE_DOWN.reason(node=name))
+                if job.deadline is not None:  # its failed run ended its urgency: watched anew
+                    deadlines.watch(self, job, now)
 
     # -- the pass ----------------------------------------------------------------------------
     def schedule(self, now: float) -> list:

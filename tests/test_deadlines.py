@@ -10,9 +10,9 @@ import pytest
 from helpers import cluster, job, preempted, queues, started
 
 from jupyter_gpusched.core import PolicySettings, Scheduler
-from jupyter_gpusched.core.deadlines import earliest_finish
 from jupyter_gpusched.core.decisions import DeadlineMissed, Stop
 from jupyter_gpusched.core.errors import ConfigError
+from jupyter_gpusched.core.estimate import earliest_finish
 from jupyter_gpusched.core.jobs import JobState
 
 

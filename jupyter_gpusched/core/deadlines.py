@@ -21,7 +21,7 @@ waits:
 The ``slurm`` baseline has Slurm's ``--deadline`` instead: no urgency; a pending job is
 cancelled at its latest start (when it can no longer end in time), a running one is left.
 
-At submission the adapter asks :func:`earliest_finish`: the job is tried on a copy of the
+At submission the adapter asks :func:`.estimate.earliest_finish`: the job is tried on a copy of the
 engine (:mod:`.estimate`, the pass a real submission gets); it finishes at the start that pass
 gives it (now, or its reservation's start) plus its planned run time. A job that the pass
 leaves behind another's reservation gets the start of a reservation made for it alone (as if it
@@ -31,14 +31,12 @@ deadline that cannot be met whatever happens is refused.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 
 from .copying import copy_parts
 from .decisions import DeadlineMissed
 from .jobs import Job, JobState
-from .reservation import reserve
 
 
 def latest_start(job: Job, run_time: float) -> float:
@@ -49,32 +47,6 @@ def latest_start(job: Job, run_time: float) -> float:
 def urgent_from(job: Job, run_time: float, urgency: float) -> float:
     """When a waiting ``job`` becomes urgent: its slack is then ``urgency`` x its run time."""
     return latest_start(job, run_time) - urgency * run_time
-
-
-def earliest_finish(sched, job: Job, now: float) -> float | None:
-    """The earliest ``job`` (not yet submitted to ``sched``) could finish if submitted at ``now``
-    (None: it would be rejected: it can never run here). ``sched`` is not changed."""
-    from .estimate import estimate  # (estimate imports the scheduler, which imports us)
-
-    trial_job = dataclasses.replace(job, labels=dict(job.labels))
-    run_time = sched.planned_run_time(trial_job)
-    found = estimate(sched, trial_job, now)
-    if found.rejected:
-        return None
-    if found.start_now:
-        return now + run_time
-    start = found.eta
-    if start is None:  # behind another's reservation: the one it would have if it were first
-        start = _alone(found.job, sched, now)
-    return max(start, now) + run_time
-
-
-def _alone(job: Job, sched, now: float) -> float:
-    """The start of the reservation ``job`` would get were it the first blocked job."""
-    if job.state != JobState.PENDING or not job.gpus:
-        return now
-    reservation = reserve(sched.state, job, sched.ledger.ends, sched.jobs, now)
-    return now if reservation.start is None else reservation.start
 
 
 URGENT, LATEST_START, DEADLINE = "urgent", "latest-start", "deadline"

@@ -20,9 +20,11 @@ it).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 from .jobs import Job, JobState, Reason
+from .reservation import reserve
 from .scheduler import Scheduler
 
 
@@ -78,3 +80,28 @@ def estimate(sched: Scheduler, job: Job, now: float) -> Estimate:
     eta = reason.eta if reason is not None else None
     ahead = trial.position(job.id)
     return Estimate(job, started, eta, reason, None if ahead is None else ahead + 1)
+
+
+def earliest_finish(sched, job: Job, now: float) -> float | None:
+    """The earliest ``job`` (not yet submitted to ``sched``) could finish if submitted at ``now``
+    (None: it would be rejected: it can never run here): the check of a job's deadline at
+    submission (:mod:`.deadlines`). ``sched`` is not changed."""
+    trial_job = dataclasses.replace(job, labels=dict(job.labels))
+    run_time = sched.planned_run_time(trial_job)
+    found = estimate(sched, trial_job, now)
+    if found.rejected:
+        return None
+    if found.start_now:
+        return now + run_time
+    start = found.eta
+    if start is None:  # behind another's reservation: the one it would have if it were first
+        start = _alone(found.job, sched, now)
+    return max(start, now) + run_time
+
+
+def _alone(job: Job, sched, now: float) -> float:
+    """The start of the reservation ``job`` would get were it the first blocked job."""
+    if job.state != JobState.PENDING or not job.gpus:
+        return now
+    reservation = reserve(sched.state, job, sched.ledger.ends, sched.jobs, now)
+    return now if reservation.start is None else reservation.start

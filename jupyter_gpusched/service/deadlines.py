@@ -2,7 +2,7 @@
 ``deadline`` gets, and what the service does when the engine says a job missed its deadline.
 
 - **At submission** (``POST api/jobs``, ``POST api/estimate``; :func:`earliest_finish_or_refuse`):
-  the job is tried on a copy of the engine (:func:`~..core.deadlines.earliest_finish`, the cost
+  the job is tried on a copy of the engine (:func:`~..core.estimate.earliest_finish`, the cost
   of one snapshot, paid only by jobs with a deadline); a deadline before the earliest finish is
   a 400 on ``deadline`` that gives that finish (UTC) and the walltime it was planned with, and
   nothing is queued. A job array's elements share one deadline: its first element is checked
@@ -22,10 +22,10 @@ import dataclasses
 import math
 from datetime import datetime, timezone
 
-from ..core.deadlines import earliest_finish
 from ..core.decisions import DeadlineMissed
 from ..core.durations import describe_duration
 from ..core.errors import ConfigError
+from ..core.estimate import earliest_finish
 from ..core.jobs import Job, JobState
 from .request_values import RequestError
 

@@ -243,6 +243,23 @@ INVALID = {
     ).filter(lambda v: not (_is_number(v) and v is not None and 0 < v <= 1)),
     "gpu_model": st.sampled_from(["A100", "", " ", [], [""], ["A100"], 3, {"H100": 1}, True]),
     "walltime": st.sampled_from(["soon", "", "-1h", "5x", 0, -3, True, [1], {"h": 1}, 10**400]),
+    "deadline": st.sampled_from(
+        [
+            "soon",
+            "",
+            "-1h",
+            0,
+            -3,
+            True,
+            [1],
+            {"h": 1},
+            10**400,
+            "2020-01-01T00:00:00Z",
+            "2030-01-01T00:00:00",
+            "2026-13-01T00:00Z",
+            "3y",
+        ]
+    ),
     "cpus": _not(json_values | wrong_numbers, _is_number),
     "memory_gb": _not(json_values | wrong_numbers, _is_number),
     "labels": _not(

@@ -88,6 +88,31 @@ def test_warned_once_per_idle_stretch_and_busy_resets():
     assert decide([busy], settings(), NOW) == []
 
 
+def test_use_since_the_warning_cancels_it_use_learned_late_from_before_it_does_not():
+    """The hub reports a CPU-only server's activity late (``busy_at`` older than the tick that
+    reads it). Activity from before the warning, learned after it, restarts the idle stretch but
+    the warning stands: one warning for the same quiet, and the stop at least a timeout after
+    that activity and no sooner than the warning said. Activity after the warning answers it."""
+    lead, timeout = 30.0, 60.0
+    rules = settings(timeout_tier_2=timeout, warning_lead=lead)
+    s = session(gpus=0, last_busy=NOW - 40, last_measured=NOW - 1)
+    (warn,) = decide([s], rules, NOW)
+    s.warned, s.warn_deadline = NOW, warn.deadline  # the reaper sent it: stop at NOW + 30
+    s.measured(NOW + 1, busy=True, busy_at=NOW - 10)  # use at NOW - 10, learned only now
+    assert (s.warned, s.idle_since) == (NOW, NOW - 10)
+    assert decide([s], rules, NOW + 2) == []  # no second warning
+    assert next_moment([s], rules, NOW + 2) == NOW + 50  # a whole timeout after that use
+    s.measured(NOW + 49, busy=False)
+    assert decide([s], rules, NOW + 50) == [Cull("j-000001", "idle", timeout, NOW - 10)]
+    # use after the warning went out: the warning is answered, the next stretch warns anew
+    s.measured(NOW + 5, busy=True, busy_at=NOW + 3)
+    assert (s.warned, s.warn_deadline, s.idle_since) == (None, None, NOW + 3)
+    # a GPU measurement's use is at its own time: after any warning
+    gpu = session(last_busy=NOW - 40, warned=NOW - 5, warn_deadline=NOW + 25)
+    gpu.measured(NOW, busy=True)
+    assert gpu.warned is None and gpu.idle_since == NOW
+
+
 def test_never_reported_busy_counts_from_the_start():
     s = session(started=NOW - 35 * 60, last_busy=None)
     assert decide([s], settings(), NOW) == [

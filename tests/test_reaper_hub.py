@@ -693,7 +693,11 @@ def test_an_idle_cpu_only_server_is_warned_then_culled_for_no_activity(hub):
     timeout = round(idle + 4, 1)  # warned 2 s from now, culled 4 s from now
     configure(hub, timeout_tier_2=timeout)
     wait_all_culled(hub, {"bob": job_id}, timeout=4 + lead + 15, read_notices=False)
-    (warning,) = reaper_events(hub, job_id, "reaper-warning")
+    # one warning, even when the hub reports the server's start-up activity late (it moves the
+    # stretch's start, the warning stands: core/reaper.py, Session.measured)
+    warnings = reaper_events(hub, job_id, "reaper-warning")
+    assert len(warnings) == 1, warnings
+    (warning,) = warnings
     assert warning["message"].startswith("This server has had no activity since "), warning
     assert "unless it is used" in warning["message"], warning
     (cull,) = cull_events(hub, job_id)

@@ -104,14 +104,18 @@ class Session:
         what :func:`decide` sees (the live reaper's ``service/reaper_measure.py`` and the
         what-if's ``sim/reaper_whatif.py`` both call it). ``busy``: it showed use, at ``busy_at``
         (default ``when``; the hub's last activity is older than the tick that reads it). Use
-        ends the idle stretch, and so cancels its warning; any measurement ends an unmonitored
-        stretch."""
+        ends the idle stretch; use since the warning went out cancels it. Use from before the
+        warning that is only learned now (the hub reports activity late) moves the stretch's
+        start, and the warning stands: the stop stays at least a timeout after that use and no
+        sooner than the warning said, without a second warning for the same quiet. Any
+        measurement ends an unmonitored stretch."""
         self.last_measured = when
         if self.first_measured is None:
             self.first_measured = when
         if busy:
             self.last_busy = when if busy_at is None else busy_at
-            self.warned = self.warn_deadline = self.kernels_shut = None
+            if self.warned is None or self.last_busy >= self.warned:
+                self.warned = self.warn_deadline = self.kernels_shut = None
         self.unmonitored_reported = self.unmonitored_reason = self.unmonitored_told = None
 
 
@@ -317,8 +321,9 @@ def next_moment(sessions, settings: dict, now: float) -> float | None:
             moments.append(end)
         timeout = timeout_for(s, settings)
         if timeout is not None:
-            moments += [s.idle_since + timeout - lead, s.idle_since + timeout]
-            if s.warned is not None:
+            if s.warned is None:  # when it is warned, then when it may be stopped
+                moments += [s.idle_since + timeout - lead, s.idle_since + timeout]
+            else:
                 moments.append(stop_due(s, timeout, settings))
         if s.kernels_shut is not None:
             moments.append(s.kernels_shut + lead)

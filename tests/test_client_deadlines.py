@@ -124,3 +124,22 @@ def test_gpujob_estimate_with_a_deadline_prints_the_earliest_finish(shell, workd
     run(shell, "%%gpujob --estimate --gpus 1 --walltime 2h --deadline 1d\nprint(1)\n")
     out = capsys.readouterr().out
     assert out.startswith("%%gpujob: starts now; can finish at "), out
+
+
+def test_the_queue_widget_says_when_a_job_is_due_and_when_it_missed(service, workdir):
+    from jupyter_gpusched.notebook.job import Job
+    from jupyter_gpusched.notebook.widgets import QueueWidget, _job_line
+
+    alice = service.client()
+    due = alice.submit(**L40S, deadline="6h")
+    plain = alice.submit(**L40S)
+    widget = QueueWidget(alice, interval=60, autostart=False)
+    widget.refresh()
+    clock = due.summary()["deadline"]
+    assert f"due by {clock}" in widget.rows[due.id]["html"].value
+    assert "due by" not in widget.rows[plain.id]["html"].value
+    widget.close()
+    # a job the service marked as having missed its deadline (the engine's part: test_deadlines)
+    missed = Job(alice, due.id, {**due.data, "deadline_missed": True})
+    line = _job_line(missed)
+    assert f"missed its deadline {clock}" in line and "due by" not in line

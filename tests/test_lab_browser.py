@@ -155,7 +155,10 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
 
     # a batch job alice cannot start now (her 2 GPUs + 4 > her queue's limit of 4): it queues
     response = hub.service(
-        "POST", "api/jobs", token, json={"command": "sleep 600", "gpus": 4, "name": "big-run"}
+        "POST",
+        "api/jobs",
+        token,
+        json={"command": "sleep 600", "gpus": 4, "name": "big-run", "deadline": "2d"},
     )
     assert response.status_code == 201, response.text
     job = response.json()
@@ -166,6 +169,10 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
     sync_api.expect(panel).to_be_visible()
     row = panel.locator(f'.jp-gpusched-job[data-job-id="{job["id"]}"]')
     sync_api.expect(row).to_contain_text("pending")
+    # when it must have finished, as the scheduler's page says it (the time: Chromium's clock)
+    due = row.locator(".jp-gpusched-deadline")
+    sync_api.expect(due).to_have_text(re.compile(r"^due by \d\d:\d\d$"))
+    sync_api.expect(due).to_have_attribute("title", re.compile(r"\d{4}"))
     queue_row = panel.locator(f'[data-queue-job="{job["id"]}"]')
     sync_api.expect(queue_row).to_contain_text("mine")
     sync_api.expect(panel.locator(".jp-gpusched-node")).to_contain_text("gpu1")

@@ -256,6 +256,15 @@ def _job_line(job: Job) -> str:
         parts.append(html.escape(s["name"]))
     parts.append(f"<span style='color:{colour}'>{html.escape(state)}</span>")
     parts.append(f"{html.escape(s['gpus'])} GPU · tier {s['tier']} · {html.escape(s['queue'])}")
+    if job.data.get("deadline"):  # as the scheduler's page says it
+        missed = job.data.get("deadline_missed")
+        due = html.escape(s["deadline"].removesuffix(" (missed)"))
+        parts.append(
+            f"<span class='gpusched-deadline' style='color:{state_colour('failed')}'>"
+            f"missed its deadline {due}</span>"
+            if missed
+            else f"<span class='gpusched-deadline'>due by {due}</span>"
+        )
     if state == "pending":
         if s.get("position"):
             parts.append(f"queued {s['position']}")

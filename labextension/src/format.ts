@@ -173,6 +173,21 @@ export function reasonNode(reason: IReason | null | undefined): HTMLElement | nu
   );
 }
 
+/** A job's deadline (the scheduler's page says it the same way): "due by 18:00", or that it
+ * missed it; null for a job without one. */
+export function deadlineNode(job: { deadline?: number | null; deadline_missed?: boolean }): HTMLElement | null {
+  if (job.deadline === null || job.deadline === undefined) {
+    return null;
+  }
+  const missed = Boolean(job.deadline_missed);
+  const text = `${missed ? 'missed its deadline' : 'due by'} ${clock(job.deadline)}`;
+  return el(
+    'span',
+    { class: `jp-gpusched-deadline${missed ? ' jp-gpusched-deadline-missed' : ''}`, title: new Date(job.deadline * 1000).toString() },
+    text
+  );
+}
+
 /** A tier as a small tag in the one tier palette (docs/notebook.md: tier colours). */
 export function tierTag(tier: number): HTMLElement {
   return el('span', { class: `jp-gpusched-tag jp-gpusched-tier jp-gpusched-t${tier}` }, `tier ${tier}`);

@@ -21,6 +21,7 @@ import {
   arrayText,
   groupArrays,
   clock,
+  deadlineNode,
   el,
   num,
   ordinal,
@@ -244,7 +245,9 @@ export class GPUPanel extends Widget {
               'span',
               { class: 'jp-gpusched-util', title: 'GPU utilization (mean over its GPUs), as its notebook server last reported it' },
               `GPU ${job.state === 'running' ? utilizationText(job) : '\u2014'}`
-            )
+            ),
+        job.deadline ? ' · ' : null,
+        deadlineNode(job)
       ),
       job.state === 'pending' ? reasonNode(job.reason) : null,
       actions.childElementCount ? actions : null

@@ -47,6 +47,16 @@ export function clock(epoch: number): string {
   });
 }
 
+/** "18:00" today, else "2026-12-07 18:00" (as the notebook widget says a time). */
+export function dayAndClock(epoch: number): string {
+  const moment = new Date(epoch * 1000);
+  if (moment.toDateString() === new Date().toDateString()) {
+    return clock(epoch);
+  }
+  const day = `${moment.getFullYear()}-${String(moment.getMonth() + 1).padStart(2, '0')}-${String(moment.getDate()).padStart(2, '0')}`;
+  return `${day} ${clock(epoch)}`;
+}
+
 /** "queued #3 · policy · ETA 14:20" (the status bar: the family only, the panel says more). */
 export function queued(position: number | null, reason: IReason | null): string {
   const parts = [position === null ? 'held' : `queued #${position + 1}`];
@@ -180,7 +190,7 @@ export function deadlineNode(job: { deadline?: number | null; deadline_missed?: 
     return null;
   }
   const missed = Boolean(job.deadline_missed);
-  const text = `${missed ? 'missed its deadline' : 'due by'} ${clock(job.deadline)}`;
+  const text = `${missed ? 'missed its deadline' : 'due by'} ${dayAndClock(job.deadline)}`;
   return el(
     'span',
     { class: `jp-gpusched-deadline${missed ? ' jp-gpusched-deadline-missed' : ''}`, title: new Date(job.deadline * 1000).toString() },

@@ -89,6 +89,14 @@ function clock(epoch, seconds = false) {
   return new Date(epoch * 1000).toLocaleTimeString([], parts);
 }
 
+function dayAndClock(epoch) {
+  // "18:00" today, else "2026-12-07 18:00" (as the Lab panel and the notebook widget say it)
+  const moment = new Date(epoch * 1000);
+  if (moment.toDateString() === new Date().toDateString()) return clock(epoch);
+  const pad = (n) => String(n).padStart(2, '0');
+  return `${moment.getFullYear()}-${pad(moment.getMonth() + 1)}-${pad(moment.getDate())} ${clock(epoch)}`;
+}
+
 function eta(epoch) {
   if (epoch === null || epoch === undefined) return '';
   const wait = epoch - Date.now() / 1000;

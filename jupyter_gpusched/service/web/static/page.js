@@ -84,7 +84,7 @@ function deadlineBadge(job) {
   // a job with a deadline: when it is due (local time), or that it missed it
   if (job.deadline === null || job.deadline === undefined) return null;
   const missed = Boolean(job.deadline_missed);
-  const text = missed ? `missed its deadline ${clock(job.deadline)}` : `due by ${clock(job.deadline)}`;
+  const text = `${missed ? 'missed its deadline' : 'due by'} ${dayAndClock(job.deadline)}`;
   return el('span', { class: `deadline${missed ? ' missed' : ''}`, text, title: new Date(job.deadline * 1000).toString() });
 }
 

@@ -259,3 +259,19 @@ def test_an_urgent_job_requeued_after_its_node_went_down_is_still_urgent():
     assert sched.jobs["u"].state == JobState.PENDING
     assert "u" in sched.priorities.urgent
     assert order(sched, 30) == ["u", "filler"]
+
+
+def test_an_urgent_job_requeued_after_its_node_went_down_leaves_the_queue_when_cancelled():
+    # it was queued in the list of jobs that are not urgent, then made urgent: cancelling it
+    # looked in the urgent list, missed it, and left it queued (the property suite found it)
+    sched = two_nodes()
+    sched.job_ended("long", 10)
+    sched.submit(job("u", 8, t=10, walltime=600, deadline=1200), 10)
+    assert "u" in started(sched.schedule(10))
+    node = sched.cluster.nodes[next(iter(sched.state.allocations["u"].nodes))].name
+    sched.set_node_state(node, "down", 30)
+    assert order(sched, 30) == ["u"]
+    sched.cancel("u", 40)
+    sched.schedule(40)
+    assert len(sched.pending) == 0 and list(sched.pending.ordered()) == []
+    assert sched.jobs["u"].state == JobState.CANCELLED and sched.jobs["u"].reason is None

@@ -138,10 +138,13 @@ class PendingQueue:
         self.sizes: dict[float, int] = {}  # GPUs asked -> number of pending jobs asking that
         self.list_sizes: dict[tuple, dict[float, int]] = {}  # the same, per list
         self.walltimes = Smallest()  # (walltime estimate, id)
+        self.list_of_job: dict[str, tuple] = {}  # job id -> the list it was added to
         self.count = 0
 
     def __deepcopy__(self, memo):  # (core/copying.py: entries and keys are tuples)
-        return copy_parts(self, memo, flat=("heads", "sizes"), nested=("lists", "list_sizes"))
+        return copy_parts(
+            self, memo, flat=("heads", "sizes", "list_of_job"), nested=("lists", "list_sizes")
+        )
 
     def list_of(self, job: Job) -> tuple:
         if self.urgent is not None and job.deadline is not None and self.urgent(job.id):
@@ -151,7 +154,7 @@ class PendingQueue:
         return ("", 0, job.priority)
 
     def add(self, job: Job, walltime: float) -> None:
-        list_key = self.list_of(job)
+        list_key = self.list_of_job[job.id] = self.list_of(job)
         items = self.lists.setdefault(list_key, [])
         entry = (job.submit_time, job.id)
         insort(items, entry)
@@ -165,14 +168,13 @@ class PendingQueue:
         self.count += 1
 
     def remove(self, job: Job, walltime: float) -> None:
-        list_key = self.list_of(job)
-        items = self.lists.get(list_key)
-        if items is None:
+        # the list it was added to: its list key may have changed since (it became urgent)
+        list_key = self.list_of_job.pop(job.id, None)
+        if list_key is None:
             return  # not in the queue (e.g. held)
+        items = self.lists[list_key]
         entry = (job.submit_time, job.id)
         position = bisect_left(items, entry)
-        if position == len(items) or items[position] != entry:
-            return
         del items[position]
         if position == 0:
             if items:

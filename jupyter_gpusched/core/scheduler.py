@@ -257,9 +257,11 @@ class Scheduler:
             self.agenda.decisions.append(Stop(job_id, f"node {name} is down", ended=True))
             self.job_ended(job_id, now, "failed")
             if job.kind == "batch" and job.state == JobState.FAILED:
-                self._requeue(job, reasons.NODE_DOWN.reason(node=name))
-                if job.deadline is not None:  # its failed run ended its urgency: watched anew
+                if job.deadline is not None:
+                    # its failed run ended its urgency: watched anew, before it is queued
+                    # (an urgent job is queued in a list of its own)
                     deadlines.watch(self, job, now)
+                self._requeue(job, reasons.NODE_DOWN.reason(node=name))
 
     # -- the pass ----------------------------------------------------------------------------
     def schedule(self, now: float) -> list:

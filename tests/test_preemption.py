@@ -113,3 +113,28 @@ def test_holdings_name_running_jobs_and_the_claims_their_victims_freed():
     scheduler.job_ended("v1", 3700, "preempted")
     held = [(h.job_id, h.reserved, h.part.gpus) for h in scheduler.holdings(0)]
     assert held == [("big", True, 4), ("v2", False, 4)]
+
+
+def test_a_preemption_that_completes_is_not_reported_as_called_off():
+    # the claim's end on its last victim's exit once went through the calling-off path, which
+    # gave the starting job "its pre-emption was called off" for a moment
+    c = cluster(("n1", 8, "leaf"))
+    scheduler = Scheduler(c)
+    scheduler.submit(job("v", 8, tier=3), 0)
+    scheduler.schedule(0)
+    given = []
+    set_reason = scheduler.preemptions._set_reason
+    scheduler.preemptions._set_reason = lambda j, r: (given.append((j.id, r)), set_reason(j, r))
+    scheduler.submit(job("big", 8, tier=1, t=60), 60)
+    assert [d.job_id for d in scheduler.schedule(60) if isinstance(d, Preempt)] == ["v"]
+    scheduler.job_ended("v", 120, "preempted")
+    assert "big" in scheduler.running
+    assert [r.detail for j, r in given if j == "big"] == ["preempting"]
+    # called off (an admin holds it while its victim leaves): then it says so
+    scheduler.submit(job("v2", 8, tier=3, t=200), 200)
+    scheduler.job_ended("big", 200)
+    scheduler.schedule(200)
+    scheduler.submit(job("big2", 8, tier=1, t=300), 300)
+    scheduler.schedule(300)
+    scheduler.hold("big2", 310)
+    assert [r.detail for j, r in given if j == "big2"] == ["preempting", "preemption-dropped"]

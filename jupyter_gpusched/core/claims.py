@@ -203,23 +203,29 @@ class Preemptions:
 
     def hand_over(self, owner: str, victim_id: str) -> tuple[Job, Placement] | None:
         """A victim has gone: the claim takes what it freed. When it is whole, the claim is
-        dropped and the owner returned with its placement, for the scheduler to start."""
+        over and the owner returned with its placement, for the scheduler to start."""
         claim = self.claims[owner]
         claim.waiting.discard(victim_id)
         self._collect(owner, claim)
         if claim.waiting:
             return None
         job = self.jobs[owner]
-        self.drop(job)
+        self._end(job)  # the scheduler starts it now: its pre-emption was not called off
         return job, claim.placement
 
     def drop(self, job: Job) -> None:
-        claim = self.claims.pop(job.id, None)
-        if claim is None:
+        """Call off ``job``'s pre-emption (its node went away, an admin held it...): it waits
+        again, examined at the next pass."""
+        if job.id not in self.claims:
             return
         if job.state == JobState.PENDING and job.reason and job.reason.detail == "preempting":
             self._set_reason(job, reasons.PREEMPTION_DROPPED.reason())
-            self.agenda.new.append(job.id)  # examine it again at the next pass
+            self.agenda.new.append(job.id)
+        self._end(job)
+
+    def _end(self, job: Job) -> None:
+        """Forget ``job``'s claim: give back what it holds; victims still leaving simply end."""
+        claim = self.claims.pop(job.id)
         if holder(job.id) in self.state.allocations:
             self.state.release(holder(job.id))
         self._account_claim(job, -1)

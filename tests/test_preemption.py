@@ -1,6 +1,6 @@
 """Borrowing, reclaim and tier pre-emption, end to end through the replay."""
 
-from helpers import cluster, job, queues, run_replay, trace_job
+from helpers import cluster, job, names, preempted, queues, run_replay, started, trace_job
 
 from jupyter_gpusched.core import PolicySettings, Preempt, Scheduler
 
@@ -138,3 +138,24 @@ def test_a_preemption_that_completes_is_not_reported_as_called_off():
     scheduler.schedule(300)
     scheduler.hold("big2", 310)
     assert [r.detail for j, r in given if j == "big2"] == ["preempting", "preemption-dropped"]
+
+
+def test_a_job_whose_victims_are_leaving_starts_at_once_on_gpus_freed_elsewhere():
+    # it does not wait out its victims' grace while GPUs it fits on are free (a user would see
+    # "pre-empting spot" beside 8 free GPUs); the victims, already signalled, still leave
+    c = cluster(("n1", 8, "leaf"), ("n2", 8, "leaf"))
+    settings = PolicySettings.from_dict({"tiers": {3: {"grace_period": "10m"}}})
+    scheduler = Scheduler(c, settings=settings)
+    scheduler.submit(job("spot", 8, tier=3, walltime=86_400), 0)
+    scheduler.submit(job("train", 8, tier=2, walltime=86_400), 0)
+    assert set(started(scheduler.schedule(0))) == {"spot", "train"}
+    scheduler.submit(job("prod", 8, tier=1, t=10), 10)
+    assert [d.job_id for d in preempted(scheduler.schedule(10))] == ["spot"]
+    assert scheduler.jobs["prod"].reason.detail == "preempting"
+    train_node = next(iter(scheduler.state.allocations["train"].nodes))
+    scheduler.job_ended("train", 100)
+    assert names(scheduler, started(scheduler.schedule(100))["prod"]) == [c.nodes[train_node].name]
+    assert not scheduler._claims and scheduler.jobs["spot"].preempted_by is None
+    scheduler.job_ended("spot", 610, "preempted")  # its grace over: it leaves, requeued
+    assert scheduler.jobs["spot"].state.value == "pending"
+    assert "spot" in started(scheduler.schedule(610))

@@ -1,6 +1,8 @@
 """Pre-emption as the scheduler carries it out: victims are signalled, and the GPUs (and CPUs
 and memory) they free are *claimed* for the pre-empting job, which starts once all its victims
-have gone. Victim choice itself is :mod:`.preemption`.
+have gone, or sooner where GPUs free elsewhere meanwhile (a pass finds the place, and
+:meth:`Preemptions.started_elsewhere` ends the claim). Victim choice itself is
+:mod:`.preemption`.
 
 :class:`Preemptions` is the :class:`~jupyter_gpusched.core.scheduler.Scheduler`'s collaborator
 for it: it keeps the claims, and is given what it reads (the cluster state, the queue tree, the
@@ -212,6 +214,11 @@ class Preemptions:
         job = self.jobs[owner]
         self._end(job)  # the scheduler starts it now: its pre-emption was not called off
         return job, claim.placement
+
+    def started_elsewhere(self, job: Job) -> None:
+        """``job``, whose victims are still leaving, starts now on GPUs freed elsewhere: its
+        claim ends (the victims, already signalled, simply end)."""
+        self._end(job)
 
     def drop(self, job: Job) -> None:
         """Call off ``job``'s pre-emption (its node went away, an admin held it...): it waits

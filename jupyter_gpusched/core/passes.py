@@ -81,9 +81,15 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()
                 count_blocked(sched, pass_, sched._key(job_id))
             if pass_.blocked >= sched.settings.backfill_depth:
                 break
-        if job_id in sched._claims:
-            continue
         behind = pass_.reserved_key is not None and sched._key(job_id) > pass_.reserved_key
+        if job_id in sched._claims:
+            # its victims are leaving; GPUs freed elsewhere meanwhile may start it sooner
+            placement = None if behind else placement_elsewhere(sched, job, now)
+            if placement is not None:
+                sched.preemptions.started_elsewhere(job)
+                sched._start(job, placement, now)
+                pass_.started.append(job)
+            continue
         if behind and full and sched.leave_out_lists and list_cannot_start(sched, pass_, job, now):
             leave_out(sched, pass_, job)
             skip.add(sched.pending.list_of(job))
@@ -146,6 +152,15 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()
     if full:
         sched.lists_left_out += len(left_out)
     return stopped
+
+
+def placement_elsewhere(sched, job: Job, now: float) -> Placement | None:
+    """Where ``job``, whose pre-emption victims are still leaving, can start now on free GPUs
+    outside its claim (None: nowhere)."""
+    exclude = sched.admin.maintenance_excluded(job, now)
+    patient = sched._patient(job, now, behind=False)
+    topology = sched.policy.topology
+    return find_placement(sched.state, job, topology=topology, exclude=exclude, one_leaf=patient)
 
 
 def nothing_usable(sched, pass_: Pass, job: Job, now: float) -> bool:

@@ -72,6 +72,7 @@ class Cluster:
             if node.leaf not in leaves_of_spine:
                 leaves_of_spine.append(node.leaf)
         self.spine_of_leaf = {node.leaf: node.spine for node in nodes}
+        self.leaf_of = [node.leaf for node in nodes]  # by node index (for hot loops)
         self.total_gpus = sum(node.gpus for node in nodes)
         self.max_node_gpus = max(node.gpus for node in nodes)
         self.gpu_models = sorted({node.gpu_model for node in nodes})

@@ -77,42 +77,66 @@ def reserve(
     ``one_leaf_within`` (seconds; None: topology ignored) is for a gang that fits one leaf
     switch: its reservation is the earliest time one leaf has room for it, on that leaf's nodes,
     unless that comes more than ``one_leaf_within`` after the time it would fit across leaves
-    (then it is the cross-leaf one, as without topology)."""
+    (then it is the cross-leaf one, as without topology).
+
+    This walk is the engine's hottest loop at scale, so it is written for speed (the plain
+    version it replaced is kept as the reference in ``tests/test_reservation_walk.py``):
+    - a job of one node, or of k GPUs on each of n nodes, that names no GPU model and no label
+      (most jobs) starts from the free GPUs the cluster state counts (in all, per leaf, nodes
+      with k free) instead of adding up every node, and reads a node's free GPUs when an end
+      first touches it;
+    - the fit is tested only after an end that can change it: one that made a node ready (k
+      GPUs free then), or, for a gang spread as it fits, any that freed GPUs it may use."""
     cluster = state.cluster
+    node_state, labels = state.node_state, tuple(job.labels.items())
 
     def eligible(idx: int) -> bool:
         node = cluster.nodes[idx]
         return (
-            state.node_state[idx] == "up"
+            node_state[idx] == "up"
             and (job.gpu_models is None or node.gpu_model in job.gpu_models)
-            and all(node.labels.get(k) == v for k, v in job.labels.items())
+            and all(node.labels.get(k) == v for k, v in labels)
         )
 
     single = (job.gpus_per_node or job.gpus) == job.gpus and job.gpus <= cluster.max_node_gpus
+    shaped = single or bool(job.gpus_per_node)  # it needs whole nodes with ``threshold`` free
     threshold = job.gpus if single else (job.gpus_per_node or 1)
+    any_node = job.gpu_models is None and not labels
+    counted = shaped and any_node  # start from the state's counts (see above)
     pool = _Pool(job, single, threshold)
     leaves: dict[str, _Pool] | None = {} if one_leaf_within is not None else None
+    avail, ready = pool.avail, pool.ready  # (a node's GPUs free then: the same in its leaf's)
 
-    def add(idx: int, gpus: int) -> None:
-        pool.add(idx, gpus)
-        if leaves is not None:
-            leaf = cluster.nodes[idx].leaf
-            if leaf not in leaves:
-                leaves[leaf] = _Pool(job, single, threshold)
-            leaves[leaf].add(idx, gpus)
+    def leaf_pool(leaf: str) -> _Pool:
+        in_leaf = leaves.get(leaf)
+        if in_leaf is None:
+            in_leaf = leaves[leaf] = _Pool(job, single, threshold)
+            if counted:
+                in_leaf.total = state.leaf_free[leaf]
+        return in_leaf
 
-    node_state, labels = state.node_state, tuple(job.labels.items())
-    for model, buckets in state.index.items():  # (the index holds the nodes with free GPUs)
+    if counted:
+        pool.total = state.free_total
+    for model, buckets in state.index.items():  # (the index holds the up nodes, by free GPUs)
         if job.gpu_models is not None and model not in job.gpu_models:
             continue
-        for count in range(1, len(buckets)):
-            for members in buckets[count].values():
+        for count in range(threshold if counted else 1, len(buckets)):
+            for leaf, members in buckets[count].items():
                 for idx in members:
-                    if node_state[idx] != "up":
-                        continue
                     if labels and not all(cluster.nodes[idx].labels.get(k) == v for k, v in labels):
                         continue
-                    add(idx, count)
+                    if counted:
+                        avail[idx] = count
+                        ready.add(idx)
+                    else:
+                        pool.add(idx, count)
+                    if leaves is not None:
+                        in_leaf = leaf_pool(leaf)
+                        if counted:
+                            in_leaf.avail[idx] = count
+                            in_leaf.ready.add(idx)
+                        else:
+                            in_leaf.add(idx, count)
 
     def in_one_leaf(touched) -> frozenset[int] | None:
         # among leaves that fit it at the same time, the one with the fewest free GPUs (best fit)
@@ -124,19 +148,43 @@ def reserve(
         nodes = in_one_leaf(leaves) if leaves is not None else found[0]
         if nodes is not None:
             return Reservation(job.id, now, nodes)
+    free, allocations, leaf_of = state.free, state.allocations, cluster.leaf_of
     for end, job_id in ends:
         if found is not None and end > found[1] + one_leaf_within:
             break  # one leaf frees too late: the cross-leaf reservation stands
         if jobs[job_id].preempted_by is not None:
             continue
-        touched = set()
-        for part in state.allocations[job_id].parts:
-            if part.fraction == 1.0 and eligible(part.node):  # a shared GPU frees only when empty
-                add(part.node, part.gpus)
-                touched.add(cluster.nodes[part.node].leaf)
+        changed = None  # the leaves where the job may fit now and did not before
+        for part in allocations[job_id].parts:
+            idx = part.node
+            if part.fraction != 1.0:  # a shared GPU frees only when empty
+                continue
+            if not (node_state[idx] == "up" if any_node else eligible(idx)):
+                continue
+            gpus = part.gpus
+            before = avail.get(idx)
+            if before is None:
+                before = free[idx] if counted else 0
+            free_then = avail[idx] = before + gpus
+            pool.total += gpus
+            newly_ready = free_then >= threshold > before
+            if newly_ready:
+                ready.add(idx)
+            if leaves is not None:
+                in_leaf = leaf_pool(leaf_of[idx])
+                in_leaf.avail[idx] = free_then
+                in_leaf.total += gpus
+                if newly_ready:
+                    in_leaf.ready.add(idx)
+            if newly_ready or not shaped:
+                if changed is None:
+                    changed = set()
+                changed.add(leaf_of[idx])
+        if changed is None:
+            continue
         start = max(end, now)
         if leaves is not None:
-            nodes = in_one_leaf(touched)
+            nodes = in_one_leaf(changed)
             if nodes is not None:
                 return Reservation(job.id, start, nodes)
         if found is None and pool.fits():

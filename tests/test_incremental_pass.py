@@ -157,3 +157,49 @@ def test_smallest_forgets_removed_entries_and_keeps_copies():
             tracker.add(entry)
         assert tracker.first() == (min(present) if present else None), step
     assert len(tracker.heap) <= 2 * max(tracker.count, 64) + 1  # removed entries do not pile up
+
+
+def test_the_pending_order_survives_heads_that_change_and_come_back():
+    """``PendingQueue.ordered`` copies a heap of the lists' heads kept as heads change (stale
+    entries left in it) instead of sorting every head per pass: whatever the adds, removes,
+    re-adds (a requeued job takes its old place, and may be its list's head again) and
+    re-keyed heads, every job comes once, in priority order, and stale entries do not pile up."""
+    from jupyter_gpusched.core.jobs import Job
+    from jupyter_gpusched.core.ordering import PendingQueue
+
+    rng = random.Random(11)
+    factor = {"a": 0.0, "b": 1.0, "c": 2.0}  # the queues' fair-share order, redrawn below
+    jobs: dict[str, Job] = {}
+
+    def key(job_id: str) -> tuple:
+        job = jobs[job_id]
+        return (job.tier, factor[job.queue], job.submit_time, job.id)
+
+    queue = PendingQueue(key)
+    present: set[str] = set()
+    for step in range(4000):
+        draw = rng.random()
+        if present and draw < 0.45:
+            job = jobs[rng.choice(sorted(present))]
+            queue.remove(job, 3600.0)
+            present.discard(job.id)
+        elif draw < 0.47:
+            factor.update(zip(factor, rng.sample([0.0, 1.0, 2.0], 3), strict=True))
+            queue.refresh()
+        else:
+            job_id = f"j{rng.randrange(300):03d}"  # an id seen before comes back as it was
+            if job_id in present:
+                continue
+            if job_id not in jobs:
+                jobs[job_id] = Job(
+                    id=job_id,
+                    gpus=rng.choice((1, 2, 8)),
+                    submit_time=float(rng.randrange(1000)),
+                    tier=rng.choice((1, 2, 3)),
+                    queue=rng.choice("abc"),
+                )
+            queue.add(jobs[job_id], 3600.0)
+            present.add(job_id)
+        assert list(queue.ordered()) == sorted(present, key=key), step
+        assert len(queue.head_heap) <= 2 * len(queue.heads) + 65
+

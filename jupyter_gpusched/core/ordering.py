@@ -135,6 +135,9 @@ class PendingQueue:
         self.shapes: dict[tuple, ListShapes] = {}
         self.lists: dict[tuple, list[tuple[float, str]]] = {}
         self.heads: dict[tuple, tuple] = {}  # list -> key of its first job
+        # (key, list) of every head set since the last rebuild, as a heap: a pass copies it
+        # rather than sorting every head again; entries whose list has another head are stale
+        self.head_heap: list[tuple] = []
         self.sizes: dict[float, int] = {}  # GPUs asked -> number of pending jobs asking that
         self.list_sizes: dict[tuple, dict[float, int]] = {}  # the same, per list
         self.walltimes = Smallest()  # (walltime estimate, id)
@@ -143,7 +146,10 @@ class PendingQueue:
 
     def __deepcopy__(self, memo):  # (core/copying.py: entries and keys are tuples)
         return copy_parts(
-            self, memo, flat=("heads", "sizes", "list_of_job"), nested=("lists", "list_sizes")
+            self,
+            memo,
+            flat=("heads", "head_heap", "sizes", "list_of_job"),
+            nested=("lists", "list_sizes"),
         )
 
     def list_of(self, job: Job) -> tuple:
@@ -159,7 +165,7 @@ class PendingQueue:
         entry = (job.submit_time, job.id)
         insort(items, entry)
         if items[0] == entry:
-            self.heads[list_key] = self.key(job.id)
+            self._set_head(list_key, self.key(job.id))
         self.sizes[job.amount] = self.sizes.get(job.amount, 0) + 1
         sizes = self.list_sizes.setdefault(list_key, {})
         sizes[job.amount] = sizes.get(job.amount, 0) + 1
@@ -178,7 +184,7 @@ class PendingQueue:
         del items[position]
         if position == 0:
             if items:
-                self.heads[list_key] = self.key(items[0][1])
+                self._set_head(list_key, self.key(items[0][1]))
             else:
                 del self.heads[list_key]
                 del self.lists[list_key]
@@ -195,6 +201,16 @@ class PendingQueue:
     def refresh(self) -> None:
         """Recompute every head's key (after the fair-share factors changed)."""
         self.heads = {list_key: self.key(items[0][1]) for list_key, items in self.lists.items()}
+        self._rebuild_head_heap()
+
+    def _set_head(self, list_key: tuple, key: tuple) -> None:
+        self.heads[list_key] = key
+        heapq.heappush(self.head_heap, (key, list_key))
+        if len(self.head_heap) > 2 * len(self.heads) + 64:  # mostly stale
+            self._rebuild_head_heap()
+
+    def _rebuild_head_heap(self) -> None:
+        self.head_heap = sorted((key, list_key) for list_key, key in self.heads.items())
 
     def smallest_request(self) -> float:
         return min(self.sizes) if self.sizes else 0
@@ -221,10 +237,18 @@ class PendingQueue:
     def ordered(self, skip: set | None = None) -> Iterator[str]:
         """Job ids in priority order. Jobs must not be removed while the iterator is in use.
         Adding a job's :meth:`list_of` to ``skip`` drops the rest of that list."""
-        heap = [(key, list_key, 0) for list_key, key in self.heads.items()]
-        heapq.heapify(heap)
+        heads, started = self.heads.copy(), set()  # (as they are when the pass begins)
+        heap = self.head_heap.copy()  # (key, list) for heads, (key, list, position) after
         while heap:
-            _, list_key, position = heapq.heappop(heap)
+            entry = heapq.heappop(heap)
+            if len(entry) == 2:  # a head: current, and its list not started yet?
+                key, list_key = entry
+                if heads.get(list_key) != key or list_key in started:
+                    continue
+                started.add(list_key)
+                position = 0
+            else:
+                _, list_key, position = entry
             items = self.lists[list_key]
             yield items[position][1]
             if position + 1 < len(items) and (skip is None or list_key not in skip):

@@ -203,3 +203,33 @@ def test_the_pending_order_survives_heads_that_change_and_come_back():
         assert list(queue.ordered()) == sorted(present, key=key), step
         assert len(queue.head_heap) <= 2 * len(queue.heads) + 65
 
+
+def test_lists_are_left_out_when_the_reserved_nodes_are_full(monkeypatch):
+    """With no GPU free on the reserved nodes, a list whose jobs fit nowhere outside them is
+    left out even when some of its jobs are short enough to backfill (there is nothing to
+    backfill onto): the case happens, and the decisions are still the full scan's."""
+    from jupyter_gpusched.core import left_out
+    from jupyter_gpusched.core import passes as passes_module
+
+    seen = {"reserved_full": 0}
+
+    def recording(sched, pass_, job, now):
+        cannot = left_out.list_cannot_start(sched, pass_, job, now)
+        if cannot and not any(sched.state.free[n] for n in sched.reservation.nodes):
+            seen["reserved_full"] += 1
+        return cannot
+
+    monkeypatch.setattr(passes_module, "list_cannot_start", recording)
+    cluster = deep_cluster()
+    queues, teams = deep_queues(cluster.total_gpus)
+    trace = deep_trace(1, 700, teams)
+    settings = PolicySettings()
+    new, new_jobs, _ = replay_decisions(
+        trace, cluster, queues, settings, "gpusched", False, monkeypatch
+    )
+    full, full_jobs, _ = replay_decisions(
+        trace, cluster, queues, settings, "gpusched", True, monkeypatch
+    )
+    assert seen["reserved_full"] > 0, "the case did not happen: nothing tested"
+    assert new == full
+    assert new_jobs == full_jobs

@@ -2,12 +2,12 @@
 start is not examined job by job.
 
 A deep pass walks the pending jobs in priority order. Behind the reservation most of them
-cannot start: they would outlast it, so they must keep off the reserved nodes, and nothing
-outside those fits them. Examining each costs the quota test, the capacity test and a placement
-search, and gives the answer of the pass before. :func:`list_cannot_start` tells, from what a
-list's jobs ask (:class:`~.ordering.ListShapes`) and from the free GPUs outside the
-reservation, that no job of the list can start, pre-empt, or be refused a placement; the pass
-then leaves the list out (:func:`leave_out`).
+cannot start: they would outlast it, or the reserved nodes have no GPU free, so they must fit
+outside the reserved nodes, and nothing there fits them. Examining each costs the quota test,
+the capacity test and a placement search, and gives the answer of the pass before.
+:func:`list_cannot_start` tells, from what a list's jobs ask (:class:`~.ordering.ListShapes`)
+and from the free GPUs outside the reservation, that no job of the list can start, pre-empt,
+or be refused a placement; the pass then leaves the list out (:func:`leave_out`).
 
 What a left-out list still does in the pass is count against ``backfill.depth``, where the
 full walk would have reached it: a job that asks for more GPUs than are free, one of a shape
@@ -77,12 +77,13 @@ def list_cannot_start(sched, pass_, job: Job, now: float) -> bool:
     pre-empt, or wait on placement in the rest of this pass.
 
     It holds when the list has only whole-GPU jobs that take any GPU model; none pre-empts
-    (tier 3, or no tries left); each would outlast the reservation, so it must keep off the
-    reserved nodes; none fits outside them (k GPUs on each of n nodes needs n nodes with k free;
-    a gang spread as it fits needs that many free in all); the reserved nodes have free GPUs;
-    and no maintenance is planned. Each of its jobs then waits on policy, on capacity (more GPUs
-    asked than are free), on the reservation, or on the reason a job of its shape got earlier
-    in the pass (:func:`count_blocked` counts those that would count)."""
+    (tier 3, or no tries left); none fits outside the reserved nodes (k GPUs on each of n nodes
+    needs n nodes with k free; a gang spread as it fits needs that many free in all); no
+    maintenance is planned; and either each job would outlast the reservation, so it must keep
+    off the reserved nodes, or the reserved nodes have no GPU free (then even a job short
+    enough to backfill has nowhere else to go). Each of its jobs then waits on policy, on
+    capacity (more GPUs asked than are free), on the reservation, or on its shape (the reason a
+    job of its shape got earlier in the pass; :func:`count_blocked` counts those that count)."""
     shapes = sched.pending.shapes.get(sched.pending.list_of(job))
     if shapes is None or shapes.other:
         return False
@@ -93,14 +94,13 @@ def list_cannot_start(sched, pass_, job: Job, now: float) -> bool:
     reservation = sched.reservation
     if reservation is None or reservation.start is None or sched.maintenance:
         return False
-    if now + shapes.walltimes.first()[0] <= reservation.start:
-        return False  # its shortest job would end before the reservation starts: it may backfill
     state = sched.state
     if pass_.outside is None or pass_.outside[0] != state.free_total:
         pass_.outside = (state.free_total, outside_reservation(state, reservation.nodes))
     nodes_with_at_least, outside_total, reserved_free = pass_.outside[1]
-    if not reserved_free:
-        return False
+    if reserved_free and now + shapes.walltimes.first()[0] <= reservation.start:
+        return False  # its shortest job would end before the reservation starts: it may backfill
+        # on the reserved nodes' free GPUs (with none free there, it too must fit outside)
     for per_node, nodes in shapes.on_nodes:
         if nodes_with_at_least[per_node] >= nodes:
             return False
@@ -167,7 +167,11 @@ def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -
     count_above = min(free + 1e-9, pass_.shapes.keep_off_blocked_from - 1e-9)
     key, jobs, claims = sched._key, sched.jobs, sched._claims
     by_key = lambda entry: key(entry[1])  # noqa: E731 (a list is in priority order)
-    blocked, walks = [], []  # (key, job, reason); (list, where its walk ends, why done)
+    blocked, walks = [], []  # (job, reason); (list, where its walk ends, why done)
+    claimants = [jobs[owner] for owner in claims]
+    user_limits = sched.tree.user_limits
+    busy: dict = {}  # GPUs asked -> the capacity reason (the same for every such job)
+    behind_reasons: dict = {}  # (shape, GPUs asked) -> what reason_behind gave
     shapes = sched.pending.shapes
     for list_key, left in due:
         items = left.items
@@ -195,26 +199,46 @@ def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -
         else:
             end = items[stop] if stop < len(items) else None
             candidates = shapes[list_key].larger_than(count_above, items[first], end)
+        # what a job gets depends, here, only on what it asks for (its queue and tier are the
+        # list's), unless it is an array element or users have limits: one test per kind
+        outcomes: dict = {}
+        plain = not user_limits
         for job_id in candidates:
-            job = jobs[job_id]
-            on_capacity = free < job.amount - 1e-9
             if job_id in claims:
                 continue
-            if waits_on_policy(sched, job, queue):
-                continue
-            if on_capacity:
-                reason = reasons.GPUS_BUSY.reason(gpus=job.amount, free=free)
-            else:
-                reason = reason_behind(sched, pass_, job, free, reserved_free)
-                if reason.family == "policy":
+            job = jobs[job_id]
+            asks = None
+            if plain and job.array_id is None:
+                asks = (job.gpus, job.gpus_per_node, job.cpus, job.memory_gb)
+                if job.labels:
+                    asks += tuple(sorted(job.labels.items()))
+                if asks in outcomes:
+                    reason = outcomes[asks]
+                    if reason is not None:
+                        blocked.append((job, reason))
                     continue
-            blocked.append((key(job.id), job, reason))
+            reason = None
+            if not waits_on_policy(sched, job, queue, claimants):
+                amount = job.amount
+                if free < amount - 1e-9:
+                    reason = busy.get(amount)
+                    if reason is None:
+                        reason = busy[amount] = reasons.GPUS_BUSY.reason(gpus=amount, free=free)
+                else:
+                    reason = reason_behind(sched, pass_, job, free, reserved_free, behind_reasons)
+                    if reason.family == "policy":
+                        reason = None
+            if asks is not None:
+                outcomes[asks] = reason
+            if reason is not None:
+                blocked.append((job, reason))
     cut = None
     if pass_.blocked + len(blocked) >= depth:
-        blocked.sort(key=lambda found: found[0])
-        del blocked[depth - pass_.blocked :]
-        cut = blocked[-1][0]  # the walk ends after this job
-    for _, job, reason in blocked:
+        ranked = sorted((key(job.id), job, reason) for job, reason in blocked)
+        del ranked[depth - pass_.blocked :]
+        cut = ranked[-1][0]  # the walk ends after this job
+        blocked = [(job, reason) for _, job, reason in ranked]
+    for job, reason in blocked:
         sched._set_reason(job, reason)
     pass_.blocked += len(blocked)
     for list_key, left, stop, done_at in walks:
@@ -226,11 +250,10 @@ def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -
             pass_.left_out.add(list_key, left, key(left.items[stop][1]))
 
 
-def waits_on_policy(sched, job: Job, queue) -> bool:
+def waits_on_policy(sched, job: Job, queue, claimants: list) -> bool:
     """The first three steps of :func:`.passes.evaluate`: its job array's ``%max_running``,
-    quotas and user limits."""
-    claimants = [sched.jobs[owner] for owner in sched._claims]
-    if array_block(job, sched.ledger.by_array, claimants) is not None:
+    quotas and user limits (``claimants``: the jobs holding pre-emption claims)."""
+    if job.array_id is not None and array_block(job, sched.ledger.by_array, claimants):
         return True
     if sched.policy.quotas and policy_block(job, queue, sched.policy.guarantees) is not None:
         return True
@@ -239,17 +262,23 @@ def waits_on_policy(sched, job: Job, queue) -> bool:
     )
 
 
-def reason_behind(sched, pass_, job: Job, free: float, reserved_free: bool):
+def reason_behind(sched, pass_, job: Job, free: float, reserved_free: bool, seen: dict):
     """The reason :func:`.passes.evaluate` gives a job of a left-out list that GPUs enough are
     free for: it fits nowhere outside the reserved nodes (:func:`list_cannot_start`, and since
     then GPUs were only taken), so it is the reason cached for its shape, else the reservation
-    if the reserved nodes have GPUs free, else its shape."""
+    if the reserved nodes have GPUs free, else its shape. ``seen``: the reasons given so far
+    in this walk, by (shape, size) (nothing they read changes during it)."""
     exclude = sched.reservation.nodes
     patient = sched._patient(job, now=pass_.now, behind=True)
     shape = pass_.shapes.shape(sched, job, exclude, patient, frozenset())
-    cached = pass_.shapes.reason_for(sched, job, shape, exclude, free)
-    if cached is not None:
-        return cached
-    if reserved_free:
-        return reasons.RESERVATION.reason(job=sched.reservation.job_id)
-    return shape_reason(sched.cluster, job, free)
+    known = seen.get((shape, job.gpus))
+    if known is not None:
+        return known
+    reason = pass_.shapes.reason_for(sched, job, shape, exclude, free)
+    if reason is None:
+        if reserved_free:
+            reason = reasons.RESERVATION.reason(job=sched.reservation.job_id)
+        else:
+            reason = shape_reason(sched.cluster, job, free)
+    seen[(shape, job.gpus)] = reason
+    return reason

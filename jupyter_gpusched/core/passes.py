@@ -50,6 +50,8 @@ class Pass:
     # GPUs, kept while nothing starts: (free total, outside view)
     left_out: LeftOutLists = field(default_factory=LeftOutLists)
     outside: tuple | None = None
+    # the GPUs free outside the reservation's nodes: (reservation, state version, count)
+    free_outside: tuple | None = None
     capped_arrays: dict = field(default_factory=dict)  # array id -> its array-limit reason
 
 
@@ -72,16 +74,17 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()
     left_out = pass_.left_out
     for job_id in candidates:
         job = sched.jobs[job_id]
+        key = sched._key(job_id)
         if full:  # the pass is over when neither this job nor any after it can start
             # (once the first blocked job holds the reservation: a new job must not take it)
             settled = sched.reservation is not None or not sched.policy.backfill
             if settled and nothing_usable(sched, pass_, job, now):
                 break
-            if left_out:
-                count_blocked(sched, pass_, sched._key(job_id))
+            if left_out.next and left_out.next[0][0] < key:  # left-out jobs come before it
+                count_blocked(sched, pass_, key)
             if pass_.blocked >= sched.settings.backfill_depth:
                 break
-        behind = pass_.reserved_key is not None and sched._key(job_id) > pass_.reserved_key
+        behind = pass_.reserved_key is not None and key > pass_.reserved_key
         if job_id in sched._claims:
             # its victims are leaving; GPUs freed elsewhere meanwhile may start it sooner
             placement = None if behind else placement_elsewhere(sched, job, now)
@@ -122,7 +125,7 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()
                     previous = reserve(sched.state, job, ends, sched.jobs, now, within)
                     hold_one_leaf(sched.cluster, job, previous, within)
                 sched.reservation = previous  # a quick pass keeps the last one's estimate
-                pass_.reserved_key = sched._key(job_id)
+                pass_.reserved_key = key
                 pass_.shapes.clear()  # the reserved nodes changed
                 outcome = outcome.with_eta(sched.reservation.start)
             if full and not deep:
@@ -174,7 +177,13 @@ def nothing_usable(sched, pass_: Pass, job: Job, now: float) -> bool:
     r = sched.reservation
     if r is None or r.start is None:
         return False
-    outside = sched.state.free_total - sum(sched.state.free[n] for n in r.nodes)
+    state = sched.state
+    cached = pass_.free_outside
+    if cached is not None and cached[0] is r and cached[1] == state.version:
+        outside = cached[2]
+    else:
+        outside = state.free_total - sum(state.free[n] for n in r.nodes)
+        pass_.free_outside = (r, state.version, outside)
     # a job that would outlast the reservation must fit outside its nodes
     return outside < smallest and now + sched.pending.shortest_walltime() > r.start
 

@@ -75,6 +75,7 @@ class ClusterState:
         self.shared_room_total = 0.0
         self.fgd = None  # a fragmentation model (core.fragmentation), for FGD placement
         self.touched: set[int] = set(range(len(nodes)))  # nodes changed since fgd last looked
+        self.version = 0  # counts the changes to nodes' free GPUs and states (caches read it)
         for node in nodes:
             if node.state == "up":
                 self._add(node.index)
@@ -185,6 +186,7 @@ class ClusterState:
 
     def _change(self, idx: int, mask: int, cpus: float, memory: float, give: bool = False):
         self.touched.add(idx)
+        self.version += 1
         up = self.schedulable(idx)
         if up:
             self._remove(idx)
@@ -227,6 +229,7 @@ class ClusterState:
 
     def set_node_state(self, idx: int, state: str) -> None:
         self.touched.add(idx)
+        self.version += 1
         on_node = list(self.shared[idx].items())
         if self.schedulable(idx):
             self._remove(idx)

@@ -93,6 +93,8 @@ def find_victims(
     need = per_node or 1
     nodes = cluster.nodes
     promising = _promising_nodes(state, job, need, room, NODES_EXAMINED + job.gpus // need)
+    if per_node and len(promising) < job.gpus // per_node:
+        return None  # a gang of n nodes needs n nodes where room can be made
     for idx in promising:
         node = nodes[idx]
         free = state.free[idx]
@@ -145,11 +147,12 @@ def _promising_nodes(state, job, need: int, room: list[int], wanted: int) -> lis
         for model in models:
             by_leaf = state.index[model][count]
             for leaf in sorted(by_leaf):
-                for idx in sorted(by_leaf[leaf]):
-                    if count + room[idx] >= need:
-                        out.append(idx)
-                        if len(out) >= wanted:
-                            return out
+                hits = [idx for idx in by_leaf[leaf] if count + room[idx] >= need]
+                if hits:
+                    hits.sort()
+                    out.extend(hits[: wanted - len(out)])
+                    if len(out) >= wanted:
+                        return out
     return out
 
 

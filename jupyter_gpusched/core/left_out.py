@@ -94,10 +94,7 @@ def list_cannot_start(sched, pass_, job: Job, now: float) -> bool:
     reservation = sched.reservation
     if reservation is None or reservation.start is None or sched.maintenance:
         return False
-    state = sched.state
-    if pass_.outside is None or pass_.outside[0] != state.free_total:
-        pass_.outside = (state.free_total, outside_reservation(state, reservation.nodes))
-    nodes_with_at_least, outside_total, reserved_free = pass_.outside[1]
+    nodes_with_at_least, outside_total, reserved_free = around_reservation(sched, pass_)
     if reserved_free and now + shapes.walltimes.first()[0] <= reservation.start:
         return False  # its shortest job would end before the reservation starts: it may backfill
         # on the reserved nodes' free GPUs (with none free there, it too must fit outside)
@@ -105,6 +102,17 @@ def list_cannot_start(sched, pass_, job: Job, now: float) -> bool:
         if nodes_with_at_least[per_node] >= nodes:
             return False
     return not (shapes.spanning and min(shapes.spanning) <= outside_total)
+
+
+def around_reservation(sched, pass_) -> tuple[list[int], int, int]:
+    """:func:`outside_reservation` for the reservation in force, computed once per change of
+    the cluster state within a pass (``pass_.outside``)."""
+    state, reservation = sched.state, sched.reservation
+    cached = pass_.outside
+    if cached is None or cached[0] is not reservation or cached[1] != state.version:
+        view = outside_reservation(state, reservation.nodes)
+        cached = pass_.outside = (reservation, state.version, view)
+    return cached[2]
 
 
 def outside_reservation(state, reserved: frozenset) -> tuple[list[int], int, int]:

@@ -18,6 +18,7 @@ from .arrays import array_block
 from .jobs import Job
 from .left_out import (
     LeftOutLists,
+    around_reservation,
     count_blocked,
     first_head,
     leave_out,
@@ -46,12 +47,11 @@ class Pass:
     started: list = field(default_factory=list)
     shapes: ShapeCache = field(default_factory=ShapeCache)  # GPU shapes that did not fit
     cpu_only_reasons: dict = field(default_factory=dict)  # the same for CPU-only requests
-    # lists left out behind the reservation (.left_out), and what their test read of the free
-    # GPUs, kept while nothing starts: (free total, outside view)
+    # lists left out behind the reservation (.left_out), and the free GPUs around the
+    # reservation that their test and nothing_usable read, kept while the cluster state does
+    # not change: (reservation, state version, .left_out.outside_reservation's view)
     left_out: LeftOutLists = field(default_factory=LeftOutLists)
     outside: tuple | None = None
-    # the GPUs free outside the reservation's nodes: (reservation, state version, count)
-    free_outside: tuple | None = None
     capped_arrays: dict = field(default_factory=dict)  # array id -> its array-limit reason
 
 
@@ -177,13 +177,7 @@ def nothing_usable(sched, pass_: Pass, job: Job, now: float) -> bool:
     r = sched.reservation
     if r is None or r.start is None:
         return False
-    state = sched.state
-    cached = pass_.free_outside
-    if cached is not None and cached[0] is r and cached[1] == state.version:
-        outside = cached[2]
-    else:
-        outside = state.free_total - sum(state.free[n] for n in r.nodes)
-        pass_.free_outside = (r, state.version, outside)
+    outside = sched.state.free_total - around_reservation(sched, pass_)[2]
     # a job that would outlast the reservation must fit outside its nodes
     return outside < smallest and now + sched.pending.shortest_walltime() > r.start
 

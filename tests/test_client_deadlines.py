@@ -56,12 +56,14 @@ def test_a_deadline_that_cannot_be_met_raises_with_the_earliest_finish(service, 
     alice = service.client()
     fill_h100(alice)  # planned as 24 h each
     before = alice.queue()
+    # one time for both requests ("6h" is read when each arrives, and may cross a second)
+    due = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(hours=6)
     with pytest.raises(GPUSchedError) as info:
-        alice.submit(command="true", gpus=8, gpu_model="H100", walltime="1h", deadline="6h")
+        alice.submit(command="true", gpus=8, gpu_model="H100", walltime="1h", deadline=due)
     assert (info.value.status, info.value.field) == (400, "deadline")
     assert "the earliest this job can finish is 20" in info.value.message, info.value
     with pytest.raises(GPUSchedError) as estimated:  # the estimate: the same refusal
-        alice.estimate(command="true", gpus=8, gpu_model="H100", walltime="1h", deadline="6h")
+        alice.estimate(command="true", gpus=8, gpu_model="H100", walltime="1h", deadline=due)
     assert estimated.value.message == info.value.message
     assert alice.queue() == before
 

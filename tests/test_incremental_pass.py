@@ -1,15 +1,18 @@
 """A deep pass that leaves out the lists which cannot start (core/passes.py, list_cannot_start)
-makes the decisions of one that examines every pending job.
+makes the decisions of one that examines every pending job, and gives every pending job the
+same reason.
 
 Each case runs twice: once as shipped, once with ``Scheduler.leave_out_lists = False`` (the
 full scan, the reference); every Start, Preempt and Stop of every pass must be the same, in the
-same order. Random small cases come from the invariant suite's Hypothesis strategies; seeded
-deep-queue replays on a 256-GPU cluster make the left-out lists common (each asserts that lists
-were left out, so the comparison is never vacuous).
+same order, and after every pass each pending job's reason (message and ETA) the same. Random
+small cases come from the invariant suite's Hypothesis strategies; seeded deep-queue replays on
+a 256-GPU cluster make the left-out lists common (each asserts that lists were left out, so the
+comparison is never vacuous).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -17,7 +20,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_invariants import Harness, scenarios
 
-from jupyter_gpusched.core import Cluster, PolicySettings, QueueTree, Scheduler, get_policy
+from jupyter_gpusched.core import (
+    Cluster,
+    JobState,
+    PolicySettings,
+    QueueTree,
+    Scheduler,
+    get_policy,
+)
+from jupyter_gpusched.core.user_limits import parse_user_limits
 from jupyter_gpusched.sim import replay as replay_module
 from jupyter_gpusched.sim.trace import TraceJob
 
@@ -26,10 +37,25 @@ def decisions_of(log: list) -> list:
     return [(now, decisions) for now, decisions, _pending in log]
 
 
-def harness_log(scenario: dict, policy: str, full_scan: bool) -> list:
+def pending_reasons(sched: Scheduler) -> dict:
+    """Each pending job's reason, after a pass."""
+    return {job.id: job.reason for job in sched.jobs.values() if job.state == JobState.PENDING}
+
+
+def harness_log(scenario: dict, policy: str, full_scan: bool) -> tuple[list, list]:
+    """The decisions of every pass, and the pending jobs' reasons after each."""
     harness = Harness(scenario, policy, check=False)
     harness.sched.leave_out_lists = not full_scan
-    return decisions_of(harness.run())
+    after_each: list = []
+    schedule = harness.sched.schedule
+
+    def recording(now):
+        decisions = schedule(now)
+        after_each.append(pending_reasons(harness.sched))
+        return decisions
+
+    harness.sched.schedule = recording
+    return decisions_of(harness.run()), after_each
 
 
 @given(
@@ -100,7 +126,7 @@ def replay_decisions(trace, cluster, queues, settings, policy, full_scan: bool, 
 
         def schedule(self, now):
             decisions = super().schedule(now)
-            log.append((now, tuple(decisions)))
+            log.append((now, tuple(decisions), pending_reasons(self)))
             return decisions
 
     monkeypatch.setattr(replay_module, "Scheduler", Recording)
@@ -136,10 +162,41 @@ def test_deep_queue_replays_decide_as_the_full_scan(seed, policy, depth, interva
     assert none_left_out == 0
     assert left_out > 0, "no list was left out: the case does not test the shortcut"
     assert len(new) == len(full)
-    for (now, decisions), (full_now, full_decisions) in zip(new, full, strict=True):
+    for (now, decisions, why), (full_now, full_decisions, full_why) in zip(new, full, strict=True):
         assert (now, decisions) == (full_now, full_decisions), f"first difference at t={now}"
+        assert why == full_why, f"first difference in the reasons at t={now}"
     assert new_jobs == full_jobs
     assert {state for state, _, _ in new_jobs.values()} == {"completed"}
+
+
+def test_arrays_and_user_limits_get_the_full_scans_reasons(monkeypatch):
+    """Job arrays with a cap on running elements and per-user limits in left-out lists: their
+    jobs' reasons come from tests shared by kind of request (core/left_out.WalkReasons, keyed
+    on array and user as well), and must still be those the full scan gives."""
+    cluster = deep_cluster()
+    tree, teams = deep_queues(cluster.total_gpus)
+    limits = {"default": {"gpus": 40}, "u1": {"running_jobs": 6}, "u2": {"gpus": 12}}
+    queues = QueueTree(tree.root, user_limits=parse_user_limits(limits, "test", {}))
+    trace = [  # every fifth job an element of one of four capped arrays
+        dataclasses.replace(job, array_id=f"a{i % 4}", array_index=i, array_max_running=3 + i % 4)
+        if i % 5 == 0
+        else job
+        for i, job in enumerate(deep_trace(7, 700, teams))
+    ]
+    settings = PolicySettings()
+    new, new_jobs, left_out = replay_decisions(
+        trace, cluster, queues, settings, "gpusched", False, monkeypatch
+    )
+    full, full_jobs, _ = replay_decisions(
+        trace, cluster, queues, settings, "gpusched", True, monkeypatch
+    )
+    assert left_out > 0, "no list was left out: the case does not test the shortcut"
+    reasons_seen = {r.detail for _, _, why in full for r in why.values() if r is not None}
+    assert {"array-limit", "user-limit", "reservation"} <= reasons_seen, reasons_seen
+    for (now, decisions, why), (full_now, full_decisions, full_why) in zip(new, full, strict=True):
+        assert (now, decisions) == (full_now, full_decisions), f"first difference at t={now}"
+        assert why == full_why, f"first difference in the reasons at t={now}"
+    assert new_jobs == full_jobs
 
 
 def test_smallest_forgets_removed_entries_and_keeps_copies():

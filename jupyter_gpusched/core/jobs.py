@@ -115,6 +115,8 @@ class Job:
 def set_reason(tally: dict[str, float], job: Job, reason: Reason | None) -> None:
     """Give pending ``job`` the ``reason`` it waits (None: none), keeping ``tally`` (the GPUs
     the pending jobs ask for, by reason family) and the first reason it ever waited for."""
+    if reason is job.reason:
+        return  # (a pass gives most jobs the reason they had: reasons are shared, immutable)
     if job.reason is not None:
         tally[job.reason.family] -= job.amount
     job.reason = reason
@@ -133,6 +135,8 @@ def set_reason_by_class(
     """:func:`set_reason`, also keeping ``by_class``: the same tally for each job class
     ``(tier, queue, kind)``. Only a replay that reports per job class asks for it
     (``Scheduler(tally_by_class=True)``); the plain :func:`set_reason` stays as cheap as it is."""
+    if reason is job.reason:
+        return
     key = (job.tier, job.queue, job.kind)
     counts = by_class.get(key)
     if counts is None:

@@ -9,15 +9,15 @@ the capacity test and a placement search, and gives the answer of the pass befor
 and from the free GPUs outside the reservation, that no job of the list can start, pre-empt,
 or be refused a placement; the pass then leaves the list out (:func:`leave_out`).
 
-What a left-out list still does in the pass is count against ``backfill.depth``, where the
-full walk would have reached it: a job that asks for more GPUs than are free, one of a shape
-refused a placement earlier in the pass, any job once the reserved nodes are full. Before the
-pass examines its next job, :func:`count_blocked` walks the left-out lists up to that job (it
-looks only at the jobs that can count, by size; no placement search), so the pass stops at the
-job it would have stopped at. The decisions are those of examining every job;
-``tests/test_incremental_pass.py`` runs both and compares every decision. Jobs of a left-out
-list keep the reason they had (a counted one gets the reason it would have got); a pass never
-reaches all jobs anyway.
+What a left-out list still does in the pass is give its jobs their reasons and count against
+``backfill.depth``, where the full walk would have reached it: a job that asks for more GPUs
+than are free, one of a shape refused a placement earlier in the pass, any job once the
+reserved nodes are full, counts. Before the pass examines its next job, :func:`count_blocked`
+walks the left-out lists up to that job, in priority order over them (no placement search: the
+reason a job of its shape got, or the reservation, or its shape), so the pass stops at the job
+it would have stopped at. The decisions, and the reasons, are those of examining every job;
+``tests/test_incremental_pass.py`` runs both and compares every decision and every pending
+job's reason after every pass.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from .admission import headroom, policy_block, user_block
 from .arrays import array_block
 from .jobs import Job
 from .placement import shape_reason
+from .reservation import may_backfill
 
 
 @dataclass
@@ -140,13 +141,6 @@ def leave_out(sched, pass_, job: Job) -> None:
     pass_.left_out.add(list_key, LeftOut(items, position), sched._key(job.id))
 
 
-def walked(sched, left_out: dict, job_id: str) -> bool:
-    """True when the walk of ``job_id``'s left-out list went past it."""
-    job = sched.jobs[job_id]
-    left = left_out[sched.pending.list_of(job)]
-    return bisect_left(left.items, (job.submit_time, job.id)) < left.position
-
-
 def first_head(sched, left_out: dict) -> Job | None:
     """The next job to walk of some left-out list (they are alike for :func:`nothing_usable`:
     tier 3, or no pre-emption tries left)."""
@@ -159,96 +153,35 @@ def first_head(sched, left_out: dict) -> Job | None:
 
 def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -> None:
     """Walk the left-out lists up to the job of priority key ``before`` (None: to their ends),
-    counting against ``backfill.depth`` each job that the full walk would have found blocked
-    on capacity or placement; if the depth is reached, the walk ends after the job that
-    reached it, in priority order over all the lists (the full walk stops there)."""
+    in priority order over all of them, as the full walk would: give each job the reason it
+    would give, and count against ``backfill.depth`` each one blocked on capacity or
+    placement; the walk ends at the job that reaches the depth (the full walk stops there)."""
     depth = sched.settings.backfill_depth
     if pass_.blocked >= depth:
         return
     due = pass_.left_out.due(before, inclusive)
     if not due:
         return
-    quotas, free = sched.policy.quotas, sched.state.free_total
-    reserved_free = any(sched.state.free[n] for n in sched.reservation.nodes)
-    # which jobs may count: with the reserved nodes full, any; else one asking for more GPUs
-    # than are free, or one of a shape and size given a capacity or placement reason
-    count_above = min(free + 1e-9, pass_.shapes.keep_off_blocked_from - 1e-9)
-    key, jobs, claims = sched._key, sched.jobs, sched._claims
+    key = sched._key
     by_key = lambda entry: key(entry[1])  # noqa: E731 (a list is in priority order)
-    blocked, walks = [], []  # (job, reason); (list, where its walk ends, why done)
-    claimants = [jobs[owner] for owner in claims]
-    user_limits = sched.tree.user_limits
-    busy: dict = {}  # GPUs asked -> the capacity reason (the same for every such job)
-    behind_reasons: dict = {}  # (shape, GPUs asked) -> what reason_behind gave
-    shapes = sched.pending.shapes
-    for list_key, left in due:
-        items = left.items
-        if before is None:
-            stop = len(items)
-        else:
-            find = bisect_right if inclusive else bisect_left
-            stop = find(items, before, lo=left.position, key=by_key)
-        first = left.position
-        while first < stop and items[first][1] in claims:
-            first += 1  # a job waiting for its victims is passed by
-        if first >= stop:
-            walks.append((list_key, left, stop, None))
-            continue
-        head = jobs[items[first][1]]
-        queue = sched.tree.get(head.queue) if quotas else sched.tree.root
-        if quotas:  # (the quotas do not change while the pass walks these jobs)
-            room = headroom(head, queue, sched.policy.guarantees)
-            if room < sched.pending.smallest_in(sched.pending.list_of(head)) - 1e-9:
-                walks.append((list_key, left, first + 1, key(head.id)))  # it waits on policy
-                continue  # and so does the rest of its list: the full walk skips the rest
-        walks.append((list_key, left, stop, None))
-        if not reserved_free:
-            candidates = [entry[1] for entry in items[first:stop]]
-        else:
-            end = items[stop] if stop < len(items) else None
-            candidates = shapes[list_key].larger_than(count_above, items[first], end)
-        # what a job gets depends, here, only on what it asks for (its queue and tier are the
-        # list's), unless it is an array element or users have limits: one test per kind
-        outcomes: dict = {}
-        plain = not user_limits
-        for job_id in candidates:
-            if job_id in claims:
-                continue
-            job = jobs[job_id]
-            asks = None
-            if plain and job.array_id is None:
-                asks = (job.gpus, job.gpus_per_node, job.cpus, job.memory_gb)
-                if job.labels:
-                    asks += tuple(sorted(job.labels.items()))
-                if asks in outcomes:
-                    reason = outcomes[asks]
-                    if reason is not None:
-                        blocked.append((job, reason))
-                    continue
-            reason = None
-            if not waits_on_policy(sched, job, queue, claimants):
-                amount = job.amount
-                if free < amount - 1e-9:
-                    reason = busy.get(amount)
-                    if reason is None:
-                        reason = busy[amount] = reasons.GPUS_BUSY.reason(gpus=amount, free=free)
-                else:
-                    reason = reason_behind(sched, pass_, job, free, reserved_free, behind_reasons)
-                    if reason.family == "policy":
-                        reason = None
-            if asks is not None:
-                outcomes[asks] = reason
-            if reason is not None:
-                blocked.append((job, reason))
+    walks, ranges = _ranges(sched, due, before, inclusive, by_key)
+    if len(ranges) > 1:  # in priority order over the lists (a list is in priority order)
+        in_order = (
+            entry for _, entry in heapq.merge(*([(key(e[0]), e) for e in r] for r in ranges))
+        )
+    else:
+        in_order = ranges[0] if ranges else ()
+    reason_of = WalkReasons(sched, pass_)
     cut = None
-    if pass_.blocked + len(blocked) >= depth:
-        ranked = sorted((key(job.id), job, reason) for job, reason in blocked)
-        del ranked[depth - pass_.blocked :]
-        cut = ranked[-1][0]  # the walk ends after this job
-        blocked = [(job, reason) for _, job, reason in ranked]
-    for job, reason in blocked:
+    for job_id, queue, index in in_order:
+        job = sched.jobs[job_id]
+        reason = reason_of(job, queue, index)
         sched._set_reason(job, reason)
-    pass_.blocked += len(blocked)
+        if reason.family != "policy":
+            pass_.blocked += 1
+            if pass_.blocked >= depth:
+                cut = key(job_id)  # the walk ends after this job
+                break
     for list_key, left, stop, done_at in walks:
         if cut is not None:
             stop = min(stop, bisect_right(left.items, cut, lo=left.position, key=by_key))
@@ -258,35 +191,118 @@ def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -
             pass_.left_out.add(list_key, left, key(left.items[stop][1]))
 
 
-def waits_on_policy(sched, job: Job, queue, claimants: list) -> bool:
-    """The first three steps of :func:`.passes.evaluate`: its job array's ``%max_running``,
-    quotas and user limits (``claimants``: the jobs holding pre-emption claims)."""
-    if job.array_id is not None and array_block(job, sched.ledger.by_array, claimants):
-        return True
-    if sched.policy.quotas and policy_block(job, queue, sched.policy.guarantees) is not None:
-        return True
-    return bool(
-        sched.tree.user_limits and user_block(job, sched.tree, sched.ledger.by_user, claimants)
-    )
+def _ranges(sched, due: list, before: tuple | None, inclusive: bool, by_key) -> tuple:
+    """For each due list: (list key, its LeftOut, where its walk ends, the key of the job it
+    ends on if the rest is skipped), and the jobs it walks, [(job id, its queue, the list's
+    index)] (jobs waiting for their victims are passed by)."""
+    jobs, claims, quotas = sched.jobs, sched._claims, sched.policy.quotas
+    walks, ranges = [], []
+    for list_key, left in due:
+        items = left.items
+        if before is None:
+            stop = len(items)
+        else:
+            find = bisect_right if inclusive else bisect_left
+            stop = find(items, before, lo=left.position, key=by_key)
+        first = left.position
+        while first < stop and items[first][1] in claims:
+            first += 1
+        if first >= stop:
+            walks.append((list_key, left, stop, None))
+            continue
+        head = jobs[items[first][1]]
+        queue = sched.tree.get(head.queue) if quotas else sched.tree.root
+        index = len(walks)
+        if quotas:  # (the quotas do not change while the pass walks these jobs)
+            room = headroom(head, queue, sched.policy.guarantees)
+            if room < sched.pending.smallest_in(sched.pending.list_of(head)) - 1e-9:
+                # it waits on policy, and so does the rest of its list (the full walk skips it)
+                walks.append((list_key, left, first + 1, by_key(items[first])))
+                ranges.append([(head.id, queue, index)])
+                continue
+        walks.append((list_key, left, stop, None))
+        ranges.append(
+            [(job_id, queue, index) for _, job_id in items[first:stop] if job_id not in claims]
+        )
+    return walks, ranges
 
 
-def reason_behind(sched, pass_, job: Job, free: float, reserved_free: bool, seen: dict):
+class WalkReasons:
+    """The reason :func:`.passes.evaluate` would give a job of a left-out list, in one walk of
+    :func:`count_blocked` (nothing it reads changes during the walk but the pass's shapes)."""
+
+    def __init__(self, sched, pass_):
+        self.sched, self.pass_ = sched, pass_
+        self.free = sched.state.free_total
+        self.claimants = [sched.jobs[owner] for owner in sched._claims]
+        self.by_user = bool(sched.tree.user_limits)
+        # a job's policy reason depends, here, only on its list (queue and tier), its array,
+        # its user where users have limits, and what it asks for: one test for each such kind
+        self.policy: dict = {}
+        self.busy: dict = {}  # GPUs asked -> the capacity reason (the same for each such job)
+        # (what it asks, whether it may backfill, the shapes' version) -> reason_behind's
+        self.behind: dict = {}
+
+    def __call__(self, job: Job, queue, list_index: int):
+        sched, free = self.sched, self.free
+        asks = (job.gpus, job.gpus_per_node, job.cpus, job.memory_gb)
+        if job.labels:
+            asks += tuple(sorted(job.labels.items()))
+        array = (job.array_id, job.array_max_running) if job.array_id is not None else None
+        kind = (list_index, array, job.user if self.by_user else None, asks)
+        reason = self.policy.get(kind, False)
+        if reason is False:
+            reason = self.policy[kind] = policy_reason(sched, job, queue, self.claimants)
+        if reason is not None:
+            return reason
+        amount = job.amount
+        if free < amount - 1e-9:
+            reason = self.busy.get(amount)
+            if reason is None:
+                reason = self.busy[amount] = reasons.GPUS_BUSY.reason(gpus=amount, free=free)
+            return reason
+        shapes = self.pass_.shapes
+        backfills = may_backfill(sched.reservation, sched._walltime(job), self.pass_.now)
+        reason = self.behind.get((asks, backfills, shapes.version))
+        if reason is None:
+            reason = reason_behind(sched, self.pass_, job, free, backfills)
+            self.behind[asks, backfills, shapes.version] = reason  # (as the shapes hold it now)
+        return reason
+
+
+def policy_reason(sched, job: Job, queue, claimants: list):
+    """The first three steps of :func:`.passes.evaluate`: the reason its job array's
+    ``%max_running``, the quotas or the user limits give (``claimants``: the jobs holding
+    pre-emption claims), or None."""
+    if job.array_id is not None:
+        reason = array_block(job, sched.ledger.by_array, claimants)
+        if reason is not None:
+            return reason
+    if sched.policy.quotas:
+        block = policy_block(job, queue, sched.policy.guarantees)
+        if block is not None:
+            return block[0]
+    if sched.tree.user_limits:
+        return user_block(job, sched.tree, sched.ledger.by_user, claimants)
+    return None
+
+
+def reason_behind(sched, pass_, job: Job, free: float, backfills: bool):
     """The reason :func:`.passes.evaluate` gives a job of a left-out list that GPUs enough are
     free for: it fits nowhere outside the reserved nodes (:func:`list_cannot_start`, and since
     then GPUs were only taken), so it is the reason cached for its shape, else the reservation
-    if the reserved nodes have GPUs free, else its shape. ``seen``: the reasons given so far
-    in this walk, by (shape, size) (nothing they read changes during it)."""
-    exclude = sched.reservation.nodes
+    if the reserved nodes have GPUs free, else its shape (and that reason is cached, as
+    ``evaluate`` caches it). ``backfills``: it would end before the reservation starts (then it
+    need not keep off the reserved nodes, which have no GPU free)."""
+    reservation = sched.reservation
+    exclude = frozenset() if backfills else reservation.nodes
     patient = sched._patient(job, now=pass_.now, behind=True)
     shape = pass_.shapes.shape(sched, job, exclude, patient, frozenset())
-    known = seen.get((shape, job.gpus))
-    if known is not None:
-        return known
     reason = pass_.shapes.reason_for(sched, job, shape, exclude, free)
     if reason is None:
-        if reserved_free:
-            reason = reasons.RESERVATION.reason(job=sched.reservation.job_id)
+        if exclude and any(sched.state.free[n] for n in exclude):
+            reason = reasons.RESERVATION.reason(job=reservation.job_id)
         else:
             reason = shape_reason(sched.cluster, job, free)
-    seen[(shape, job.gpus)] = reason
+        pass_.shapes.remember(shape, job.amount, reason)
     return reason

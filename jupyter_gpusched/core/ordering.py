@@ -77,22 +77,9 @@ class ListShapes:
     spanning: dict[int, int] = field(default_factory=dict)  # GPUs -> gangs spread as they fit
     other: int = 0  # fractional, CPU-only or GPU-model jobs: the test does not cover them
     walltimes: Smallest = field(default_factory=Smallest)  # (walltime, job id)
-    # GPUs asked -> the list's entries (submit time, id) of jobs asking that many, in order
-    by_size: dict[float, list[tuple[float, str]]] = field(default_factory=dict)
 
     def __deepcopy__(self, memo):  # (core/copying.py)
-        return copy_parts(self, memo, flat=("on_nodes", "spanning"), nested=("by_size",))
-
-    def larger_than(self, gpus: float, first: tuple, stop: tuple | None) -> list[str]:
-        """The jobs asking for more than ``gpus`` from entry ``first`` to entry ``stop`` (not
-        included; None: to the end), in the list's order."""
-        found = []
-        for size, entries in self.by_size.items():
-            if size > gpus:
-                end = len(entries) if stop is None else bisect_left(entries, stop)
-                found.extend(entries[bisect_left(entries, first) : end])
-        found.sort()
-        return [job_id for _, job_id in found]
+        return copy_parts(self, memo, flat=("on_nodes", "spanning"))
 
     def count(self, job: Job, walltime: float, node_gpus: int, sign: int) -> None:
         if job.fractional or not job.gpus or job.gpu_models is not None:
@@ -106,16 +93,10 @@ class ListShapes:
             sizes[shape] = sizes.get(shape, 0) + sign
             if not sizes[shape]:
                 del sizes[shape]
-        entry = (job.submit_time, job.id)
         if sign > 0:
             self.walltimes.add((walltime, job.id))
-            insort(self.by_size.setdefault(job.amount, []), entry)
         else:
             self.walltimes.remove((walltime, job.id))
-            same = self.by_size[job.amount]
-            del same[bisect_left(same, entry)]
-            if not same:
-                del self.by_size[job.amount]
 
 
 class PendingQueue:

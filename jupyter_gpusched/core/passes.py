@@ -23,7 +23,6 @@ from .left_out import (
     first_head,
     leave_out,
     list_cannot_start,
-    walked,
 )
 from .one_leaf import hold_one_leaf
 from .placement import find_placement, placement_exists, shape_reason
@@ -55,7 +54,7 @@ class Pass:
     capped_arrays: dict = field(default_factory=dict)  # array id -> its array-limit reason
 
 
-def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()) -> bool:
+def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> bool:
     """Examine ``candidates`` in priority order; True if it stopped at a blocked job.
 
     Passes after submissions examine just the new jobs. Passes after something was freed
@@ -63,12 +62,12 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()
     first job blocked on capacity or placement; a *deep* one, at most every
     ``backfill.interval`` (and after a minimum run time ends), also backfills behind it and
     tries pre-emption, until ``backfill.depth`` jobs were blocked or nothing usable is
-    left. Jobs a pass does not reach keep the reason of their last examination; ``new``: the
-    jobs submitted since the last pass (see :mod:`.left_out`)."""
+    left. Jobs a pass does not reach keep the reason of their last examination (the lists a
+    deep pass leaves out: :mod:`.left_out`)."""
     full = skip is not None
     tries = PREEMPTION_TRIES_PER_PASS if sched.policy.preemption and deep else 0
     pass_ = Pass(tries, now)
-    stopped = ended = False
+    stopped = False
     if sched.reservation is not None:
         pass_.reserved_key = sched._key(sched.reservation.job_id)
     left_out = pass_.left_out
@@ -134,22 +133,11 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None, new=()
                 break
         sched._set_reason(job, outcome)
     else:
-        ended = True  # the full walk would go on over the rest of the left-out lists
-    # new jobs of left-out lists that the full walk would have examined: the caller examines
-    # them next, without pre-emption (as a left-out list's jobs would have been examined)
-    new_left_out = [
-        j
-        for j in new
-        if j in sched.jobs
-        and sched._waiting_in_line(sched.jobs[j])
-        and sched.jobs[j].reason is None
-        and sched._list_of(j) in left_out
-    ]
-    if new_left_out and ended:
+        # the full walk would go on over the rest of the left-out lists (to give their jobs
+        # its reasons): the pass ended with nothing of theirs able to start
         head = first_head(sched, left_out)
         if head is not None and not nothing_usable(sched, pass_, head, now):
-            count_blocked(sched, pass_, max(map(sched._key, new_left_out)), inclusive=True)
-    sched.reached_left_out = [j for j in new_left_out if walked(sched, left_out, j)]
+            count_blocked(sched, pass_, None)
     for job in pass_.started:
         sched._leave_pending(job)
     if full:

@@ -96,7 +96,6 @@ class Scheduler:
         # a deep pass leaves out the lists behind the reservation that cannot start (see
         # .left_out); False: it examines every job, the reference the tests compare with
         self.leave_out_lists = True
-        self.reached_left_out: list[str] = []  # new jobs of those that its walk went past
         self.lists_left_out = 0  # in all passes (for tests and benchmarks)
         self.tier_first = self.policy.order not in ("arrival", "multifactor")
         self.passes = 0
@@ -304,7 +303,7 @@ class Scheduler:
                     self._last_deep, self._deep_due = now, False
                 skip: set = set()
                 ordered = self.pending.ordered(skip)
-                stopped = run_pass(self, ordered, now, skip, deep, previous, new)
+                stopped = run_pass(self, ordered, now, skip, deep, previous)
                 if stopped and len(self.pending) > 1:  # a deep pass will look further
                     self.agenda.wake_at(self._last_deep + interval)
             # new jobs: all of them after submissions only; after a full pass, the ones it
@@ -312,10 +311,6 @@ class Scheduler:
             fresh = [j for j in new if j in self.jobs and self._waiting_in_line(self.jobs[j])]
             if full:
                 fresh = [j for j in fresh if self.jobs[j].reason is None]
-            if full and self.reached_left_out:  # examined as the full walk would have
-                reached = set(self.reached_left_out)
-                run_pass(self, sorted(reached, key=self._key), now, None, deep=False)
-                fresh = [j for j in fresh if j not in reached]
             if fresh:
                 run_pass(self, sorted(fresh, key=self._key), now, None)
         out, self.agenda.decisions = self.agenda.decisions, []

@@ -20,9 +20,7 @@ class ShapeCache:
     def __init__(self):
         self.smallest: dict[tuple, float] = {}  # shape -> smallest size that did not fit
         self.reasons: dict[tuple, Reason] = {}
-        # the smallest size given a capacity or placement reason for a shape that keeps off
-        # some nodes: a job of a left-out list may have such a reason (left_out.count_blocked)
-        self.keep_off_blocked_from = math.inf
+        self.version = 0  # changes whenever what it holds does
 
     @staticmethod
     def shape(sched, job: Job, exclude: frozenset, patient: bool, maintenance: frozenset) -> tuple:
@@ -51,10 +49,9 @@ class ShapeCache:
 
     def remember(self, shape: tuple, size: float, reason: Reason) -> None:
         self.smallest[shape], self.reasons[shape] = size, reason
-        if shape[7] and reason.family != "policy":  # (7: it keeps off some nodes)
-            self.keep_off_blocked_from = min(self.keep_off_blocked_from, size)
+        self.version += 1
 
     def clear(self) -> None:
         self.smallest.clear()
         self.reasons.clear()
-        self.keep_off_blocked_from = math.inf
+        self.version += 1

@@ -62,12 +62,10 @@ class LeftOutLists(dict):
         self[list_key] = left
         heapq.heappush(self.next, (next_key, list_key))
 
-    def due(self, before: tuple | None, inclusive: bool) -> list[tuple[tuple, LeftOut]]:
+    def due(self, before: tuple | None) -> list[tuple[tuple, LeftOut]]:
         """Take out the lists whose next job comes before ``before`` (None: all)."""
         out = []
-        while self.next and (
-            before is None or self.next[0][0] < before or (inclusive and self.next[0][0] == before)
-        ):
+        while self.next and (before is None or self.next[0][0] < before):
             _, list_key = heapq.heappop(self.next)
             out.append((list_key, self[list_key]))
         return out
@@ -151,7 +149,7 @@ def first_head(sched, left_out: dict) -> Job | None:
     return None
 
 
-def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -> None:
+def count_blocked(sched, pass_, before: tuple | None) -> None:
     """Walk the left-out lists up to the job of priority key ``before`` (None: to their ends),
     in priority order over all of them, as the full walk would: give each job the reason it
     would give, and count against ``backfill.depth`` each one blocked on capacity or
@@ -159,12 +157,12 @@ def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -
     depth = sched.settings.backfill_depth
     if pass_.blocked >= depth:
         return
-    due = pass_.left_out.due(before, inclusive)
+    due = pass_.left_out.due(before)
     if not due:
         return
     key = sched._key
     by_key = lambda entry: key(entry[1])  # noqa: E731 (a list is in priority order)
-    walks, ranges = _ranges(sched, due, before, inclusive, by_key)
+    walks, ranges = _ranges(sched, due, before, by_key)
     if len(ranges) > 1:  # in priority order over the lists (a list is in priority order)
         in_order = (
             entry for _, entry in heapq.merge(*([(key(e[0]), e) for e in r] for r in ranges))
@@ -191,7 +189,7 @@ def count_blocked(sched, pass_, before: tuple | None, inclusive: bool = False) -
             pass_.left_out.add(list_key, left, key(left.items[stop][1]))
 
 
-def _ranges(sched, due: list, before: tuple | None, inclusive: bool, by_key) -> tuple:
+def _ranges(sched, due: list, before: tuple | None, by_key) -> tuple:
     """For each due list: (list key, its LeftOut, where its walk ends, the key of the job it
     ends on if the rest is skipped), and the jobs it walks, [(job id, its queue, the list's
     index)] (jobs waiting for their victims are passed by)."""
@@ -199,11 +197,11 @@ def _ranges(sched, due: list, before: tuple | None, inclusive: bool, by_key) -> 
     walks, ranges = [], []
     for list_key, left in due:
         items = left.items
-        if before is None:
-            stop = len(items)
-        else:
-            find = bisect_right if inclusive else bisect_left
-            stop = find(items, before, lo=left.position, key=by_key)
+        stop = (
+            len(items)
+            if before is None
+            else bisect_left(items, before, lo=left.position, key=by_key)
+        )
         first = left.position
         while first < stop and items[first][1] in claims:
             first += 1

@@ -137,6 +137,13 @@ def replay_decisions(trace, cluster, queues, settings, policy, full_scan: bool, 
     return log, finished, schedulers[0].lists_left_out
 
 
+def assert_same_passes(new: list, full: list) -> None:
+    """Every pass made the same decisions and left every pending job the same reason."""
+    for (now, decisions, why), (full_now, full_decisions, full_why) in zip(new, full, strict=True):
+        assert (now, decisions) == (full_now, full_decisions), f"first difference at t={now}"
+        assert why == full_why, f"first difference in the reasons at t={now}"
+
+
 @pytest.mark.parametrize(
     "seed,policy,depth,interval",
     [
@@ -162,9 +169,7 @@ def test_deep_queue_replays_decide_as_the_full_scan(seed, policy, depth, interva
     assert none_left_out == 0
     assert left_out > 0, "no list was left out: the case does not test the shortcut"
     assert len(new) == len(full)
-    for (now, decisions, why), (full_now, full_decisions, full_why) in zip(new, full, strict=True):
-        assert (now, decisions) == (full_now, full_decisions), f"first difference at t={now}"
-        assert why == full_why, f"first difference in the reasons at t={now}"
+    assert_same_passes(new, full)
     assert new_jobs == full_jobs
     assert {state for state, _, _ in new_jobs.values()} == {"completed"}
 
@@ -193,9 +198,7 @@ def test_arrays_and_user_limits_get_the_full_scans_reasons(monkeypatch):
     assert left_out > 0, "no list was left out: the case does not test the shortcut"
     reasons_seen = {r.detail for _, _, why in full for r in why.values() if r is not None}
     assert {"array-limit", "user-limit", "reservation"} <= reasons_seen, reasons_seen
-    for (now, decisions, why), (full_now, full_decisions, full_why) in zip(new, full, strict=True):
-        assert (now, decisions) == (full_now, full_decisions), f"first difference at t={now}"
-        assert why == full_why, f"first difference in the reasons at t={now}"
+    assert_same_passes(new, full)
     assert new_jobs == full_jobs
 
 

@@ -169,7 +169,7 @@ def count_blocked(sched, pass_, before: tuple | None) -> None:
         )
     else:
         in_order = ranges[0] if ranges else ()
-    reason_of = WalkReasons(sched, pass_)
+    reason_of = WalkReasons(sched, pass_) if ranges else None
     cut = None
     for job_id, queue, index in in_order:
         job = sched.jobs[job_id]

@@ -29,6 +29,8 @@ at time 0) and an empty cluster. ``placements_per_s`` is the steady state: Start
 by the passes after the last submission (the churn phase: jobs end, queued jobs start) divided
 by the wall time spent inside those ``schedule`` calls. ``placements_per_s_overall`` is every
 Start of the replay over ``sim_wall_s``. ``peak_memory_mb`` is the process's ru_maxrss.
+``passes_by_kind``: every pass of the replay by kind (see :class:`PassTimer`), with its count,
+wall time, the jobs it started and its mean cost: where the time goes as the cluster grows.
 """
 
 from __future__ import annotations
@@ -133,17 +135,37 @@ def make_trace(count: int, teams: list[str], seed: int, deep: bool = False) -> l
     return jobs
 
 
+PASS_KINDS = ("deep", "deep_woken_early", "other")
+
+
 class PassTimer:
-    """Wraps Scheduler.schedule to time the passes of the replay's steady state."""
+    """Wraps Scheduler.schedule to time the passes of the replay's steady state, and every
+    pass by kind: ``deep`` (a deep pass ``backfill.interval`` or more after the last one),
+    ``deep_woken_early`` (a deep pass sooner, woken by a victim passing its minimum run time,
+    a gang's leaf patience ending, a deadline ...), ``other`` (a quick pass, or one over new
+    jobs only)."""
 
     def __init__(self, after: float):
         self.after, self.starts, self.seconds, self.all_starts = after, 0, 0.0, 0
         self.original = Scheduler.schedule
+        self.by_kind = {kind: [0, 0.0, 0] for kind in PASS_KINDS}  # passes, seconds, starts
+
+    def kinds(self) -> dict:
+        return {
+            kind: {
+                "passes": n,
+                "seconds": round(seconds, 3),
+                "starts": starts,
+                "mean_us": round(seconds / n * 1e6) if n else 0,
+            }
+            for kind, (n, seconds, starts) in self.by_kind.items()
+        }
 
     def __enter__(self):
         timer, original = self, self.original
 
         def schedule(scheduler, now):
+            passes, last_deep = scheduler.passes, scheduler._last_deep  # (the engine's own)
             begin = time.perf_counter()
             decisions = original(scheduler, now)
             spent = time.perf_counter() - begin
@@ -152,6 +174,16 @@ class PassTimer:
             if now >= timer.after:
                 timer.starts += starts
                 timer.seconds += spent
+            if scheduler.passes > passes:
+                if scheduler._last_deep != last_deep:
+                    early = now - last_deep < scheduler.settings.backfill_interval
+                    kind = "deep_woken_early" if early else "deep"
+                else:
+                    kind = "other"
+                counts = timer.by_kind[kind]
+                counts[0] += 1
+                counts[1] += spent
+                counts[2] += starts
             return decisions
 
         Scheduler.schedule = schedule
@@ -220,6 +252,7 @@ def main(argv=None) -> int:
         "profiled": args.profile,
         "sim_wall_s": figures["sim_wall_s"],
         "passes": passes,
+        "passes_by_kind": timer.kinds(),
         **fill,
         "placements_per_s": round(timer.starts / timer.seconds, 1) if timer.seconds else 0.0,
         "steady_placements": timer.starts,

@@ -29,6 +29,12 @@ def test_bench_engine_deep_queue_replays_every_job():
     assert out["completed"] + out["rejected"] == 600 and out["completed"] > 550
     assert out["passes"] > 600  # a pass per submission time at least, and more as jobs end
     assert out["steady_placements"] > 0 and out["placements_per_s"] > 0
+    # every pass is of one kind, and every job that ran was started by one
+    kinds = out["passes_by_kind"]
+    assert set(kinds) == {"deep", "deep_woken_early", "other"}
+    assert sum(k["passes"] for k in kinds.values()) == out["passes"]
+    assert kinds["deep"]["passes"] > 0 and kinds["other"]["passes"] > 0
+    assert sum(k["starts"] for k in kinds.values()) >= out["completed"]
     assert (
         set(out["met"])
         == set(out["targets"])

@@ -50,7 +50,7 @@ import sys
 
 from jupyter_gpusched.backends.gpu.simulated_loads import make_load_dir
 from jupyter_gpusched.hub.profiles import pass_idle_timeouts_to_service
-from jupyter_gpusched.hub.singleuser_command import singleuser_command
+from jupyter_gpusched.hub.singleuser_command import TERMINAL_ARGS, singleuser_command
 from jupyter_gpusched.hub.stop_notice import TEMPLATE_DIR as HUB_TEMPLATES
 from jupyter_gpusched.hub.stop_notice import stopped_servers
 
@@ -267,8 +267,11 @@ c.GPUSchedSpawner.home_dir_template = os.path.join(STATE, "home", "{username}")
 # The single-user server of this virtual environment, whatever PATH the hub was started with,
 # in a way its users can run (a system python3 when this one lives under /root: see
 # jupyter_gpusched/hub/singleuser_command.py).
+# Its terminals keep that PATH (`jupyter gpusched queue` in a terminal): the user's shell, not a
+# login shell, whose /etc/profile would set PATH anew (singleuser_command.TERMINAL_ARGS; part of
+# the command, so that a config setting c.Spawner.args keeps it).
 SERVER_CMD, SERVER_ENV = singleuser_command()
-c.Spawner.cmd = SERVER_CMD
+c.Spawner.cmd = [*SERVER_CMD, *TERMINAL_ARGS]
 c.Spawner.default_url = "/lab"  # JupyterLab, with the GPU panel (labextension/)
 # The servers' GPU monitor chooses its telemetry from GPU_ENV (docs/gpu.md); the hub passes its
 # own environment on to servers only through `environment`.

@@ -1,5 +1,6 @@
 """Run a cell in a kernel of a real server over its websocket (the Jupyter protocol's JSON form),
-as JupyterLab does: the hub tests' one way to execute code in a user's kernel."""
+as JupyterLab does: the hub tests' one way to execute code in a user's kernel (and, with
+:func:`terminal_output`, to type a line into a terminal of the server)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,43 @@ async def run_cell(ws_url: str, token: str, code: str, timeout: float) -> tuple[
         return reply, "".join(shown)
     finally:
         connection.close()
+
+
+async def terminal_output(server_url: str, token: str, line: str, until: str, timeout: float):
+    """Type ``line`` into a new terminal of the server at ``server_url`` (``.../user/NAME/``),
+    as a person in JupyterLab's Terminal does, and return what it showed once ``until`` (a
+    regular expression) matched it; the terminal is closed after."""
+    import re
+
+    from tornado.httpclient import AsyncHTTPClient
+
+    headers = {"Authorization": f"token {token}"}
+    client = AsyncHTTPClient()
+    made = await client.fetch(
+        f"{server_url}api/terminals", method="POST", body="{}", headers=headers
+    )
+    name = json.loads(made.body)["name"]
+    ws_url = f"{server_url.replace('http', 'ws', 1)}terminals/websocket/{name}"
+    connection = await asyncio.wait_for(
+        websocket_connect(HTTPRequest(ws_url, headers=headers)), timeout
+    )
+    shown, deadline = [], time.monotonic() + timeout
+    try:
+        await connection.write_message(json.dumps(["stdin", line + "\r"]))
+        while not re.search(until, "".join(shown)):
+            left = deadline - time.monotonic()
+            assert left > 0, f"the terminal did not show {until!r}: {''.join(shown)!r}"
+            raw = await asyncio.wait_for(connection.read_message(), left)
+            assert raw is not None, f"the terminal closed: {''.join(shown)!r}"
+            kind, *rest = json.loads(raw)
+            if kind == "stdout":
+                shown.append(rest[0])
+        return "".join(shown)
+    finally:
+        connection.close()
+        await client.fetch(
+            f"{server_url}api/terminals/{name}",
+            method="DELETE",
+            headers=headers,
+            raise_error=False,
+        )

@@ -16,8 +16,14 @@ the environment's ``bin`` when its interpreter is usable, else :data:`SERVER_BIN
 ``jupyter`` and ``jupyter-gpusched`` run the system ``python3`` chosen here
 (``GPUSCHED_SERVER_PYTHON``).
 
-``hub_config/jupyterhub_config.py`` sets ``c.Spawner.cmd`` and adds to ``c.Spawner.environment``
-from it.
+A terminal of the server keeps that ``PATH`` only if its shell does not set one anew: under a
+hub, jupyter_server_terminals starts ``$SHELL -l``, a login shell, whose ``/etc/profile`` (on
+Debian) replaces ``PATH``. :data:`TERMINAL_ARGS` makes the server's terminals run the user's
+shell as an interactive shell that is not a login one (bash still reads ``~/.bashrc``), which is
+how a kernel's ``!`` runs commands too.
+
+``hub_config/jupyterhub_config.py`` sets ``c.Spawner.cmd`` (followed by :data:`TERMINAL_ARGS`) and
+adds to ``c.Spawner.environment`` from it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,12 @@ from ..backends.accounts import SYSTEM_PYTHONS, environment_pythonpath
 
 #: ``jupyter`` and ``jupyter-gpusched`` for servers on a system Python (sh scripts).
 SERVER_BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "server_bin")
+
+#: The server's terminals: ``$SHELL -i`` (``/bin/sh`` without one), not a login shell.
+TERMINAL_ARGS = [
+    "--ServerApp.terminado_settings="
+    'shell_command=["/bin/sh", "-c", "exec \\"${SHELL:-/bin/sh}\\" -i"]'
+]
 
 
 def usable_by_others(path: str) -> bool:

@@ -4,7 +4,8 @@ scheduler's page; admin reads the page's admin part.
 bob opens the spawn form: each profile says when it would start ("starts now": the cluster is
 empty); he starts the 4-GPU one. In his notebook, shell lines (``!``, the environment his
 server's terminals have) run ``jupyter gpusched submit --array 0-3%1 ...`` (no token, no URL:
-the server's), ``jupyter gpusched queue --me`` (the array is one row, ``a-N_[1-3%1]``) and
+the server's), ``jupyter gpusched queue --me`` (the array is one row, ``a-N_[1-3%1]``; typed
+into a terminal of his server too) and
 ``jupyter gpusched estimate --gpus 8`` (research/nlp would pass its limit). From the hub's
 Services menu he opens the scheduler's page: his server and the array (one row, with its
 reason), his queue's bar at his 5 GPUs, the same estimate in the same words from the page's
@@ -21,8 +22,10 @@ token gets a 403 for the same export.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import test_spawner as ts
 from journey import (
@@ -35,6 +38,7 @@ from journey import (
     stop_everything,
     sync_api,
 )
+from kernel_ws import terminal_output
 from lab import open_notebook, output_text, run_cell, write_file, write_notebook
 
 skip_if_missing()
@@ -71,6 +75,14 @@ def test_bob_asks_when_he_would_start_and_follows_a_sweep_on_the_page(demo, peop
     array_id = match.group(1)
     listed = output_text(run_cell(bob, notebook, 1, timeout_ms=60_000))
     assert re.search(rf"{array_id}_\[1-3%1\]\s+bob\s+research/nlp", listed), listed
+    # the same in a terminal of his server (JupyterLab's Terminal): its shell keeps the server's
+    # PATH (a login shell's /etc/profile would set it anew: "jupyter: command not found")
+    line = "jupyter gpusched queue --me; echo typed-$((40 + 2))"
+    server = f"{hub.url}/user/bob/"
+    typing = terminal_output(server, hub.token("bob"), line, r"typed-42", 60)
+    with ThreadPoolExecutor(1) as thread:  # (this thread runs the browser's event loop)
+        typed = thread.submit(asyncio.run, typing).result()
+    assert re.search(rf"{array_id}_\[1-3%1\]\s+bob\s+research/nlp", typed), typed
     estimated = output_text(run_cell(bob, notebook, 2, timeout_ms=60_000)).strip()
     assert estimated.startswith("waits: queue research/nlp is at its limit of 8 GPUs"), estimated
     shot(bob, TEST, "2-bob-cli-in-his-server")

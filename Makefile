@@ -30,8 +30,8 @@ define DEMO_HELP
 
 == JupyterHub with the GPU scheduler: $(HUB_URL)
 Log in at $(HUB_URL)/hub/login as alice, bob, carol or admin (a hub admin and the scheduler's
-admin), password '$(GPUSCHED_DEMO_PASSWORD)'. The scheduler's API: $(HUB_URL)/services/gpusched/api/
-(described by api/openapi.json). A token: $(HUB_URL)/hub/token in a browser, or, in a shell:
+admin), password '$(GPUSCHED_DEMO_PASSWORD)'. The scheduler's API is under
+$(HUB_URL)/services/gpusched/api/, described at $(HUB_URL)/services/gpusched/api/openapi.json. A token: $(HUB_URL)/hub/token in a browser, or, in a shell:
 
 H=$(HUB_URL); P=$(GPUSCHED_DEMO_PASSWORD)
 TOKEN=$$(curl -s -X POST $$H/hub/api/users/alice/tokens \

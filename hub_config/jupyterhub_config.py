@@ -49,6 +49,7 @@ import os
 import sys
 
 from jupyter_gpusched.backends.gpu.simulated_loads import make_load_dir
+from jupyter_gpusched.files import load_cluster
 from jupyter_gpusched.hub.profiles import pass_idle_timeouts_to_service
 from jupyter_gpusched.hub.singleuser_command import TERMINAL_ARGS, singleuser_command
 from jupyter_gpusched.hub.stop_notice import TEMPLATE_DIR as HUB_TEMPLATES
@@ -152,8 +153,6 @@ if os.environ.get("GPUSCHED_GPU_BACKEND") == "simulated":
     # Every simulated node lives on this machine: the service checks all of them for rogue GPU
     # processes (docs/service.md), in this hub's own load folder only. With real GPUs it checks
     # the node named like this host.
-    from jupyter_gpusched.files import load_cluster
-
     rogue_args = [
         f"--GPUSchedService.local_gpu_nodes={node.name}"
         for node in load_cluster(CLUSTER_FILE).nodes
@@ -205,6 +204,9 @@ c.JupyterHub.services = [
 # page shows the position, the reason and the ETA, then starts jupyterhub-singleuser with
 # CUDA_VISIBLE_DEVICES set to the allocated GPUs. See jupyter_gpusched/hub/spawner.py.
 c.JupyterHub.spawner_class = "gpusched"
+# The cluster's GPU models (hub_config/cluster.yaml: H100 and L40S; the demo's: H100 only): a
+# profile offers only models that exist, so no start is refused for a model the cluster lacks.
+CLUSTER_MODELS = load_cluster(CLUSTER_FILE).gpu_models
 c.GPUSchedSpawner.profiles = [
     {
         "display_name": "1 GPU (tier 2)",
@@ -212,7 +214,7 @@ c.GPUSchedSpawner.profiles = [
         "description": "One GPU for interactive work",
         "tier": 2,
         "gpus": 1,
-        "gpu_models": ["H100", "L40S"],  # the user picks one, or takes any of them
+        "gpu_models": CLUSTER_MODELS,  # the user picks one, or takes any of them
         "idle_timeout": "1h",  # GPUs idle this long: warned, then stopped by the reaper
         "max_lifetime": "8h",  # the job's walltime: the server is stopped after it
         "default": True,

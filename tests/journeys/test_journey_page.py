@@ -61,6 +61,12 @@ def test_bob_asks_when_he_would_start_and_follows_a_sweep_on_the_page(demo, peop
     bob.wait_for_url(re.compile(r".*/hub/spawn.*"))
     for profile in ("gpu-1", "gpu-4", "cpu-only"):  # the cluster is empty
         expect(bob.locator(f"#gpusched-estimate-{profile}")).to_contain_text("starts now")
+    # the form offers only GPU models the demo cluster has (all H100): none a start would refuse
+    offered = bob.locator('select[name^="gpu_model:"] option').evaluate_all(
+        "options => options.map(o => o.value)"
+    )
+    assert set(offered) <= {"any", "H100"}, offered
+    assert "L40S" not in bob.locator("form").first.inner_text()
     shot(bob, TEST, "1-bob-spawn-form-estimates")
     bob.check("#gpusched-profile-gpu-4")
     bob.get_by_role("button", name=re.compile("Start")).click()

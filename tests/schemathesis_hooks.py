@@ -51,6 +51,8 @@ STATE_DEPENDENT = {
         "gpu_model": "^no GPU of model ",
         # a directory the user may enter: which ones, the file system says
         "cwd": "^the working directory .* does not exist or .* may not enter it",
+        # and a notebook it may read there
+        "notebook": "^the notebook .* is not a file .* may read",
         # an array's ranges upwards, its size and %MAX_RUNNING within bounds (core/arrays.py)
         "array": "must go upwards|must be at least 1|elements$|indices go up to",
         # after now (the clock's), and one the engine can meet (its queue, its walltime)

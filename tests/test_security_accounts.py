@@ -216,6 +216,40 @@ async def test_a_directory_the_user_cannot_enter_is_a_400_naming_cwd(
 
 
 @root_only
+async def test_a_notebook_the_user_cannot_read_is_a_400_naming_notebook(
+    service_factory, people, shared_dir
+):
+    """Checked at submit as the user (not left to fail at launch with the runner's traceback,
+    holding a GPU meanwhile): missing, or root's, relative to the job's directory (her home by
+    default) or absolute."""
+    account = pwd.getpwnam(people[0])
+    theirs = shared_dir / "ann"
+    theirs.mkdir(mode=0o700)
+    (theirs / "train.ipynb").write_text("{}")
+    (theirs / "roots.ipynb").write_text("{}")
+    for path in (theirs, theirs / "train.ipynb"):
+        os.chown(path, account.pw_uid, account.pw_gid)
+    (theirs / "roots.ipynb").chmod(0o600)  # root's, in her folder
+    service = await service_factory(queues=None, run_as_submitting_user=True)
+    ann = service.client(people[0])
+    for body in (
+        {"notebook": "nosuch.ipynb"},  # in her home
+        {"notebook": "nosuch.ipynb", "cwd": str(theirs)},
+        {"notebook": "roots.ipynb", "cwd": str(theirs)},
+        {"notebook": str(theirs / "roots.ipynb")},
+        {"notebook": str(theirs)},  # a folder
+    ):
+        status, error = await ann.post("api/jobs", {"gpus": 1, **body})
+        assert (status, error["field"]) == (400, "notebook"), (body, error)
+        assert "is not a file" in error["error"] and people[0] in error["error"], error
+    nothing_stored(service)
+    status, job = await ann.post(
+        "api/jobs", {"gpus": 1, "notebook": "train.ipynb", "cwd": str(theirs)}
+    )
+    assert status == 201, job
+
+
+@root_only
 async def test_jobs_run_in_the_home_directory_by_default_and_as_their_user(service_factory, people):
     service = await service_factory(queues=None, run_as_submitting_user=True)
     ann = service.client(people[0])

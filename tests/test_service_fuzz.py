@@ -23,9 +23,13 @@ starts, so the fuzz does not spend seconds of CPU per notebook kernel).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import copy
 import math
 import re
+import shutil
+import tempfile
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -149,6 +153,13 @@ env_names = st.from_regex(r"\A[A-Z_][A-Z0-9_]{0,10}\Z").filter(
 strings = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=20)
 
 
+# the notebooks valid requests name (a file the service's user may read: checked at submit)
+NOTEBOOKS = Path(tempfile.mkdtemp(prefix="gpusched-fuzz-notebooks-"))
+atexit.register(shutil.rmtree, NOTEBOOKS, ignore_errors=True)
+for _name in ("x.ipynb", "n.ipynb"):
+    (NOTEBOOKS / _name).write_text("{}")
+
+
 @st.composite
 def valid_jobs(draw) -> dict:
     """A job request that passes every check, with the optional fields drawn at random."""
@@ -168,9 +179,9 @@ def valid_jobs(draw) -> dict:
         if draw(st.integers(0, 4)):
             body["command"] = draw(st.sampled_from(COMMANDS))
             maybe("cwd", st.sampled_from(["/", "/tmp"]))
-        else:  # no such notebook: the job fails at once (a missing cwd would be a 400)
-            body["notebook"] = draw(st.sampled_from(["/x.ipynb", "relative/n.ipynb"]))
-            body["cwd"] = "/"
+        else:  # a notebook that is no notebook: the job fails at once (a missing one is a 400)
+            body["notebook"] = draw(st.sampled_from([str(NOTEBOOKS / "x.ipynb"), "n.ipynb"]))
+            body["cwd"] = str(NOTEBOOKS)
     maybe("name", names.filter(lambda s: s.strip()))
     if gpus == 1:
         maybe("gpu_fraction", st.floats(0.01, 1.0))

@@ -10,9 +10,10 @@ system accounts below), and an account that does not exist.
 
 The service and the hub each read it from their own config (``c.AccountPolicy.min_uid = ...``):
 set the same values in both. Here too is what every launcher needs once it has an account:
-:func:`run_as_ids` (Popen's arguments that run a child as it), :func:`cwd_problem_for` (can it
-enter a directory, tried with its own rights, not root's) and, for an account that cannot run
-this environment's interpreter, :data:`SYSTEM_PYTHONS` with :func:`environment_pythonpath`.
+:func:`run_as_ids` (Popen's arguments that run a child as it), :func:`cwd_problem_for` and
+:func:`notebook_problem_for` (can it enter a directory, read a notebook: tried with its own
+rights, not root's) and, for an account that cannot run this environment's interpreter,
+:data:`SYSTEM_PYTHONS` with :func:`environment_pythonpath`.
 """
 
 from __future__ import annotations
@@ -133,4 +134,31 @@ def cwd_problem_for(account: pwd.struct_passwd | None, cwd: str) -> str | None:
         return f"the working directory {cwd[:200]!r} could not be checked (no answer in 10 s)"
     except OSError as exc:
         return f"the working directory {cwd[:200]!r} could not be checked: {exc.strerror}"
+    return None if done.returncode == 0 else cannot
+
+
+def notebook_problem_for(account: pwd.struct_passwd | None, cwd: str, notebook: str) -> str | None:
+    """Why ``account`` (None: this process's) cannot read the notebook ``notebook`` (relative:
+    to ``cwd``, which it may enter), or None; as :func:`cwd_problem_for`, tried with the
+    account's own rights, and without saying whether the file exists."""
+    who = account.pw_name if account is not None else "the service's user"
+    where = notebook if notebook.startswith("/") else f"{notebook} in {cwd}"
+    cannot = f"the notebook {where[:300]!r} is not a file {who} may read"
+    if account is None:
+        path = os.path.join(cwd, notebook)
+        return None if os.path.isfile(path) and os.access(path, os.R_OK) else cannot
+    try:
+        done = subprocess.run(
+            ["/bin/sh", "-c", 'cd -- "$1" && test -f "$2" && test -r "$2"', "sh", cwd, notebook],
+            cwd="/",
+            env={"PATH": os.defpath},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=10,
+            **run_as_ids(account),
+        )
+    except subprocess.TimeoutExpired:
+        return f"the notebook {notebook[:200]!r} could not be checked (no answer in 10 s)"
+    except OSError as exc:
+        return f"the notebook {notebook[:200]!r} could not be checked: {exc.strerror}"
     return None if done.returncode == 0 else cannot

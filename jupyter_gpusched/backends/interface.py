@@ -104,6 +104,14 @@ class Launcher(LoggingConfigurable):
         enters it, as the user)."""
         return None
 
+    def notebook_problem(
+        self, account: pwd.struct_passwd | None, cwd: str | None, notebook: str
+    ) -> str | None:
+        """Why a notebook job of ``account`` could not read ``notebook`` (relative: to ``cwd``,
+        None: the job's default directory), checked at submit; None when it can, or when this
+        backend cannot tell here."""
+        return None
+
     def start(self, spec: LaunchSpec) -> dict:
         """Start the job; return its handle (JSON-serialisable). Raises :class:`LaunchError`."""
         raise NotImplementedError

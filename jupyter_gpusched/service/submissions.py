@@ -189,7 +189,8 @@ class Submissions:
 
     def _check_account(self, who: Identity, request: JobRequest) -> None:
         """The account ``who``'s work would run as may be used (a 403 if not: AccountPolicy),
-        and a batch job's working directory is one that account may enter (a 400)."""
+        and a batch job's working directory is one that account may enter, its notebook one it
+        may read (a 400)."""
         launcher = self.live.launcher
         try:
             account = launcher.job_account(who.name)
@@ -199,6 +200,10 @@ class Submissions:
             problem = launcher.cwd_problem(account, request.cwd)
             if problem is not None:
                 raise RequestError(problem, "cwd")
+        if request.kind == "batch" and request.notebook is not None:
+            problem = launcher.notebook_problem(account, request.cwd, request.notebook)
+            if problem is not None:
+                raise RequestError(problem, "notebook")
 
     async def saved(self, job_id: str) -> None:
         """Wait until the submission of ``job_id`` is committed (raises if it was not).

@@ -70,6 +70,7 @@ from ..accounts import (
     AccountRefused,
     cwd_problem_for,
     environment_pythonpath,
+    notebook_problem_for,
     run_as_ids,
 )
 
@@ -192,6 +193,21 @@ class LocalLauncher(Launcher):
             self._cwd_ok[key] = now
         return problem
 
+    def notebook_problem(
+        self, account: pwd.struct_passwd | None, cwd: str | None, notebook: str
+    ) -> str | None:
+        # (not remembered: a notebook is written just before it is submitted, often)
+        return notebook_problem_for(account, cwd or self._home(account), notebook)
+
+    @staticmethod
+    def _home(account: pwd.struct_passwd | None) -> str:
+        """Where a job without a working directory runs: its account's home, else ``/``."""
+        try:
+            home = (account or pwd.getpwuid(os.geteuid())).pw_dir
+        except KeyError:  # a uid without a passwd entry (some containers)
+            home = os.environ.get("HOME", "/")
+        return home if os.path.isdir(home) else "/"
+
     def _environment(self, spec: LaunchSpec, account: pwd.struct_passwd | None) -> dict:
         env = {name: os.environ[name] for name in self.env_keep if name in os.environ}
         env.setdefault("PATH", os.defpath)
@@ -215,7 +231,7 @@ class LocalLauncher(Launcher):
         account = self._account(spec.user)
         env = self._environment(spec, account)
         run_as = account.pw_name if account else env.get("USER", str(os.geteuid()))
-        cwd = spec.cwd or (env["HOME"] if os.path.isdir(env["HOME"]) else "/")
+        cwd = spec.cwd or self._home(account)
         base = os.path.join(os.path.abspath(spec.log_dir), spec.job_id)
         log, record = base + ".log", base + ".exit"
         output = base + ".out.ipynb" if spec.notebook is not None else None

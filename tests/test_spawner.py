@@ -339,6 +339,19 @@ async def test_a_reused_pid_is_never_taken_for_the_server():
         other.wait()
 
 
+def test_the_pending_message_gives_the_date_of_a_start_not_today():
+    # (it said "about 17:41 UTC (in ~1440 min)" at 17:41 for a start a day later)
+    from jupyter_gpusched.hub.spawner import GPUSchedSpawner
+
+    spawner = GPUSchedSpawner(user=FakeUser(), profiles=[{"display_name": "4 GPUs", "gpus": 4}])
+    spawner.choose_profile({})
+    eta = time.time() + 86_400 + 60
+    job = {"id": "j-1", "state": "pending", "position": 0, "reason": {"eta": eta}}
+    message, _ = spawner._pending_message(job)
+    day = time.strftime("%Y-%m-%d", time.gmtime(eta))
+    assert f"expected start about 24 h (at {day} " in message, message
+
+
 def test_the_pending_message_says_position_reason_and_eta():
     from jupyter_gpusched.hub.spawner import GPUSchedSpawner
 
@@ -349,7 +362,8 @@ def test_the_pending_message_says_position_reason_and_eta():
     job = {"id": "j-000009", "state": "pending", "position": 2, "reason": reason}
     message, details = spawner._pending_message(job)
     assert message.startswith("2 GPUs: position 3 in the GPU queue (2 ahead of you); ")
-    assert "capacity: 0 of 4 free" in message and "(in ~10 min)" in message
+    assert "capacity: 0 of 4 free" in message
+    assert "; expected start about 10 min (at " in message  # the spawn form's words
     assert details == {
         "job_id": "j-000009",
         "state": "pending",

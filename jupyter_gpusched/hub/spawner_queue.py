@@ -283,10 +283,8 @@ class SchedulerClient:
         if reason.get("message"):
             parts.append(f"{reason.get('family', 'waiting')}: {reason['message']}")
         eta = reason.get("eta")
-        if eta:
-            minutes = max(0, round((eta - time.time()) / 60))
-            when = time.strftime("%H:%M UTC", time.gmtime(eta))
-            parts.append(f"expected start about {when} (in ~{minutes} min)")
+        if eta:  # in the spawn form's words: "about 25 min (at 14:05 UTC)", the date if not today
+            parts.append("expected start " + estimate_text(False, eta, None, time.time()))
         details = {
             "job_id": job.get("id"),
             "state": job.get("state"),

@@ -120,21 +120,7 @@ def cwd_problem_for(account: pwd.struct_passwd | None, cwd: str) -> str | None:
     cannot = f"the working directory {cwd[:200]!r} does not exist or {who} may not enter it"
     if account is None:
         return None if os.path.isdir(cwd) and os.access(cwd, os.X_OK) else cannot
-    try:
-        done = subprocess.run(
-            ["/bin/sh", "-c", 'cd -- "$1"', "sh", cwd],
-            cwd="/",
-            env={"PATH": os.defpath},
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=10,
-            **run_as_ids(account),
-        )
-    except subprocess.TimeoutExpired:
-        return f"the working directory {cwd[:200]!r} could not be checked (no answer in 10 s)"
-    except OSError as exc:
-        return f"the working directory {cwd[:200]!r} could not be checked: {exc.strerror}"
-    return None if done.returncode == 0 else cannot
+    return _tried_as(account, 'cd -- "$1"', [cwd], f"the working directory {cwd[:200]!r}", cannot)
 
 
 def notebook_problem_for(account: pwd.struct_passwd | None, cwd: str, notebook: str) -> str | None:
@@ -147,9 +133,16 @@ def notebook_problem_for(account: pwd.struct_passwd | None, cwd: str, notebook: 
     if account is None:
         path = os.path.join(cwd, notebook)
         return None if os.path.isfile(path) and os.access(path, os.R_OK) else cannot
+    script = 'cd -- "$1" && test -f "$2" && test -r "$2"'
+    return _tried_as(account, script, [cwd, notebook], f"the notebook {notebook[:200]!r}", cannot)
+
+
+def _tried_as(account: pwd.struct_passwd, script: str, args: list, what: str, cannot: str):
+    """Run the sh ``script`` (with ``args`` as $1 ...) as ``account``: None if it succeeds,
+    else ``cannot``, or why ``what`` could not be checked."""
     try:
         done = subprocess.run(
-            ["/bin/sh", "-c", 'cd -- "$1" && test -f "$2" && test -r "$2"', "sh", cwd, notebook],
+            ["/bin/sh", "-c", script, "sh", *args],
             cwd="/",
             env={"PATH": os.defpath},
             stdin=subprocess.DEVNULL,
@@ -158,7 +151,7 @@ def notebook_problem_for(account: pwd.struct_passwd | None, cwd: str, notebook: 
             **run_as_ids(account),
         )
     except subprocess.TimeoutExpired:
-        return f"the notebook {notebook[:200]!r} could not be checked (no answer in 10 s)"
+        return f"{what} could not be checked (no answer in 10 s)"
     except OSError as exc:
-        return f"the notebook {notebook[:200]!r} could not be checked: {exc.strerror}"
+        return f"{what} could not be checked: {exc.strerror}"
     return None if done.returncode == 0 else cannot

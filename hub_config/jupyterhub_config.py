@@ -66,6 +66,7 @@ PROXY_API_PORT = int(os.environ.get("GPUSCHED_PROXY_API_PORT") or 8001)
 SERVICE_PORT = int(os.environ.get("GPUSCHED_SERVICE_PORT") or 8765)
 PASSWORD = os.environ.get("GPUSCHED_DEMO_PASSWORD") or "gpusched-demo"
 CLUSTER_FILE = os.environ.get("GPUSCHED_CLUSTER_FILE") or os.path.join(HERE, "cluster.yaml")
+CLUSTER = load_cluster(CLUSTER_FILE)  # read once: its nodes and GPU models are used below
 QUEUE_FILE = os.environ.get("GPUSCHED_QUEUE_FILE") or os.path.join(HERE, "queues.yaml")
 POLICY_FILE = os.environ.get("GPUSCHED_POLICY_FILE") or ""  # empty: the documented defaults
 # make demo: Ctrl-C ends the demo's notebook servers and batch jobs too (see below)
@@ -153,10 +154,7 @@ if os.environ.get("GPUSCHED_GPU_BACKEND") == "simulated":
     # Every simulated node lives on this machine: the service checks all of them for rogue GPU
     # processes (docs/service.md), in this hub's own load folder only. With real GPUs it checks
     # the node named like this host.
-    rogue_args = [
-        f"--GPUSchedService.local_gpu_nodes={node.name}"
-        for node in load_cluster(CLUSTER_FILE).nodes
-    ]
+    rogue_args = [f"--GPUSchedService.local_gpu_nodes={node.name}" for node in CLUSTER.nodes]
 # GPUSCHED_DEMO_STOP_ALL=1 (make demo): at the hub's stop the service, which the hub stops
 # first, ends the servers (through the hub, still up) and the jobs, saying why
 # (service/exit_stop.py).
@@ -206,7 +204,7 @@ c.JupyterHub.services = [
 c.JupyterHub.spawner_class = "gpusched"
 # The cluster's GPU models (hub_config/cluster.yaml: H100 and L40S; the demo's: H100 only): a
 # profile offers only models that exist, so no start is refused for a model the cluster lacks.
-CLUSTER_MODELS = load_cluster(CLUSTER_FILE).gpu_models
+CLUSTER_MODELS = CLUSTER.gpu_models
 c.GPUSchedSpawner.profiles = [
     {
         "display_name": "1 GPU (tier 2)",

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 
-from tornado.httpclient import HTTPRequest
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.websocket import websocket_connect
 
 
@@ -55,10 +56,6 @@ async def terminal_output(server_url: str, token: str, line: str, until: str, ti
     """Type ``line`` into a new terminal of the server at ``server_url`` (``.../user/NAME/``),
     as a person in JupyterLab's Terminal does, and return what it showed once ``until`` (a
     regular expression) matched it; the terminal is closed after."""
-    import re
-
-    from tornado.httpclient import AsyncHTTPClient
-
     headers = {"Authorization": f"token {token}"}
     client = AsyncHTTPClient()
     made = await client.fetch(

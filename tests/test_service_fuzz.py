@@ -239,7 +239,8 @@ wrong_numbers = (
 )
 big = st.integers(MAX_WHOLE + 1, 10**30)
 INVALID = {
-    "gpus": _not(json_values | wrong_numbers | big, _is_whole(1)),
+    # (not 0: that asks for a CPU-only job, refused without CPUs or memory naming 'cpus')
+    "gpus": _not(json_values | wrong_numbers | big, _is_whole(0)),
     "gpus_per_node": _not(json_values | wrong_numbers | big, _is_whole(1)).filter(
         lambda v: v is not None
     ),

@@ -176,7 +176,7 @@ class PassTimer:
                 timer.seconds += spent
             if scheduler.passes > passes:
                 if scheduler._last_deep != last_deep:
-                    early = now - last_deep < scheduler.settings.backfill_interval
+                    early = now - last_deep < scheduler.cadence.interval
                     kind = "deep_woken_early" if early else "deep"
                 else:
                     kind = "other"

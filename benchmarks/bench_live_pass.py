@@ -140,6 +140,7 @@ def main(argv=None) -> int:
         "pending": len(scheduler.pending),
         "running": len(scheduler.running),
         "backfill_interval_s": settings.backfill_interval,
+        "deep_pass_interval_s": scheduler.cadence.interval,  # at the end (core/cadence.py)
         "setup_s": round(setup_s, 1),
         "all": figures(every),
         "deep": figures(timings["deep"]),

@@ -55,12 +55,15 @@ FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 GANG_GPUS = 8
 
 # name -> (policy, settings changes): the replay's policies. slurm_bf1 is the honesty check (the
-# real Slurm's bf_interval); slurm_bf30 is Slurm's default cadence, which the shipped gpusched
-# default (backfill.interval 30 s) matches; the depth variant plans behind more blocked jobs.
+# real Slurm's bf_interval); slurm_bf30 is Slurm's default cadence. gpusched_default is as
+# shipped: deep passes every backfill.interval (30 s), sooner while completed jobs are short
+# (backfill.interval_fraction, core/cadence.py); gpusched_fixed30 keeps 30 s (the default before
+# the cadence); the depth variant plans behind more blocked jobs.
 VARIANTS = {
     "slurm_bf1": ("slurm", {"backfill_interval": 1.0}),
     "slurm_bf30": ("slurm", {"backfill_interval": 30.0}),
     "gpusched_default": ("gpusched", {}),
+    "gpusched_fixed30": ("gpusched", {"backfill_interval_fraction": 0.0}),
     "gpusched_bf1": ("gpusched", {"backfill_interval": 1.0}),
     "gpusched_bf0": ("gpusched", {"backfill_interval": 0.0}),  # a deep pass at every pass
     "gpusched_bf0_depth1000": ("gpusched", {"backfill_interval": 0.0, "backfill_depth": 1000}),

@@ -15,7 +15,8 @@ through the same engine and harness:
   tree (``topology/tree``: the fewest switches free now; a job does not wait for fewer, as
   with ``--switches`` unset), and ``PreemptType=preempt/qos`` pre-emption of tier 3
   (``PreemptMode=REQUEUE``). It uses the policy file's grace periods, minimum run times,
-  fair-share half-life and backfill settings like every other policy.
+  fair-share half-life and backfill settings like every other policy, but deep passes every
+  ``backfill.interval`` whatever the jobs' run times (Slurm's ``bf_interval`` is fixed).
 
 A new policy is one more entry in :data:`POLICIES`.
 """
@@ -41,6 +42,9 @@ class Policy:
     guarantees: bool = True  # tier 1 runs inside its guarantee; borrowed GPUs are reclaimed
     preemption: bool = True  # tier 3 gives way to blocked tier-1 and tier-2 jobs
     backfill: bool = True  # the top blocked job reserves; others start only if they don't delay it
+    # deep passes come sooner than backfill.interval while completed jobs are short
+    # (core/cadence.py); Slurm's bf_interval is fixed
+    cadence_from_run_times: bool = True
     topology: bool = True  # tightest-domain, best-fit placement (else first fit)
     leaf_patience: bool = True  # a gang waits for one leaf switch (placement.leaf_patience)
     # single-node jobs go where the expected fragmentation grows least (FGD, core.fragmentation)
@@ -80,6 +84,7 @@ POLICIES = {
         backfill=True,
         topology=True,
         leaf_patience=False,  # Slurm's --switches is unset by default: gangs do not wait
+        cadence_from_run_times=False,
         deadlines="slurm",
     ),
 }

@@ -31,6 +31,7 @@ from . import deadlines, reasons
 from .admin import HELD, Admin
 from .admission import Capacity, rejection, validate
 from .agenda import Agenda
+from .cadence import BackfillCadence
 from .claims import Holding, Preemptions, holdings
 from .cluster import Cluster
 from .deadlines import DeadlineWatch
@@ -103,6 +104,7 @@ class Scheduler:
         self.retries = LaunchRetries(self.settings)  # refused launches waiting to be retried
         self.agenda = Agenda()  # what the next schedule() looks at and hands out
         self._last_deep = -math.inf
+        self.cadence = BackfillCadence.of(self.settings, self.policy)  # deep passes' interval
         self._deep_due = False
         self._capacity = Capacity(cluster)
         leaf_gpus = max(
@@ -203,6 +205,7 @@ class Scheduler:
         job = self.running.pop(job_id)
         if outcome == "completed" and job_id not in self._stopping:
             self.runtime_estimates.completed(job, now)
+            self.cadence.completed(now - job.start_time)
         self.ledger.ended(job, self.state.release(job_id), self._estimated_end(job))
         self._account(job, -1, now)
         job.end_time = now
@@ -296,7 +299,7 @@ class Scheduler:
             ):
                 self.reservation = None
             if full:
-                interval = self.settings.backfill_interval
+                interval = self.cadence.interval
                 deep = self._deep_due or now - self._last_deep >= interval
                 deep = deep or not self.policy.backfill
                 if deep:

@@ -30,6 +30,9 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
     backfill:
       depth: 200                   # blocked jobs a deep pass examines for backfill (>= 1)
       interval: 30s                # deep passes (backfill, pre-emption) at most this often
+      interval_fraction: 0         # ... and sooner while jobs are short: at most this fraction
+                                   # of the median run time of the last 200 completed jobs,
+                                   # at least 1 s (core/cadence.py; 0: always `interval`)
     placement:
       leaf_patience: 3h            # a gang that fits one leaf switch waits this long for one
                                    # before it may span leaves
@@ -95,6 +98,7 @@ class PolicySettings:
     estimate_min_samples: int = 3
     backfill_depth: int = 200
     backfill_interval: float = 30.0
+    backfill_interval_fraction: float = 0.0
     leaf_patience: float = 3 * 3600.0
     leaf_reservation_slack: float = 7 * 86400.0
     fragmentation: bool = True
@@ -161,7 +165,7 @@ class PolicySettings:
         fair = reader.section("fair_share", {"half_life", "weight", "recalc_interval"})
         age = reader.section("age", {"weight", "max_age"})
         walltime = reader.section("walltime", {"batch", "notebook", *ESTIMATE_FIELDS})
-        backfill = reader.section("backfill", {"depth", "interval"})
+        backfill = reader.section("backfill", {"depth", "interval", "interval_fraction"})
         placement = reader.section(
             "placement",
             {"leaf_patience", "leaf_reservation_slack", "fragmentation", "workload_half_life"},
@@ -216,6 +220,9 @@ class PolicySettings:
             **_estimate_settings(reader, walltime, defaults),
             backfill_depth=int(reader.number(backfill, "depth", 200, "backfill")),
             backfill_interval=reader.duration(backfill, "interval", 30.0, "backfill"),
+            backfill_interval_fraction=reader.number(
+                backfill, "interval_fraction", 0.0, "backfill"
+            ),
             leaf_patience=reader.duration(placement, "leaf_patience", 3 * 3600.0, "placement"),
             leaf_reservation_slack=reader.duration(
                 placement, "leaf_reservation_slack", 7 * 86400.0, "placement"
@@ -245,6 +252,11 @@ class PolicySettings:
             reader.fail(
                 "must be at least 1 (1: a pass stops at the first blocked job, no backfill)",
                 "backfill.depth",
+            )
+        if not 0 <= settings.backfill_interval_fraction <= 1:
+            reader.fail(
+                "must be between 0 and 1 (0: deep passes every backfill.interval)",
+                "backfill.interval_fraction",
             )
         return settings
 

@@ -60,12 +60,14 @@ def case(settings: PolicySettings, policy: str = "gpusched") -> Scheduler:
 
 
 def test_deep_passes_follow_short_jobs_closely_and_long_ones_every_interval():
-    adaptive = PolicySettings(backfill_interval_fraction=0.05)
+    adaptive = PolicySettings()  # as shipped: backfill.interval_fraction 0.05
+    assert adaptive.backfill_interval_fraction == 0.05
     scheduler = case(adaptive)
     assert scheduler.cadence.interval == 1.0  # 0.05 x 20 s
     assert list(started(scheduler.schedule(125))) == ["short"]  # a deep pass, 5 s after one
 
-    for scheduler in (case(PolicySettings()), case(adaptive, "slurm")):
+    fixed = PolicySettings(backfill_interval_fraction=0.0)
+    for scheduler in (case(fixed), case(adaptive, "slurm")):
         # a fixed 30 s (the slurm baseline's, as Slurm's bf_interval): a quick pass stops at
         # the reservation's holder, and the deep pass 30 s after the last backfills
         assert scheduler.cadence.interval == 30.0

@@ -30,7 +30,7 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
     backfill:
       depth: 200                   # blocked jobs a deep pass examines for backfill (>= 1)
       interval: 30s                # deep passes (backfill, pre-emption) at most this often
-      interval_fraction: 0         # ... and sooner while jobs are short: at most this fraction
+      interval_fraction: 0.05      # ... and sooner while jobs are short: at most this fraction
                                    # of the median run time of the last 200 completed jobs,
                                    # at least 1 s (core/cadence.py; 0: always `interval`)
     placement:
@@ -98,7 +98,7 @@ class PolicySettings:
     estimate_min_samples: int = 3
     backfill_depth: int = 200
     backfill_interval: float = 30.0
-    backfill_interval_fraction: float = 0.0
+    backfill_interval_fraction: float = 0.05
     leaf_patience: float = 3 * 3600.0
     leaf_reservation_slack: float = 7 * 86400.0
     fragmentation: bool = True
@@ -221,7 +221,7 @@ class PolicySettings:
             backfill_depth=int(reader.number(backfill, "depth", 200, "backfill")),
             backfill_interval=reader.duration(backfill, "interval", 30.0, "backfill"),
             backfill_interval_fraction=reader.number(
-                backfill, "interval_fraction", 0.0, "backfill"
+                backfill, "interval_fraction", 0.05, "backfill"
             ),
             leaf_patience=reader.duration(placement, "leaf_patience", 3 * 3600.0, "placement"),
             leaf_reservation_slack=reader.duration(

@@ -404,6 +404,7 @@ async def test_cancelling_a_running_job_signals_it_and_frees_its_gpus(service_fa
     assert (view["state"], view["stopping"]) == ("running", "cancelled"), view
     ended = await wait_job(alice, job["id"], ("cancelled", "failed", "completed"))
     assert ended["state"] == "cancelled", ended
+    assert ended["message"] == "cancelled by alice (exit code 0)", ended  # (its trap exits 0)
     assert "bye" in (await alice.get(f"api/jobs/{job['id']}/log"))[1]
     assert await wait_until(lambda: process_gone(pgid), 5)
     _, cluster = await alice.get("api/cluster")
@@ -806,6 +807,36 @@ async def test_cancelling_a_job_that_is_preempting(service_factory):
     assert (await alice.get("api/queue"))[0] == 200
     later = await submit(alice, {"gpus": 1, "gpu_model": "L40S", "tier": 1, "command": "true"})
     assert later["state"] in ("pending", "running", "completed")
+
+
+async def test_a_preempted_job_says_which_job_preempted_it(service_factory):
+    """Its message names the job it made way for, then how its processes ended; not only
+    "killed by SIGTERM", which reads like a crash."""
+    queues = {"queues": {"qa": {"users": ["alice"]}, "qb": {"users": ["bob"]}}}
+    service = await service_factory(queues=queues)
+    alice, bob = service.client("alice"), service.client("bob")
+    victims = [await submit(bob, h100(tier=3, command=POLITE)) for _ in range(2)]
+    assert [v["state"] for v in victims] == ["running", "running"], victims
+    for victim in victims:
+        await wait_log(bob, victim["id"], "ready")
+    stubborn = "trap '' TERM; echo ready; sleep 60"
+    cancelled = await submit(bob, {"gpus": 4, "gpu_model": "L40S", "command": stubborn})
+    await wait_log(bob, cancelled["id"], "ready")
+    assert (await bob.delete(f"api/jobs/{cancelled['id']}"))[0] == 200
+    job = await submit(alice, h100(tier=2))
+    assert job["reason"]["detail"] == "preempting", job["reason"]
+
+    async def requeued():
+        views = [(await bob.get(f"api/jobs/{v['id']}"))[1] for v in victims]
+        return next((v for v in views if v["state"] == "pending"), None)
+
+    victim = await wait_until(requeued, 15)
+    assert victim["message"] == f"pre-empted for {job['id']} (exit code 0)", victim
+    assert (await wait_job(alice, job["id"], "running"))["state"] == "running"
+    # a job that ignores the signal is killed after the grace period: both are said
+    ended = await wait_job(bob, cancelled["id"], "cancelled", timeout=30)
+    assert ended["message"].startswith("cancelled by bob ("), ended
+    assert "SIGKILL" in ended["message"], ended
 
 
 def test_engine_schedules_after_a_preempting_job_is_cancelled_and_forgotten():

@@ -89,7 +89,7 @@ def carry_out_miss(live, job: Job, decision: DeadlineMissed) -> dict:
         live._again = True
     elif decision.action == "cancelled":
         message = f"deadline {when} missed: stopping it (the policy cancels jobs that miss)"
-        live._cancel_reasons[job.id] = f"cancelled: its deadline {when} passed while it ran"
+        live._stop_reasons[job.id] = f"cancelled: its deadline {when} passed while it ran"
     else:
         state = "running" if was_running else "pending"
         message = f"deadline {when} missed; it stays {state} (the policy keeps jobs that miss)"

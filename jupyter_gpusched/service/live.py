@@ -80,7 +80,9 @@ class LiveScheduler:
         self.extras: dict[str, Extra] = {}  # unfinished jobs only
         self.submissions = Submissions(self, store.next_number())  # requests in (group commit)
         self._stopping: dict[str, tuple[int, str]] = {}  # job -> (run, why) while signalled
-        self._cancel_reasons: dict[str, str] = {}  # running batch job -> its cancel's reason
+        # running batch job -> why it was asked to stop (its cancel's reason, its pre-emption),
+        # which leads the message of how it ended
+        self._stop_reasons: dict[str, str] = {}
         self._tasks: set[asyncio.Task] = set()
         self._in_pass = self._again = False  # see run_pass
         self._forget_later: dict[str, Job] = {}  # finished in a pass: forgotten after the next
@@ -134,9 +136,8 @@ class LiveScheduler:
         was_pending = job.state == JobState.PENDING
         self.engine.cancel(job_id, self.clock())
         if job.state == JobState.RUNNING:  # recorded, so that a restart finishes the cancel
-            if reason:
-                self._cancel_reasons[job_id] = reason
             message = reason or f"cancelled by {actor}"
+            self._stop_reasons[job_id] = message
             self.store.add_event(self._event("cancelling", job, actor, message))
         if was_pending:
             self.submissions.count_pending(job, -1)
@@ -231,6 +232,7 @@ class LiveScheduler:
                 )
                 events.append(self._event("preempted", job, None, message))
                 self._stopping[job.id] = (job.runs, "preempted")
+                self._stop_reasons[job.id] = f"pre-empted for {decision.by}"
                 stops.append((job, job.runs, decision.signal, decision.grace, extra.handle))
                 if self.metrics:
                     self.metrics.preempted(job)
@@ -290,8 +292,8 @@ class LiveScheduler:
         extra = self.extras[job_id]
         stopping = self._stopping.pop(job_id, (None, None))
         why = stopping[1] if stopping[0] == run else None
-        reason = self._cancel_reasons.pop(job_id, None)
-        if why == "cancelled" and reason:  # why it was cancelled, then how it ended
+        reason = self._stop_reasons.pop(job_id, None)
+        if why is not None and reason:  # why it was stopped, then how it ended
             message = f"{reason} ({result.message})" if result.message else reason
             result = Exit(result.code, result.outcome, message)
         if why == "preempted":
@@ -366,7 +368,7 @@ class LiveScheduler:
     def _forget(self, job: Job) -> None:
         self.extras.pop(job.id, None)
         self._stopping.pop(job.id, None)
-        self._cancel_reasons.pop(job.id, None)
+        self._stop_reasons.pop(job.id, None)
         self.server_stops.forget(job.id)
         self.engine.forget(job.id)
 

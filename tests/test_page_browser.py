@@ -314,6 +314,9 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
             ".dataset.now == n",
             [family, gpus],
         )
+    # the legends give the last sample's time, not "now": the page's live figures say now
+    expect(page.locator("#waiting .legend-item").first).to_contain_text(" at ")
+    expect(page.locator("#waiting .chart-legend")).not_to_contain_text(" now")
     # per-queue use over time: a line for each queue api/history names
     queues = hub.service("GET", "api/history", token).json()["rows"][-1]["queues"]
     for path, gpus in queues.items():

@@ -154,8 +154,9 @@ function sparkline(points) {
 }
 
 // A time chart: ``series`` [{key, label, colour, value(row)}], stacked areas or lines; ``top``
-// the y scale's end. The element carries each series' latest value (data-now-<key>) so that
-// what it draws can be read back.
+// the y scale's end. The legend gives each series' value at the last sample, with its time (a
+// history is sampled: "now" would read as live beside the page's live figures), and carries it
+// (data-now) so that what it draws can be read back.
 function timeChart(rows, series, { stacked = true, top = null, until, unit = 'GPUs' } = {}) {
   const width = 900;
   const height = 170;
@@ -207,6 +208,7 @@ function timeChart(rows, series, { stacked = true, top = null, until, unit = 'GP
       chart.append(svg('polyline', { class: `series series-${item.key}`, points: line.join(' '), fill: 'none', stroke: item.colour, 'stroke-width': 2, 'stroke-dasharray': item.dashed ? '5 3' : null }));
     }
   }
+  const sampled = clock(rows[rows.length - 1].time, short);
   const legend = el(
     'div',
     { class: 'chart-legend' },
@@ -215,7 +217,7 @@ function timeChart(rows, series, { stacked = true, top = null, until, unit = 'GP
         'span',
         { class: 'legend-item', 'data-key': item.key, 'data-now': latest[item.key] },
         el('span', { class: 'swatch' }),
-        `${item.label}: ${Math.round(latest[item.key] * 100) / 100} ${unit} now${item.extra ? item.extra : ''}`,
+        `${item.label}: ${Math.round(latest[item.key] * 100) / 100} ${unit} at ${sampled}${item.extra ? item.extra : ''}`,
       ),
     ),
   );

@@ -121,17 +121,19 @@ def test_a_small_job_behind_a_limit_blocked_one_in_its_queue_still_starts():
 
 # -- the catalogue (core/reasons.py) ---------------------------------------------------------
 #: Each entry with sample arguments and the message the engine gave before the catalogue (the
-#: f-strings it replaced): a template that renders anything else changes what users read.
+#: f-strings it replaced): a template that renders anything else changes what users read. (The
+#: GPU limit's has since said what the job asks, as the CPU and memory limits' do: "4 of 4 GPUs
+#: ... (2 in use)" read as a contradiction.)
 MESSAGES = [
     (
         reasons.QUEUE_LIMIT,
-        {"queue": "vision", "limit": 12, "used": 10.5},
-        "queue vision is at its limit of 12 GPUs (10.5 in use)",
+        {"queue": "vision", "limit": 12, "used": 10.5, "asks": 2},
+        "queue vision is at its limit of 12 GPUs (10.5 in use, the job asks for 2)",
     ),
     (
         reasons.QUEUE_LIMIT,
-        {"queue": "a", "limit": 1, "used": 1},
-        "queue a is at its limit of 1 GPU (1 in use)",
+        {"queue": "a", "limit": 1, "used": 0, "asks": 2},
+        "queue a is at its limit of 1 GPU (0 in use, the job asks for 2)",
     ),
     (
         reasons.QUEUE_CPU_LIMIT,
@@ -278,7 +280,7 @@ def test_hiding_users_replaces_the_user_arguments_only():
     assert (
         reason.render(hide_users=True) == "its owner already runs 1 jobs; the limit per user is 1"
     )
-    queue = reasons.QUEUE_LIMIT.reason(queue="a", limit=2, used=2)
+    queue = reasons.QUEUE_LIMIT.reason(queue="a", limit=2, used=2, asks=1)
     assert queue.render(hide_users=True) == queue.message  # a queue is no user
 
 

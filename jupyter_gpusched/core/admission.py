@@ -184,7 +184,10 @@ def policy_block(
         if node.running + node.claimed + job.amount > node.limit + 1e-9:
             return (
                 reasons.QUEUE_LIMIT.reason(
-                    queue=node.label(), limit=node.limit, used=node.running + node.claimed
+                    queue=node.label(),
+                    limit=node.limit,
+                    used=node.running + node.claimed,
+                    asks=job.amount,
                 ),
                 node,
             )

@@ -8,7 +8,7 @@ shows "its owner" there to anyone but the job's owner and admins) and a line for
 job waits because ...". A detail may have several entries (``user-limit`` counts GPUs or jobs);
 they share the detail's docs row.
 
-Build a reason with the entry, ``QUEUE_LIMIT.reason(queue=..., limit=..., used=...)``; the
+Build a reason with the entry, ``QUEUE_LIMIT.reason(queue=..., limit=..., used=..., asks=...)``; the
 Reason keeps its arguments (``args``) so a message can be rendered again without its users'
 names (:meth:`Reason.render`). The constructor refuses a family and detail that no entry has.
 
@@ -90,7 +90,7 @@ def _build(entry: Entry, eta: float | None, args: tuple, _types: tuple) -> Reaso
 QUEUE_LIMIT = Entry(
     "policy",
     "queue-limit",
-    "queue {queue} is at its limit of {limit} ({used:g} in use)",
+    "queue {queue} is at its limit of {limit} ({used:g} in use, the job asks for {asks:g})",
     "its queue or an ancestor would go over its GPU `limit`",
     gpus=("limit",),
 )

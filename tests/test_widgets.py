@@ -17,7 +17,7 @@ import pytest
 from test_client import ThreadedService
 
 from jupyter_gpusched.notebook.client import GPUSchedError
-from jupyter_gpusched.notebook.job import UNKNOWN, utilization_text
+from jupyter_gpusched.notebook.job import UNKNOWN, gpus_words, utilization_text
 from jupyter_gpusched.service.records import utilization_view
 
 
@@ -134,6 +134,20 @@ def test_utilization_view_and_text():
     }
     assert utilization_view(partial, 2)["percent"] == 30.0  # the GPUs whose figure is known
     assert utilization_view({"time": 1.0, "utilization": 250.0}, 2)["percent"] == 100.0
+
+
+def test_what_a_job_asks_for_reads_as_words():
+    """The widget's line: not "2 GPU" or "1x H100|L40S GPU" (what it said before)."""
+    cases = [
+        ({"gpus": 8, "gpu_models": ["H100"]}, "8x H100"),
+        ({"gpus": 1, "gpu_models": ["H100", "L40S"]}, "1x H100 or L40S"),
+        ({"gpus": 2}, "2 GPUs"),
+        ({"gpus": 1}, "1 GPU"),
+        ({"gpus": 1, "gpu_fraction": 0.5}, "0.5 of a GPU"),
+        ({"gpus": 0, "cpus": 2}, "no GPU"),
+    ]
+    for view, words in cases:
+        assert gpus_words(view) == words, view
 
 
 def test_me_says_who_the_caller_is(service):

@@ -170,7 +170,7 @@ class Job:
 
     def __repr__(self) -> str:
         s = self.summary()
-        parts = [f"{s['gpus']} GPU", f"tier {s['tier']}", s["queue"]]
+        parts = [gpus_words(self.data), f"tier {s['tier']}", s["queue"]]
         if s.get("position"):
             parts.append(f"queued {s['position']}")
         if s.get("eta"):
@@ -257,6 +257,20 @@ def _gpus_text(d: dict) -> str:
     if d.get("gpu_models"):
         text += "x " + "|".join(d["gpu_models"])
     return text
+
+
+def gpus_words(d: dict) -> str:
+    """What a job asks for, in words: "8x H100", "1x H100 or L40S", "2 GPUs", "1 GPU", "0.5 of
+    a GPU", "no GPU" (the widget's line; summary()'s ``gpus`` is the table column's "1x
+    H100|L40S", "2")."""
+    text = _gpus_text(d)
+    if text in ("", "no"):
+        return f"{text} GPU".strip()
+    if "x " in text:
+        return text.replace("|", " or ")
+    if float(text) < 1:
+        return f"{text} of a GPU"
+    return f"{text} GPU" if float(text) == 1 else f"{text} GPUs"
 
 
 UNKNOWN = "\u2014"  # an em dash: what a display shows for a figure nobody measured

@@ -27,7 +27,7 @@ import ipywidgets as w
 
 from .client import Client, GPUSchedError
 from .environment import JobEnvironment
-from .job import ACTIVE, FINISHED, Job, state_colour
+from .job import ACTIVE, FINISHED, Job, gpus_words, state_colour
 from .magics import node_usage
 
 TIER_COLOURS = {1: "#1565c0", 2: "#2e7d32", 3: "#ef6c00"}
@@ -255,7 +255,9 @@ def _job_line(job: Job) -> str:
     if s["name"]:
         parts.append(html.escape(s["name"]))
     parts.append(f"<span style='color:{colour}'>{html.escape(state)}</span>")
-    parts.append(f"{html.escape(s['gpus'])} GPU · tier {s['tier']} · {html.escape(s['queue'])}")
+    parts.append(
+        f"{html.escape(gpus_words(job.data))} · tier {s['tier']} · {html.escape(s['queue'])}"
+    )
     if job.data.get("deadline"):  # as the scheduler's page says it
         missed = job.data.get("deadline_missed")
         due = html.escape(s["deadline"].removesuffix(" (missed)"))

@@ -67,10 +67,12 @@ def test_thin_keeps_at_most_so_many_rows_evenly_and_the_last():
 
 
 def test_the_fair_share_rank_is_shared_by_equal_factors():
+    """Out of all the leaves, as in a race: not "2nd of 2" on three queues (distinct factors
+    counted, as before)."""
     factors = {"a": 1.0, "b": 0.5, "c": 0.5, "d": 0.25}
-    assert fair_share_rank(factors, "a") == (1, 3)
-    assert fair_share_rank(factors, "c") == (2, 3) == fair_share_rank(factors, "b")
-    assert fair_share_rank(factors, "d") == (3, 3)
+    assert fair_share_rank(factors, "a") == (1, 4)
+    assert fair_share_rank(factors, "c") == (2, 4) == fair_share_rank(factors, "b")
+    assert fair_share_rank(factors, "d") == (4, 4)
     assert fair_share_rank(factors, "elsewhere") is None
 
 

@@ -55,10 +55,11 @@ def _walk(queue: Queue, key: tuple, usage: dict[str, float], out: list) -> None:
 
 
 def fair_share_rank(factors: dict[str, float], path: str) -> tuple[int, int] | None:
-    """Where the leaf queue ``path`` stands in the fair-share order: (rank, out of), 1 = goes
-    first; leaves with equal factors share a rank. None before the factors are computed (or
-    for a queue they do not cover)."""
+    """Where the leaf queue ``path`` stands in the fair-share order: (rank, out of how many
+    leaves), 1 = goes first; leaves with equal factors share a rank and the next rank is skipped,
+    as in a race (1st, 2nd, 2nd, 4th of 4). None before the factors are computed (or for a queue
+    they do not cover)."""
     if path not in factors:
         return None
-    distinct = sorted(set(factors.values()), reverse=True)
-    return distinct.index(factors[path]) + 1, len(distinct)
+    mine = factors[path]
+    return 1 + sum(factor > mine for factor in factors.values()), len(factors)

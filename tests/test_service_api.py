@@ -201,6 +201,8 @@ async def test_bad_requests_get_400_naming_the_field_and_change_nothing(service_
         assert status == 400, (what, error)
         assert error["field"] == field, (what, error)
         assert error["error"], what
+    status, error = await alice.post("api/jobs", {**JOB, "tier": 4})  # says what to fix
+    assert error["error"].startswith("'tier' must be 1 (") and error["error"].endswith("got 4")
     assert await snapshot() == before
 
 

@@ -197,7 +197,7 @@ def _gpu_fraction(data, f: SpecField, values) -> float:
 def _tier(data, f: SpecField, values) -> int:
     tier = read_whole(data, "tier", minimum=1)
     if tier not in f.spec.choices:
-        raise RequestError(JOB_FIELDS["tier"], "tier")
+        raise RequestError(f"'tier' must be {JOB_FIELDS['tier']}; got {quote(tier)}", "tier")
     return tier
 
 

@@ -188,11 +188,11 @@ def test_the_options_form_lists_the_users_queues_with_their_figures():
     form = render_options_form(allowed_profiles(PROFILES, ["research"]), None, MY_QUEUES)
     assert '<select class="form-control" name="queue"' in form
     assert (
-        '<option value="research/vision" selected>research/vision: 4 of 3 GPUs guaranteed in '
-        "use, limit 8 (your default)</option>"
+        '<option value="research/vision" selected>research/vision: 4 GPUs in use (3 guaranteed, '
+        "limit 8) (your default)</option>"
     ) in form
-    assert "research/nlp: 0 of 3 GPUs guaranteed in use, limit 8</option>" in form
-    assert "sandbox: 1 of 0 GPUs guaranteed in use, no limit</option>" in form
+    assert "research/nlp: 0 GPUs in use (3 guaranteed, limit 8)</option>" in form
+    assert "sandbox: 1 GPU in use (none guaranteed, no limit)</option>" in form
     again = render_options_form(PROFILES, None, MY_QUEUES, chosen_queue="research/nlp")
     assert '<option value="research/nlp" selected>' in again
     assert '<option value="research/vision" selected>' not in again

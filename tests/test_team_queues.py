@@ -98,11 +98,11 @@ def test_the_spawn_form_lists_alices_queues_with_figures_and_her_default(hub):
     page = html.unescape(response.text)
     assert '<select class="form-control" name="queue"' in page
     assert (
-        '<option value="research/vision" selected>research/vision: 0 of 3 GPUs guaranteed in '
-        "use, limit 8 (your default)</option>"
+        '<option value="research/vision" selected>research/vision: 0 GPUs in use (3 guaranteed, '
+        "limit 8) (your default)</option>"
     ) in page
-    assert "research/nlp: 0 of 3 GPUs guaranteed in use, limit 8</option>" in page
-    assert "sandbox: 0 of 0 GPUs guaranteed in use, limit 2</option>" in page
+    assert "research/nlp: 0 GPUs in use (3 guaranteed, limit 8)</option>" in page
+    assert "sandbox: 0 GPUs in use (none guaranteed, limit 2)</option>" in page
 
 
 def test_alices_4_gpu_server_lands_in_research_vision_beyond_sandboxs_limit(hub):

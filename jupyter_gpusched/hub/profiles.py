@@ -314,12 +314,11 @@ def render_options_form(
 
 
 def describe_queue(queue: dict) -> str:
-    """``research/vision: 1 of 3 guaranteed GPUs in use, limit 8`` (a queue of ``api/me``)."""
+    """``research/vision: 4 GPUs in use (3 guaranteed, limit 8)`` (a queue of ``api/me``;
+    "of 3 guaranteed" read oddly past the guarantee, and "0 of 0" without one)."""
     limit = "no limit" if queue.get("limit") is None else f"limit {queue['limit']:g}"
-    return (
-        f"{queue['path']}: {queue['in_use']:g} of {gpus_text(queue['guaranteed'])} "
-        f"guaranteed in use, {limit}"
-    )
+    guaranteed = f"{queue['guaranteed']:g} guaranteed" if queue["guaranteed"] else "none guaranteed"
+    return f"{queue['path']}: {gpus_text(queue['in_use'])} in use ({guaranteed}, {limit})"
 
 
 def render_queue_choice(queues, chosen: str | None, pinned: bool = False) -> str:

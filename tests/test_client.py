@@ -289,7 +289,7 @@ def test_gpujob_bad_options_are_one_line_usage_errors(shell, workdir, capsys):
     cases = [
         ("--gpus -1", "%%gpujob --gpus: 'gpus' must be a whole number from 0"),  # the service's
         ("--gpus 0", "%%gpujob --cpus: a job with 'gpus' 0 must ask for 'cpus' or 'memory_gb'"),
-        ("--tier 9", "%%gpujob --tier: 1 (never pre-empted"),
+        ("--tier 9", "%%gpujob --tier: 'tier' must be 1 (never pre-empted"),
         ("--walltime soon", "%%gpujob --walltime: "),
         ("--gpus two", "argument --gpus: invalid int value: 'two'"),  # IPython's parser
         ("--gpus 1 --nodes 2", "unrecognized arguments: --nodes 2"),

@@ -47,6 +47,15 @@ def write_file(hub, user: str, path: str, text: str | None) -> None:
 
 
 def open_notebook(page, hub, user: str, path: str):
+    if not getattr(page, "answers_select_kernel", False):
+        # now and then JupyterLab asks which kernel to start although the notebook names one
+        # (a clean-clone CI run met it over the admin's first notebook): a person clicks
+        # Select; Playwright does whenever that dialog is in the way of an action
+        dialog = page.locator(".jp-Dialog").filter(has_text="Select Kernel")
+        page.add_locator_handler(
+            dialog, lambda found: found.get_by_role("button", name="Select").click()
+        )
+        page.answers_select_kernel = True
     page.goto(f"{hub.url}/user/{user}/lab/tree/{path}")
     notebook = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
     expect(notebook).to_be_visible(timeout=TIMEOUT_MS)

@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
+from ..core.wording import gpus_text
 from . import payloads
 from .errors import GPUSchedError, JobFailedError
 
@@ -263,14 +264,15 @@ def gpus_words(d: dict) -> str:
     """What a job asks for, in words: "8x H100", "1x H100 or L40S", "2 GPUs", "1 GPU", "0.5 of
     a GPU", "no GPU" (the widget's line; summary()'s ``gpus`` is the table column's "1x
     H100|L40S", "2")."""
-    text = _gpus_text(d)
-    if text in ("", "no"):
-        return f"{text} GPU".strip()
-    if "x " in text:
-        return text.replace("|", " or ")
-    if float(text) < 1:
-        return f"{text} of a GPU"
-    return f"{text} GPU" if float(text) == 1 else f"{text} GPUs"
+    gpus, fraction = d.get("gpus"), d.get("gpu_fraction") or 1.0
+    if gpus is None:
+        return ""
+    if gpus == 0:
+        return "no GPU"
+    count = fraction if fraction < 1 else gpus
+    if d.get("gpu_models"):
+        return f"{count:g}x " + " or ".join(d["gpu_models"])
+    return f"{count:g} of a GPU" if fraction < 1 else gpus_text(gpus)
 
 
 UNKNOWN = "\u2014"  # an em dash: what a display shows for a figure nobody measured

@@ -17,6 +17,8 @@ import test_spawner as ts
 from journey import TIMEOUT_MS, jobs_of, shot, skip_if_missing, stop_everything, sync_api
 from lab import open_notebook, output_text, run_cell, write_notebook
 
+from jupyter_gpusched.notebook.job import gpus_words
+
 skip_if_missing()
 expect = sync_api.expect
 TEST = "cells"
@@ -75,6 +77,8 @@ def test_jobs_from_cells_run_as_alice_and_the_widget_is_safe(demo, people):
     widget = cell.locator(".jp-OutputArea")
     server = next(j for j in jobs_of(hub, "alice", "running") if j["kind"] == "notebook")
     expect(widget).to_contain_text(server["id"], timeout=TIMEOUT_MS)
+    # what it asks, in words ("1x H100 · tier 2", not "1x H100 GPU")
+    expect(widget).to_contain_text(f"{gpus_words(server)} · tier {server['tier']}")
     # her own server's row: no Cancel that would stop it at one click, but where to stop it
     expect(widget).to_contain_text("the one you are working in")
     expect(widget.get_by_role("link", name="hub's home page")).to_have_attribute(

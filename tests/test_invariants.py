@@ -153,6 +153,8 @@ policy_settings = st.fixed_dictionaries(
         "backfill_depth": st.sampled_from([200, 200, 1, 2]),
         # deep passes sooner while completed jobs are short (core/cadence.py)
         "interval_fraction": st.sampled_from([0.05, 0.0, 0.5]),
+        # behind the reservation: shortest first (core/shortest_first.py) or priority order
+        "backfill_order": st.sampled_from(["shortest", "priority"]),
         "recalc": st.sampled_from([300.0, 0.0]),
         # learned run-time estimates (core/runtime_estimates.py): after one completed run of a
         # shape, jobs of that shape are planned with it (a job past its estimate ends "now")
@@ -171,6 +173,7 @@ def build_settings(spec: dict) -> PolicySettings:
         },
         backfill_depth=spec["backfill_depth"],
         backfill_interval_fraction=spec.get("interval_fraction", 0.0),
+        backfill_order=spec.get("backfill_order", "priority"),  # (pinned scenarios predate it)
         fair_share_recalc_interval=spec["recalc"],
         estimate=spec.get("estimate", "never"),  # (the pinned scenarios predate estimates)
         estimate_min_samples=spec.get("estimate_min_samples", 3),

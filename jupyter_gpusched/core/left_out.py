@@ -94,7 +94,7 @@ def list_cannot_start(sched, pass_, job: Job, now: float) -> bool:
     if reservation is None or reservation.start is None or sched.maintenance:
         return False
     nodes_with_at_least, outside_total, reserved_free = around_reservation(sched, pass_)
-    if reserved_free and now + shapes.walltimes.first()[0] <= reservation.start:
+    if reserved_free and now + shapes.by_run_time[0][0] <= reservation.start:
         return False  # its shortest job would end before the reservation starts: it may backfill
         # on the reserved nodes' free GPUs (with none free there, it too must fit outside)
     for per_node, nodes in shapes.on_nodes:
@@ -162,7 +162,7 @@ def count_blocked(sched, pass_, before: tuple | None) -> None:
         return
     key = sched._key
     by_key = lambda entry: key(entry[1])  # noqa: E731 (a list is in priority order)
-    walks, ranges = _ranges(sched, due, before, by_key)
+    walks, ranges = _ranges(sched, due, before, by_key, pass_.swept or ())
     if len(ranges) > 1:  # in priority order over the lists (a list is in priority order)
         in_order = (
             entry for _, entry in heapq.merge(*([(key(e[0]), e) for e in r] for r in ranges))
@@ -189,10 +189,11 @@ def count_blocked(sched, pass_, before: tuple | None) -> None:
             pass_.left_out.add(list_key, left, key(left.items[stop][1]))
 
 
-def _ranges(sched, due: list, before: tuple | None, by_key) -> tuple:
+def _ranges(sched, due: list, before: tuple | None, by_key, swept) -> tuple:
     """For each due list: (list key, its LeftOut, where its walk ends, the key of the job it
     ends on if the rest is skipped), and the jobs it walks, [(job id, its queue, the list's
-    index)] (jobs waiting for their victims are passed by)."""
+    index)] (jobs waiting for their victims, and jobs the pass's shortest-first sweep started,
+    are passed by)."""
     jobs, claims, quotas = sched.jobs, sched._claims, sched.policy.quotas
     walks, ranges = [], []
     for list_key, left in due:
@@ -203,7 +204,7 @@ def _ranges(sched, due: list, before: tuple | None, by_key) -> tuple:
             else bisect_left(items, before, lo=left.position, key=by_key)
         )
         first = left.position
-        while first < stop and items[first][1] in claims:
+        while first < stop and (items[first][1] in claims or items[first][1] in swept):
             first += 1
         if first >= stop:
             walks.append((list_key, left, stop, None))
@@ -220,7 +221,11 @@ def _ranges(sched, due: list, before: tuple | None, by_key) -> tuple:
                 continue
         walks.append((list_key, left, stop, None))
         ranges.append(
-            [(job_id, queue, index) for _, job_id in items[first:stop] if job_id not in claims]
+            [
+                (job_id, queue, index)
+                for _, job_id in items[first:stop]
+                if job_id not in claims and job_id not in swept
+            ]
         )
     return walks, ranges
 

@@ -76,10 +76,12 @@ class ListShapes:
     on_nodes: dict[tuple[int, int], int] = field(default_factory=dict)
     spanning: dict[int, int] = field(default_factory=dict)  # GPUs -> gangs spread as they fit
     other: int = 0  # fractional, CPU-only or GPU-model jobs: the test does not cover them
-    walltimes: Smallest = field(default_factory=Smallest)  # (walltime, job id)
+    # (planned run time, submit time, job id), sorted: the shortest job first (the test, and
+    # shortest-first backfill's order within the list, core/shortest_first.py)
+    by_run_time: list = field(default_factory=list)
 
     def __deepcopy__(self, memo):  # (core/copying.py)
-        return copy_parts(self, memo, flat=("on_nodes", "spanning"))
+        return copy_parts(self, memo, flat=("on_nodes", "spanning", "by_run_time"))
 
     def count(self, job: Job, walltime: float, node_gpus: int, sign: int) -> None:
         if job.fractional or not job.gpus or job.gpu_models is not None:
@@ -93,10 +95,11 @@ class ListShapes:
             sizes[shape] = sizes.get(shape, 0) + sign
             if not sizes[shape]:
                 del sizes[shape]
+        entry = (walltime, job.submit_time, job.id)
         if sign > 0:
-            self.walltimes.add((walltime, job.id))
+            insort(self.by_run_time, entry)
         else:
-            self.walltimes.remove((walltime, job.id))
+            del self.by_run_time[bisect_left(self.by_run_time, entry)]
 
 
 class PendingQueue:

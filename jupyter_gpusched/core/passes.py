@@ -30,6 +30,7 @@ from .reservation import may_backfill, reserve
 from .resources import place_cpu_only_or_reason
 from .runtime_estimates import corrected_ends
 from .shapes import ShapeCache
+from .shortest_first import shortest_first_due, sweep
 from .state import Placement
 
 PREEMPTION_TRIES_PER_PASS = 8  # successful pre-emptions per pass; the first failure ends them
@@ -52,6 +53,8 @@ class Pass:
     left_out: LeftOutLists = field(default_factory=LeftOutLists)
     outside: tuple | None = None
     capped_arrays: dict = field(default_factory=dict)  # array id -> its array-limit reason
+    swept: set | None = None  # jobs started shortest first behind the reservation (None: no
+    # sweep yet in this pass; .shortest_first)
 
 
 def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> bool:
@@ -71,7 +74,10 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> boo
     if sched.reservation is not None:
         pass_.reserved_key = sched._key(sched.reservation.job_id)
     left_out = pass_.left_out
+    sweeps = full and deep and shortest_first_due(sched)
     for job_id in candidates:
+        if pass_.swept and job_id in pass_.swept:
+            continue  # started by the sweep (still in the pending lists until the pass ends)
         job = sched.jobs[job_id]
         key = sched._key(job_id)
         if full:  # the pass is over when neither this job nor any after it can start
@@ -132,6 +138,9 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> boo
                 stopped = True
                 break
         sched._set_reason(job, outcome)
+        if sweeps and pass_.swept is None and sched.reservation is not None:
+            pass_.swept = set()
+            sweep(sched, pass_, now, skip, evaluate, nothing_usable)
     else:
         # the full walk would go on over the rest of the left-out lists (to give their jobs
         # its reasons): the pass ended with nothing of theirs able to start

@@ -16,7 +16,8 @@ through the same engine and harness:
   with ``--switches`` unset), and ``PreemptType=preempt/qos`` pre-emption of tier 3
   (``PreemptMode=REQUEUE``). It uses the policy file's grace periods, minimum run times,
   fair-share half-life and backfill settings like every other policy, but deep passes every
-  ``backfill.interval`` whatever the jobs' run times (Slurm's ``bf_interval`` is fixed).
+  ``backfill.interval`` whatever the jobs' run times (Slurm's ``bf_interval`` is fixed), and
+  backfills in priority order whatever ``backfill.order`` says.
 
 A new policy is one more entry in :data:`POLICIES`.
 """
@@ -45,6 +46,9 @@ class Policy:
     # deep passes come sooner than backfill.interval while completed jobs are short
     # (core/cadence.py); Slurm's bf_interval is fixed
     cadence_from_run_times: bool = True
+    # behind the reservation, a deep pass starts the shortest jobs first (with
+    # backfill.order: shortest; core/shortest_first.py); Slurm backfills in priority order
+    shortest_first: bool = True
     topology: bool = True  # tightest-domain, best-fit placement (else first fit)
     leaf_patience: bool = True  # a gang waits for one leaf switch (placement.leaf_patience)
     # single-node jobs go where the expected fragmentation grows least (FGD, core.fragmentation)
@@ -85,6 +89,7 @@ POLICIES = {
         topology=True,
         leaf_patience=False,  # Slurm's --switches is unset by default: gangs do not wait
         cadence_from_run_times=False,
+        shortest_first=False,
         deadlines="slurm",
     ),
 }

@@ -33,6 +33,9 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
       interval_fraction: 0.05      # ... and sooner while jobs are short: at most this fraction
                                    # of the median run time of the last 200 completed jobs,
                                    # at least 1 s (core/cadence.py; 0: always `interval`)
+      order: priority              # behind the reservation, start jobs in priority order, as
+                                   # Slurm's backfill does; shortest: the shortest jobs first
+                                   # (within a tier; core/shortest_first.py)
     placement:
       leaf_patience: 3h            # a gang that fits one leaf switch waits this long for one
                                    # before it may span leaves
@@ -99,6 +102,7 @@ class PolicySettings:
     backfill_depth: int = 200
     backfill_interval: float = 30.0
     backfill_interval_fraction: float = 0.05
+    backfill_order: str = "priority"  # priority | shortest (core/shortest_first.py)
     leaf_patience: float = 3 * 3600.0
     leaf_reservation_slack: float = 7 * 86400.0
     fragmentation: bool = True
@@ -165,7 +169,10 @@ class PolicySettings:
         fair = reader.section("fair_share", {"half_life", "weight", "recalc_interval"})
         age = reader.section("age", {"weight", "max_age"})
         walltime = reader.section("walltime", {"batch", "notebook", *ESTIMATE_FIELDS})
-        backfill = reader.section("backfill", {"depth", "interval", "interval_fraction"})
+        backfill = reader.section("backfill", {"depth", "interval", "interval_fraction", "order"})
+        backfill_order = backfill.get("order", "priority")
+        if backfill_order not in ("shortest", "priority"):
+            reader.fail(f"must be shortest or priority, got {backfill_order!r}", "backfill.order")
         placement = reader.section(
             "placement",
             {"leaf_patience", "leaf_reservation_slack", "fragmentation", "workload_half_life"},
@@ -223,6 +230,7 @@ class PolicySettings:
             backfill_interval_fraction=reader.number(
                 backfill, "interval_fraction", 0.05, "backfill"
             ),
+            backfill_order=backfill_order,
             leaf_patience=reader.duration(placement, "leaf_patience", 3 * 3600.0, "placement"),
             leaf_reservation_slack=reader.duration(
                 placement, "leaf_reservation_slack", 7 * 86400.0, "placement"

@@ -57,13 +57,16 @@ GANG_GPUS = 8
 # name -> (policy, settings changes): the replay's policies. slurm_bf1 is the honesty check (the
 # real Slurm's bf_interval); slurm_bf30 is Slurm's default cadence. gpusched_default is as
 # shipped: deep passes every backfill.interval (30 s), sooner while completed jobs are short
-# (backfill.interval_fraction, core/cadence.py); gpusched_fixed30 keeps 30 s (the default before
-# the cadence); the depth variant plans behind more blocked jobs.
+# (backfill.interval_fraction, core/cadence.py), backfilling shortest first (backfill.order,
+# core/shortest_first.py); gpusched_fixed30 keeps 30 s (the default before the cadence),
+# gpusched_priority_order backfills in priority order (the default before shortest first); the
+# depth variant plans behind more blocked jobs.
 VARIANTS = {
     "slurm_bf1": ("slurm", {"backfill_interval": 1.0}),
     "slurm_bf30": ("slurm", {"backfill_interval": 30.0}),
     "gpusched_default": ("gpusched", {}),
     "gpusched_fixed30": ("gpusched", {"backfill_interval_fraction": 0.0}),
+    "gpusched_priority_order": ("gpusched", {"backfill_order": "priority"}),
     "gpusched_bf1": ("gpusched", {"backfill_interval": 1.0}),
     "gpusched_bf0": ("gpusched", {"backfill_interval": 0.0}),  # a deep pass at every pass
     "gpusched_bf0_depth1000": ("gpusched", {"backfill_interval": 0.0, "backfill_depth": 1000}),

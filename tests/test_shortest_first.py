@@ -28,12 +28,9 @@ def starts(rows, *ids):
     return [rows[job_id]["start_time"] for job_id in ids]
 
 
-SHORTEST = PolicySettings.from_dict({"backfill": {"order": "shortest"}})
-
-
 def test_the_shortest_job_behind_the_reservation_gets_the_hole_first():
     c, trace = two_jobs_for_one_hole()
-    _, rows = run_replay(trace, c, settings=SHORTEST)
+    _, rows = run_replay(trace, c)
     # short runs 100-200, then long 200-900: both end before big's reservation at 1000
     assert starts(rows, "short", "long", "big") == [100, 200, 1000]
 
@@ -49,7 +46,7 @@ def test_in_priority_order_the_first_job_that_fits_gets_the_hole():
 
 def test_a_shorter_tier_3_job_does_not_take_the_hole_before_a_tier_2_job():
     c, trace = two_jobs_for_one_hole(tier_of_short=3)
-    _, rows = run_replay(trace, c, settings=SHORTEST)
+    _, rows = run_replay(trace, c)
     assert rows["long"]["start_time"] == 100
     assert rows["short"]["start_time"] == 800
     assert rows["big"]["start_time"] == 1000
@@ -58,7 +55,7 @@ def test_a_shorter_tier_3_job_does_not_take_the_hole_before_a_tier_2_job():
 def test_a_job_that_would_outlast_the_reservation_still_keeps_off_the_reserved_nodes():
     c, trace = two_jobs_for_one_hole()
     trace[-1] = trace_job("short", 30, 100, 2, walltime=5000)  # planned past 1000: it may not
-    _, rows = run_replay(trace, c, settings=SHORTEST)
+    _, rows = run_replay(trace, c)
     assert rows["long"]["start_time"] == 100
     assert rows["big"]["start_time"] == 1000
     assert rows["short"]["start_time"] >= 1100  # after big, which ran 1000-1100

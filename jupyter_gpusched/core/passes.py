@@ -63,10 +63,11 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> boo
     Passes after submissions examine just the new jobs. Passes after something was freed
     examine the queue in order: a *quick* pass (like Slurm's main scheduler) stops at the
     first job blocked on capacity or placement; a *deep* one, at most every
-    ``backfill.interval`` (and after a minimum run time ends), also backfills behind it and
-    tries pre-emption, until ``backfill.depth`` jobs were blocked or nothing usable is
-    left. Jobs a pass does not reach keep the reason of their last examination (the lists a
-    deep pass leaves out: :mod:`.left_out`)."""
+    ``backfill.interval`` (and after a minimum run time ends), also backfills behind it (the
+    shortest jobs first: :mod:`.shortest_first`) and tries pre-emption, until
+    ``backfill.depth`` jobs were blocked or nothing usable is left. Jobs a pass does not
+    reach keep the reason of their last examination (the lists a deep pass leaves out:
+    :mod:`.left_out`)."""
     full = skip is not None
     tries = PREEMPTION_TRIES_PER_PASS if sched.policy.preemption and deep else 0
     pass_ = Pass(tries, now)

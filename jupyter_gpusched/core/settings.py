@@ -33,9 +33,9 @@ Every key is optional; the defaults below are the documented ones (see docs/poli
       interval_fraction: 0.05      # ... and sooner while jobs are short: at most this fraction
                                    # of the median run time of the last 200 completed jobs,
                                    # at least 1 s (core/cadence.py; 0: always `interval`)
-      order: priority              # behind the reservation, start jobs in priority order, as
-                                   # Slurm's backfill does; shortest: the shortest jobs first
-                                   # (within a tier; core/shortest_first.py)
+      order: shortest              # behind the reservation, start the shortest jobs first
+                                   # (within a tier; core/shortest_first.py); priority: in
+                                   # priority order, as Slurm's backfill does
     placement:
       leaf_patience: 3h            # a gang that fits one leaf switch waits this long for one
                                    # before it may span leaves
@@ -102,7 +102,7 @@ class PolicySettings:
     backfill_depth: int = 200
     backfill_interval: float = 30.0
     backfill_interval_fraction: float = 0.05
-    backfill_order: str = "priority"  # priority | shortest (core/shortest_first.py)
+    backfill_order: str = "shortest"  # shortest | priority (core/shortest_first.py)
     leaf_patience: float = 3 * 3600.0
     leaf_reservation_slack: float = 7 * 86400.0
     fragmentation: bool = True
@@ -170,7 +170,7 @@ class PolicySettings:
         age = reader.section("age", {"weight", "max_age"})
         walltime = reader.section("walltime", {"batch", "notebook", *ESTIMATE_FIELDS})
         backfill = reader.section("backfill", {"depth", "interval", "interval_fraction", "order"})
-        backfill_order = backfill.get("order", "priority")
+        backfill_order = backfill.get("order", "shortest")
         if backfill_order not in ("shortest", "priority"):
             reader.fail(f"must be shortest or priority, got {backfill_order!r}", "backfill.order")
         placement = reader.section(

@@ -129,3 +129,13 @@ def test_bad_policy_files_name_the_field(tmp_path, text, field, line):
         load_policy(write(tmp_path, "policy.yaml", text))
     assert error.value.field == field
     assert f"policy.yaml:{line}," in str(error.value)
+
+
+def test_an_unknown_policy_section_lists_the_sections_and_the_page_that_has_them(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        load_policy(write(tmp_path, "policy.yaml", "backfil: {order: shortest}\n"))
+    message = str(error.value)
+    assert error.value.field == "backfil"
+    assert "the sections are age, backfill, checkpoint," in message
+    assert "docs/files.md, 'Policy file'" in message
+    assert "## Policy file" in open("docs/files.md").read()  # the page it names has the schema

@@ -1,6 +1,6 @@
 """The policy file: one documented schema, read by ``replay --config`` and by the live service.
 
-Every key is optional; the defaults below are the documented ones (see docs/policy.md)::
+Every key is optional; the defaults below are the documented ones (see docs/files.md)::
 
     tiers:                         # per-tier pre-emption settings (tier 1 is never pre-empted)
       2: {grace_period: 5m, minimum_run_time: 10m}
@@ -67,6 +67,24 @@ from dataclasses import dataclass, field, fields
 
 from .durations import parse_duration
 from .errors import ConfigError, line_of
+
+
+# the policy file's top-level keys
+SECTIONS = frozenset(
+    {
+        "tiers",
+        "preemption_signal",
+        "checkpoint",
+        "fair_share",
+        "age",
+        "walltime",
+        "backfill",
+        "placement",
+        "launch",
+        "deadlines",
+        "reaper",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -195,21 +213,13 @@ class PolicySettings:
         reaper = data.get("reaper", {})
         if not isinstance(reaper, dict):
             reader.fail("must be a mapping", "reaper")
-        unknown = set(data) - {
-            "tiers",
-            "preemption_signal",
-            "checkpoint",
-            "fair_share",
-            "age",
-            "walltime",
-            "backfill",
-            "placement",
-            "launch",
-            "deadlines",
-            "reaper",
-        }
+        unknown = set(data) - SECTIONS
         if unknown:
-            reader.fail("unknown section (see docs/policy.md for the schema)", sorted(unknown)[0])
+            known = ", ".join(sorted(SECTIONS))
+            reader.fail(
+                f"unknown section; the sections are {known} (docs/files.md, 'Policy file')",
+                sorted(unknown)[0],
+            )
         settings = cls(
             tiers=tiers,
             preemption_signal=signal_name,

@@ -1,5 +1,7 @@
 """The cluster, queue and policy files: what they accept, and errors that say what to fix."""
 
+from pathlib import Path
+
 import pytest
 
 from jupyter_gpusched.core import ConfigError
@@ -138,4 +140,4 @@ def test_an_unknown_policy_section_lists_the_sections_and_the_page_that_has_them
     assert error.value.field == "backfil"
     assert "the sections are age, backfill, checkpoint," in message
     assert "docs/files.md, 'Policy file'" in message
-    assert "## Policy file" in open("docs/files.md").read()  # the page it names has the schema
+    assert "## Policy file" in Path("docs/files.md").read_text()  # the page it names has it

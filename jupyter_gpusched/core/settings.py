@@ -68,7 +68,6 @@ from dataclasses import dataclass, field, fields
 from .durations import parse_duration
 from .errors import ConfigError, line_of
 
-
 # the policy file's top-level keys
 SECTIONS = frozenset(
     {

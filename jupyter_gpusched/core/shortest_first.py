@@ -4,11 +4,11 @@ the jobs behind the reservation in priority order as before (:mod:`.passes`).
 
 EASY backfill in priority order gives a free hole to the first job behind the reservation that
 fits it. Given to the shortest job that fits, the same hole serves more jobs sooner, and frees
-sooner for the next (SJBF: Tsafrir, Etsion and Feitelson, 2007; Maui and Moab order backfill
-candidates by size or run time as well). The reservation is as safe as before: each job is
-tested as the priority walk tests it (:func:`.passes.evaluate`, with the reservation), so one that
-would outlast the reservation still keeps off the reserved nodes. What changes is who of the
-jobs behind the reservation gets the holes first.
+sooner for the next (SJBF: Tsafrir, Etsion and Feitelson, 2007, "Backfilling using
+system-generated predictions rather than user runtime estimates"). The reservation is as safe as
+before: each job is tested as the priority walk tests it (:func:`.passes.evaluate`, with the
+reservation), so one that would outlast the reservation still keeps off the reserved nodes. What
+changes is who of the jobs behind the reservation gets the holes first.
 
 - Within a tier: tier 2 is served before tier 3 (a tier-3 job started first would be the first
   pre-empted for it), then by planned run time, shortest first, then in priority order.

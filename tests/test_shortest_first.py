@@ -67,3 +67,25 @@ def test_a_bad_backfill_order_is_refused_naming_the_field(value):
         PolicySettings.from_dict({"backfill": {"order": value}})
     assert refused.value.field == "backfill.order"
     assert "shortest or priority" in str(refused.value)
+
+
+def test_the_holders_reason_counts_the_gpus_free_after_the_jobs_behind_it_started():
+    """The holder is examined before the jobs behind it start in the same pass: its reason then
+    said "2 free" while the backfilled job held those 2 GPUs."""
+    from helpers import job
+
+    from jupyter_gpusched.core import Scheduler
+
+    scheduler = Scheduler(cluster(("n[1-2]", 8, "leaf")))
+    for job_id, gpus, walltime in (("r1", 8, 1000), ("r2", 6, 1000), ("r3", 2, 1000)):
+        scheduler.submit(job(job_id, gpus, walltime=walltime), 0)
+    scheduler.schedule(0)
+    scheduler.submit(job("big", 16, t=10, walltime=100), 10)
+    scheduler.submit(job("short", 2, t=20, walltime=100), 20)
+    scheduler.schedule(20)
+    scheduler.job_ended("r3", 100)
+    scheduler.schedule(100)
+    assert scheduler.jobs["short"].state.name == "RUNNING"
+    reason = scheduler.jobs["big"].reason
+    assert reason.message.startswith("needs 16 GPUs; 0 free"), reason.message
+    assert reason.eta == 1000  # the reservation's start, as before

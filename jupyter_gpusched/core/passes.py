@@ -55,6 +55,7 @@ class Pass:
     capped_arrays: dict = field(default_factory=dict)  # array id -> its array-limit reason
     swept: set | None = None  # jobs started shortest first behind the reservation (None: no
     # sweep yet in this pass; .shortest_first)
+    holder: tuple | None = None  # (the job that took the reservation, starts before it)
 
 
 def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> bool:
@@ -132,6 +133,7 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> boo
                     hold_one_leaf(sched.cluster, job, previous, within)
                 sched.reservation = previous  # a quick pass keeps the last one's estimate
                 pass_.reserved_key = key
+                pass_.holder = (job, len(pass_.started))
                 pass_.shapes.clear()  # the reserved nodes changed
                 outcome = outcome.with_eta(sched.reservation.start)
             if full and not deep:
@@ -148,11 +150,33 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> boo
         head = first_head(sched, left_out)
         if head is not None and not nothing_usable(sched, pass_, head, now):
             count_blocked(sched, pass_, None)
+    if full:
+        holder_reason_after_backfill(sched, pass_, now)
     for job in pass_.started:
         sched._leave_pending(job)
     if full:
         sched.lists_left_out += len(left_out)
     return stopped
+
+
+def holder_reason_after_backfill(sched, pass_: Pass, now: float) -> None:
+    """The reservation's holder was given its reason before the jobs behind it started: once
+    some did, its capacity or placement reason is given again as the pass leaves the GPUs (it
+    said "needs 4 GPUs; 2 free" while backfilled jobs held those 2), with the same ETA."""
+    if pass_.holder is None or sched.reservation is None:
+        return
+    holder, starts_before = pass_.holder
+    if len(pass_.started) == starts_before or holder.id != sched.reservation.job_id:
+        return
+    if holder.reason is None or holder.reason.family not in ("capacity", "placement"):
+        return
+    tries, pass_.tries = pass_.tries, 0  # (a reason, not another pre-emption attempt)
+    try:
+        outcome = evaluate(sched, holder, now, None, pass_)
+    finally:
+        pass_.tries = tries
+    if isinstance(outcome, reasons.Reason) and outcome.family in ("capacity", "placement"):
+        sched._set_reason(holder, outcome.with_eta(sched.reservation.start))
 
 
 def placement_elsewhere(sched, job: Job, now: float) -> Placement | None:

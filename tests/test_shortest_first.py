@@ -89,3 +89,31 @@ def test_the_holders_reason_counts_the_gpus_free_after_the_jobs_behind_it_starte
     reason = scheduler.jobs["big"].reason
     assert reason.message.startswith("needs 16 GPUs; 0 free"), reason.message
     assert reason.eta == 1000  # the reservation's start, as before
+
+
+def test_in_the_demo_the_holders_reason_says_no_gpu_is_free_once_bobs_job_backfilled():
+    """make demo's cluster and queues: bob's short job backfills beside alice's reservation (and
+    takes research's room under its limit until it ends); alice's holder says 0 free, not 2."""
+    from jupyter_gpusched.core import Job, Scheduler
+    from jupyter_gpusched.files import load_cluster, load_queues
+
+    c = load_cluster("hub_config/demo-cluster.yaml")
+    scheduler = Scheduler(c, load_queues("hub_config/demo-queues.yaml", c))
+
+    def submit(job_id, user, gpus, walltime, t):
+        scheduler.submit(Job(id=job_id, gpus=gpus, submit_time=t, user=user, walltime=walltime), t)
+        scheduler.schedule(t)
+
+    submit("a-long", "alice", 4, 900, 0)
+    submit("c-long", "carol", 2, 900, 0)
+    submit("c-short", "carol", 2, 900, 0)
+    submit("a-big", "alice", 4, 300, 3)
+    submit("b-long", "bob", 2, 600, 4)
+    submit("b-short", "bob", 2, 60, 5)
+    scheduler.job_ended("c-short", 26)
+    for now in range(26, 40):
+        scheduler.schedule(now)
+    assert scheduler.jobs["b-short"].state.name == "RUNNING"  # shortest first
+    assert scheduler.jobs["b-long"].state.name == "PENDING"
+    reason = scheduler.jobs["a-big"].reason
+    assert reason.message == "needs 4 GPUs; 0 free" and reason.eta == 900, reason

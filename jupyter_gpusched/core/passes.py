@@ -151,7 +151,7 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> boo
         if head is not None and not nothing_usable(sched, pass_, head, now):
             count_blocked(sched, pass_, None)
     if full:
-        holder_reason_after_backfill(sched, pass_, now)
+        holder_reason_after_backfill(sched, pass_)
     for job in pass_.started:
         sched._leave_pending(job)
     if full:
@@ -159,10 +159,11 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> boo
     return stopped
 
 
-def holder_reason_after_backfill(sched, pass_: Pass, now: float) -> None:
+def holder_reason_after_backfill(sched, pass_: Pass) -> None:
     """The reservation's holder was given its reason before the jobs behind it started: once
-    some did, its capacity or placement reason is given again as the pass leaves the GPUs (it
-    said "needs 4 GPUs; 2 free" while backfilled jobs held those 2), with the same ETA."""
+    some did and it now asks more GPUs than are free, its capacity or placement reason becomes
+    "needs N GPUs; M free" with the GPUs the pass leaves free (it said "2 free" while backfilled
+    jobs held those 2), with the same ETA."""
     if pass_.holder is None or sched.reservation is None:
         return
     holder, starts_before = pass_.holder
@@ -170,13 +171,10 @@ def holder_reason_after_backfill(sched, pass_: Pass, now: float) -> None:
         return
     if holder.reason is None or holder.reason.family not in ("capacity", "placement"):
         return
-    tries, pass_.tries = pass_.tries, 0  # (a reason, not another pre-emption attempt)
-    try:
-        outcome = evaluate(sched, holder, now, None, pass_)
-    finally:
-        pass_.tries = tries
-    if isinstance(outcome, reasons.Reason) and outcome.family in ("capacity", "placement"):
-        sched._set_reason(holder, outcome.with_eta(sched.reservation.start))
+    free = sched.state.free_for(holder)
+    if free < holder.amount - 1e-9:
+        reason = reasons.GPUS_BUSY.reason(gpus=holder.amount, free=free)
+        sched._set_reason(holder, reason.with_eta(sched.reservation.start))
 
 
 def placement_elsewhere(sched, job: Job, now: float) -> Placement | None:

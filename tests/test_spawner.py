@@ -153,6 +153,16 @@ def test_the_options_form_lists_only_the_users_profiles():
     assert "No GPU profile is available" in render_options_form([])
 
 
+def test_a_profile_of_one_gpu_model_names_it_beside_its_gpus_before_the_estimate():
+    # "on H100" came after the estimate, in a <small> of its own outside the label: the form
+    # read "starts now          on H100"
+    profiles = normalize_profiles([{"display_name": "2 H100", "gpus": 2, "gpu_models": ["H100"]}])
+    form = render_options_form(profiles, estimates={"2-h100": "starts now"})
+    facts, estimate = form.index("2 GPUs on H100, tier 2"), form.index("starts now")
+    assert facts < estimate < form.index("</label>")
+    assert "<small> on H100" not in form and "<select" not in form.split("</label>")[0]
+
+
 def test_a_cpu_only_profile_says_so_in_the_form_and_asks_for_its_cpus_and_memory():
     from jupyter_gpusched.hub.spawner import GPUSchedSpawner
 

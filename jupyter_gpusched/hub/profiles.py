@@ -270,8 +270,11 @@ def render_options_form(
     for profile in profiles:
         slug = html.escape(profile["slug"])
         checked = " checked" if profile["slug"] == default else ""
+        gpus = gpus_text(profile["gpus"]) if profile["gpus"] else "CPU only (no GPU)"
+        if len(profile["gpu_models"]) == 1:  # (several: a list to choose from, below)
+            gpus += f" on {profile['gpu_models'][0]}"
         facts = [
-            gpus_text(profile["gpus"]) if profile["gpus"] else "CPU only (no GPU)",
+            gpus,
             *([f"{profile['cpus']:g} CPUs"] if profile.get("cpus") else []),
             *([f"{profile['memory_gb']:g} GB memory"] if profile.get("memory_gb") else []),
             f"tier {profile['tier']}" + (" (pre-emptible)" if profile["tier"] == 3 else ""),
@@ -305,8 +308,6 @@ def render_options_form(
             for model in profile["gpu_models"]:
                 rows.append(f'<option value="{html.escape(model)}">{html.escape(model)}</option>')
             rows.append("</select>")
-        elif profile["gpu_models"]:
-            rows.append(f"<small> on {html.escape(profile['gpu_models'][0])}</small>")
         rows.append("</div>")
     rows.append("</div>")
     rows.append(render_queue_choice(queues, chosen_queue, pinned=any(p["queue"] for p in profiles)))

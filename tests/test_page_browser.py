@@ -285,7 +285,18 @@ def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
     expect(listed.locator("td").first).to_have_text(first)
     expect(mine.locator("td").nth(7)).to_have_text(first)
     _shot(page, "dashboard-user")
-    # its button cancels it: DELETE api/arrays/<id> with the page's XSRF token
+    # its button asks first (a cancel cannot be taken back): dismissed, nothing changes
+    questions = []
+    page.once("dialog", lambda dialog: (questions.append(dialog.message), dialog.dismiss()))
+    mine.locator("button.array-cancel").click()
+    expect(mine).to_contain_text("array of 6 jobs, 2 running, 4 pending")
+    assert questions == [
+        f"Cancel {row['id']}? Its 4 pending jobs leave the queue; its 2 running jobs get the "
+        "stop signal."
+    ]
+    assert sorted(_array_states(hub, token, array_id)) == ["pending"] * 4 + ["running"] * 2
+    # accepted, it cancels the array: DELETE api/arrays/<id> with the page's XSRF token
+    page.once("dialog", lambda dialog: dialog.accept())
     mine.locator("button.array-cancel").click()
     expect(mine).to_have_count(0)
     expect(listed).to_have_count(0)
@@ -343,6 +354,12 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
     assert '"utilization": 0.5' in shown[0]["evidence"]
     # drain and resume, through the API by the browser's cookie and the page's XSRF token
     node = page.locator("#nodes-admin tr[data-node='l40s2']")
+    questions = []
+    page.once("dialog", lambda dialog: (questions.append(dialog.message), dialog.dismiss()))
+    node.locator("button.node-drain").click()  # it asks first: dismissed, the node stays up
+    expect(node).to_have_attribute("data-state", "up")
+    assert questions and questions[0].startswith("Drain l40s2? Its running jobs go on")
+    page.once("dialog", lambda dialog: dialog.accept())
     node.locator("button.node-drain").click()
     expect(node).to_have_attribute("data-state", "drain")
     states = {

@@ -117,6 +117,7 @@ def test_bob_asks_when_he_would_start_and_follows_a_sweep_on_the_page(demo, peop
     shot(bob, TEST, "3-bob-page")
 
     # -- he cancels the sweep from the page; the CLI in his server says so --
+    bob.once("dialog", lambda dialog: dialog.accept())  # "Cancel a-...? Its 4 pending jobs ..."
     row.locator("button.array-cancel").click()
     expect(row).to_have_count(0, timeout=TIMEOUT_MS)
     notebook = open_notebook(bob, hub, "bob", "journey-page.ipynb")  # back in his Lab

@@ -113,6 +113,9 @@ function drawNodesAdmin(cluster) {
 }
 
 async function nodeAction(name, action) {
+  // a drain keeps new jobs off the node until an admin resumes it: the page asks first
+  const question = `Drain ${name}? Its running jobs go on; no new job starts there until you resume it.`;
+  if (action === 'drain' && !window.confirm(question)) return;
   try {
     await api(`api/nodes/${encodeURIComponent(name)}/${action}`, { method: 'POST' });
     refresh();

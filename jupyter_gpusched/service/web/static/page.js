@@ -69,7 +69,11 @@ function counted(members) {
   return { running, pending: members.length - running };
 }
 
-async function cancelArray(arrayId, button) {
+async function cancelArray(arrayId, label, count, button) {
+  // a cancel cannot be taken back: the page asks first, in the words of the row
+  const question = `Cancel ${label}? Its ${count.pending} pending jobs leave the queue; `
+    + `its ${count.running} running jobs get the stop signal.`;
+  if (!window.confirm(question)) return;
   button.disabled = true;
   try {
     await api(`api/arrays/${encodeURIComponent(arrayId)}`, { method: 'DELETE' });
@@ -103,7 +107,7 @@ function drawMyJobs(jobs, sessions, names) {
     const waiting = pendingOnes.reduce((first, m) => (first && (first.position ?? Infinity) <= (m.position ?? Infinity) ? first : m), null);
     const notebookGPUs = job.kind === 'notebook' && job.gpus > 0 && job.state === 'running';
     const cancel = isArray
-      ? el('button', { type: 'button', class: 'array-cancel', text: 'Cancel array', onclick: (event) => cancelArray(job.array_id, event.target) })
+      ? el('button', { type: 'button', class: 'array-cancel', text: 'Cancel array', onclick: (event) => cancelArray(job.array_id, arrayName(job, names), count, event.target) })
       : '';
     return el(
       'tr',

@@ -317,7 +317,7 @@ def test_client_estimate_prints_when_it_would_start_and_submits_nothing(service,
     before = (alice.queue(), [j.data for j in alice.jobs()])
     later = alice.estimate(command="python train.py", gpus=8, gpu_model="H100", walltime="1h")
     assert not later.start_now and later.position == 1 and later.eta > time.time()
-    assert str(later).startswith("about ") and str(later).endswith(" UTC)"), str(later)
+    assert str(later).startswith("about ") and str(later).endswith(" UTC): needs 8 GPUs; 0 free")
     assert later.reason["family"] == "capacity"
     # the same arguments as submit, function= included: nothing pickled, written or queued
     by_function = alice.estimate(function=print, gpus=8, gpu_model="H100", walltime="1h")
@@ -326,7 +326,8 @@ def test_client_estimate_prints_when_it_would_start_and_submits_nothing(service,
     assert not (workdir / ".gpusched").exists()
     alice.submit(command="sleep 60", gpus=2, gpu_model="L40S", queue="small")
     capped = alice.estimate(command="true", gpus=1, queue="small")
-    assert str(capped).startswith("waits: ") and "small" in str(capped)
+    # expected once the queue's job ends (its default walltime), and why it waits till then
+    assert str(capped).startswith("about ") and "small" in str(capped), str(capped)
     with pytest.raises(GPUSchedError) as info:
         alice.estimate(command="true", gpus=99)
     assert (info.value.status, info.value.field) == (400, "gpus")
@@ -340,7 +341,7 @@ def test_gpujob_estimate_prints_it_and_submits_nothing(shell, service, workdir, 
     before = alice.queue()
     estimate = run(shell, "%%gpujob --estimate --gpus 8 --gpu-model H100 --walltime 1h\nprint(1)\n")
     out = capsys.readouterr().out
-    assert out.startswith("%%gpujob: about ") and "UTC) (#1 in queue team)" in out, out
+    assert out.startswith("%%gpujob: about ") and "UTC): needs 8 GPUs; 0 free (#1 in queue" in out
     assert estimate.position == 1 and alice.queue() == before
     assert not list(workdir.glob(".gpusched/cell-*.py"))  # no cell file either
     run(shell, "%%gpujob --estimate --gpus 1 --gpu-model L40S\nprint(1)\n")

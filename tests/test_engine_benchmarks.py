@@ -60,3 +60,12 @@ def test_bench_estimate_times_estimates_at_two_sizes():
         assert out[size]["running"] > 0
         assert set(out[size]["estimate"]) == {"p50_ms", "p95_ms", "max_ms"}
     assert isinstance(out["met"], bool)
+
+
+def test_bench_plan_times_plays_and_counts_the_jobs_they_reach():
+    out = run("bench_plan.py", "--sizes", "32:100", "--runs", "1", "--max-ends", "50")
+    for state in ("demo", "256 GPUs"):
+        assert out[state]["pending"] > 0 and out[state]["running"] > 0
+        assert 0 < out[state]["reached"] <= out[state]["pending"]
+        assert out[state]["seconds"]["min"] <= out[state]["seconds"]["max"]
+    assert out["demo"]["reached"] == out["demo"]["pending"]  # 50 ends reach all 20 or so there

@@ -56,13 +56,19 @@ def test_a_blocked_job_gets_the_reservation_its_submission_would_get():
     assert sched.jobs["x"].reason == answer.reason  # the same object the record would carry
 
 
-def test_a_job_behind_the_reservation_has_its_reason_and_no_eta():
+def test_a_job_behind_the_reservation_has_its_reason_and_its_expected_start():
     sched = busy_cluster()
     sched.submit(job("head", 8, t=10, walltime=600), 10)
     sched.schedule(10)
     answer = estimate(sched, job("x", 8, t=20, walltime=600), 20)
-    assert (answer.start_now, answer.eta, answer.position) == (False, None, 2)
-    assert answer.reason == sched.jobs["head"].reason.with_eta(None)  # same words, no ETA
+    # head takes n1 when a ends (3600) and runs to 4200; then x (b holds n2 until 7200)
+    assert (answer.start_now, answer.eta, answer.position) == (False, 4200, 2)
+    assert answer.reason == sched.jobs["head"].reason.with_eta(None)  # same words
+    assert answer.job.state == JobState.PENDING  # as the pass left it, not as the play did
+    # the deadline check's copy plays nothing forward (core/deadlines.py: its own bound)
+    plain = estimate(sched, job("x", 8, t=20, walltime=600), 20, expected=False)
+    assert (plain.eta, plain.position) == (None, 2)
+    assert "x" not in sched.jobs and len(sched.running) == 2
 
 
 def test_a_short_job_that_backfills_starts_now():
@@ -89,7 +95,9 @@ def test_a_queue_at_its_limit_is_the_reason():
     sched.submit(job("a", 8, user="ann", queue="team"), 0)
     sched.schedule(0)
     answer = estimate(sched, job("x", 1, t=1, user="ann", queue="team"), 1)
-    assert answer.reason.family == "policy" and answer.eta is None
+    assert answer.reason.family == "policy"
+    # expected when a ends, at the policy's default walltime: the queue has room again then
+    assert answer.eta == sched.settings.walltime_batch
 
 
 def test_the_scheduler_estimated_on_is_unchanged():
@@ -240,9 +248,11 @@ def workload(seed: int, users: int):
 
 
 def scenario(seed: int, users: int):
-    """An estimate at the workload's ``t`` for one more job, which is then submitted at ``t``
-    and the run goes on to the end: (the scheduler, the estimate, ``t``, the ids of the jobs
-    submitted after ``t``, the job that took the estimated job's reservation or None). With one
+    """An estimate at the workload's ``t`` for one more job (the reservation's start only: a
+    job's expected start behind the reservation is no bound, test_plan.py), which is then
+    submitted at ``t`` and the run goes on to the end: (the scheduler, the estimate, ``t``, the
+    ids of the jobs submitted after ``t``, the job that took the estimated job's reservation or
+    None). With one
     user, every later job ranks behind the estimated one."""
     run, names, tree, t, rng = workload(seed, users)
     sched = run.sched
@@ -250,7 +260,7 @@ def scenario(seed: int, users: int):
     walltime = rng.uniform(60, 3 * 3600)
     gpus = rng.choice([1, 2, 4, 8, 16])
     asked = job("x", gpus, t=t, walltime=walltime, user=user, queue=user if tree else None)
-    answer = estimate(sched, asked, t)
+    answer = estimate(sched, asked, t, expected=False)  # the reservation's own start, or none
     late_arrivals = {item.id for _, _, kind, item in run.heap if kind == "submit"}
     run.add(job("x", gpus, t=t, walltime=walltime, user=user, queue=asked.queue), walltime)
     seen = len(run.holders)
@@ -320,6 +330,11 @@ def test_the_words_for_an_estimate():
         estimate_text(False, now + 3 * 86400, None, now) == "about 3 days (at 2025-12-05 14:05 UTC)"
     )
     assert estimate_text(False, now + 1500, None, now, clock=False) == "about 25 min"
+    # a start expected while the job waits on something: when, and on what
+    assert (
+        estimate_text(False, now + 1500, "queue team is at its limit of 8 GPUs", now)
+        == "about 25 min (at 14:30 UTC): queue team is at its limit of 8 GPUs"
+    )
     assert estimate_text(True, None, None, now) == "starts now"
     assert estimate_text(False, None, "team at its limit", now) == "waits: team at its limit"
     assert estimate_text(False, None, None, now) == "waits"

@@ -69,19 +69,25 @@ async def test_a_busy_cluster_waits_with_the_reservation_eta_the_job_then_gets(s
     job = await submit(alice, body)
     assert job["state"] == "pending"
     assert job["reason"] == answer["reason"] and job["position"] == 0
-    # a second estimate stands behind it: second in line, no reservation of its own
+    # a second estimate stands behind it: second in line, no reservation of its own, and its
+    # expected start (core/plan.py): with the first, on the same node's other 4 GPUs
     _, second = await alice.post("api/estimate", body)
-    assert (second["position"], second["eta"], second["start_now"]) == (2, None, False)
+    assert (second["position"], second["start_now"], second["reason"]["eta"]) == (2, False, None)
+    assert second["eta"] == answer["eta"]
 
 
 async def test_a_queue_at_its_limit_is_the_reason(service_factory):
     service = await service_factory()
     alice = service.client("alice")
-    await submit(alice, {"gpus": 2, "queue": "small", "command": "sleep 60"})
+    running = await submit(
+        alice, {"gpus": 2, "queue": "small", "command": "sleep 60", "walltime": "10m"}
+    )
     _, answer = await alice.post("api/estimate", {"gpus": 1, "queue": "small", "command": "true"})
-    assert answer["start_now"] is False and answer["eta"] is None
+    assert answer["start_now"] is False
     assert answer["reason"]["family"] == "policy" and answer["queue"] == "small"
     assert "small" in answer["reason"]["message"], answer
+    # expected when the queue's job ends as planned (core/plan.py)
+    assert answer["eta"] == pytest.approx(running["start_time"] + 600)
 
 
 async def test_what_a_submission_refuses_an_estimate_refuses(service_factory):

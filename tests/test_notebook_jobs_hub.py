@@ -189,7 +189,8 @@ def test_gpujob_estimate_and_client_estimate_print_it_and_submit_nothing(hub, ke
     )
     now, later = shown.splitlines()
     assert now == "starts now", shown
-    assert later.startswith("waits: ") and "research/vision" in later, shown
+    # expected once her server's planned run ends (core/plan.py), and why it waits till then
+    assert later.startswith("about ") and "research/vision" in later, shown
     assert hub.service("GET", "api/jobs", token).json()["jobs"] == before
 
 

@@ -181,6 +181,8 @@ ESTIMATE_CASES = [
     (False, NOW + 2.5 * 86400, None, NOW, True),
     (False, NOW + 3.5 * 86400, None, NOW, True),
     (False, NOW + 1800, None, NOW - 600, True),  # tomorrow's date: 23:50 -> 00:30
+    (False, NOW + 1500, "queue sandbox is at its limit of 4 GPUs", NOW, True),  # both
+    (False, NOW + 1500, "needs 4 GPUs; 0 free", NOW, False),
 ]
 WORDS = "([startNow, at, reason, now, clock]) => estimateText(startNow, at, reason, now, clock)"
 

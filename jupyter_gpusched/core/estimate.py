@@ -4,9 +4,10 @@
 copy of the scheduler and one pass runs at ``now`` (the pass a real submission gets). If it
 started, it starts now; if not, its reason is the one the pass gave it, and its estimated start
 is that reason's ``eta``: the start of the reservation the pass made for it (:mod:`.reservation`)
-when it is the first blocked job, else none (a job behind the reservation has no estimate, as a
-pending job has none in the queue either). So there is one estimator, the engine's: an estimate
-is what the job's record would say right after a submission.
+when it is the first blocked job, else its expected start (:mod:`.plan`: the engine played
+forward on the copy, at most :data:`ESTIMATE_MAX_ENDS` job ends ahead; farther, none). So there
+is one estimator, the engine's: an estimate is what the job's record would say right after a
+submission, and its expected start what the queue would then show.
 
 The live scheduler is not touched: no event, no job number, no fair-share or priority change.
 The copy is a deep copy of everything a pass may change (jobs pending and running, the cluster's
@@ -23,9 +24,13 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 
+from .copying import snapshot
 from .jobs import Job, JobState, Reason
+from .plan import play
 from .reservation import reserve
 from .scheduler import Scheduler
+
+ESTIMATE_MAX_ENDS = 50  # job ends an estimate plays ahead at most (each costs about a pass)
 
 
 @dataclass(frozen=True)
@@ -45,29 +50,11 @@ class Estimate:
         return self.job.state == JobState.REJECTED
 
 
-def snapshot(sched: Scheduler) -> Scheduler:
-    """A copy of ``sched`` that can be submitted to and scheduled without changing ``sched``.
-    Shares the cluster description, the settings and the policy (which no event or pass
-    changes); copies the rest. A job is copied shallowly (most of the copy's cost otherwise):
-    the engine changes a job only by assigning its attributes, and its one mutable value, the
-    ``labels`` it asks for, is only read."""
-    memo: dict[int, object] = {id(part): part for part in (sched.cluster, sched.settings)}
-    memo[id(sched.policy)] = sched.policy
-    for job in sched.jobs.values():
-        memo[id(job)] = _shallow(job)
-    return copy.deepcopy(sched, memo)
-
-
-def _shallow(job: Job) -> Job:
-    """``copy.copy(job)`` at a third of its cost (a Job is a plain dataclass)."""
-    new = object.__new__(Job)
-    new.__dict__.update(job.__dict__)
-    return new
-
-
-def estimate(sched: Scheduler, job: Job, now: float) -> Estimate:
+def estimate(sched: Scheduler, job: Job, now: float, expected: bool = True) -> Estimate:
     """Submit ``job`` (not in ``sched``: its id must be new) to a copy of ``sched`` and run the
-    pass a submission gets at ``now``; what that pass decided for it. ``sched`` is unchanged."""
+    pass a submission gets at ``now``; what that pass decided for it, with its expected start
+    where the reservation gives none (``expected``; see the module's text). ``sched`` is
+    unchanged."""
     if job.id in sched.jobs:
         raise ValueError(f"job {job.id!r} is already in the scheduler")
     trial = snapshot(sched)
@@ -79,7 +66,13 @@ def estimate(sched: Scheduler, job: Job, now: float) -> Estimate:
     reason = None if started else job.reason
     eta = reason.eta if reason is not None else None
     ahead = trial.position(job.id)
-    return Estimate(job, started, eta, reason, None if ahead is None else ahead + 1)
+    position = None if ahead is None else ahead + 1
+    if reason is not None and eta is None and expected:
+        # (the play changes the copy's jobs: the answer's job is its state after this pass)
+        answer = Estimate(copy.copy(job), started, eta, reason, position)
+        eta = play(trial, now, max_ends=ESTIMATE_MAX_ENDS, until=job.id).get(job.id)
+        return dataclasses.replace(answer, eta=eta)
+    return Estimate(job, started, eta, reason, position)
 
 
 def earliest_finish(sched, job: Job, now: float) -> float | None:
@@ -88,7 +81,7 @@ def earliest_finish(sched, job: Job, now: float) -> float | None:
     submission (:mod:`.deadlines`). ``sched`` is not changed."""
     trial_job = dataclasses.replace(job, labels=dict(job.labels))
     run_time = sched.planned_run_time(trial_job)
-    found = estimate(sched, trial_job, now)
+    found = estimate(sched, trial_job, now, expected=False)
     if found.rejected:
         return None
     if found.start_now:

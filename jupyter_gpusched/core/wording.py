@@ -19,8 +19,9 @@ def estimate_text(
     start_now: bool, eta: float | None, reason: str | None, now: float, clock: bool = True
 ) -> str:
     """``POST api/estimate``'s answer in words, as the notebook, the spawn form and the CLI
-    print it: ``starts now``; ``about 25 min (at 14:05 UTC)`` (``clock``: with the time; the
-    date too when it is not ``now``'s day); ``waits: <reason>`` when there is no estimate."""
+    print it: ``starts now``; ``about 25 min (at 14:05 UTC): <reason>`` (``clock``: with the
+    time; the date too when it is not ``now``'s day); ``waits: <reason>`` when there is no
+    estimate."""
     if start_now:
         return "starts now"
     if eta is None:
@@ -30,7 +31,7 @@ def estimate_text(
         moment = datetime.fromtimestamp(eta, timezone.utc)
         same_day = moment.date() == datetime.fromtimestamp(now, timezone.utc).date()
         text += f" (at {moment.strftime('%H:%M' if same_day else '%Y-%m-%d %H:%M')} UTC)"
-    return text
+    return f"{text}: {reason}" if reason else text
 
 
 def wait_text(seconds: float) -> str:

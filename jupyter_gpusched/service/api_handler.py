@@ -27,6 +27,7 @@ from functools import wraps
 from tornado import web
 
 from ..core.errors import ConfigError
+from .expected_starts import with_expected_start
 from .records import placement_view, public_job, utilization_view
 from .requests import MAX_BODY_BYTES, MAX_WHOLE, RequestError, parse_body
 
@@ -251,6 +252,7 @@ class APIHandler(web.RequestHandler):
         view = public_job(
             row, mine=mine, full=mine or self.admin, position=self.live.engine.position(row["id"])
         )
+        view["reason"] = with_expected_start(self.live, view["reason"], row["id"])
         placement = self.live.engine.state.allocations.get(row["id"])
         if placement is not None and row["state"] == "running":
             view["allocation"] = placement_view(placement, self.live.cluster)

@@ -39,6 +39,7 @@ from ..files import load_cluster, load_policy, read_yaml
 from . import gpu_sources
 from .auth import HubAuthenticated, TokenFileAuth
 from .exit_stop import stop_everything
+from .expected_starts import ExpectedStarts, ExpectedStartSettings
 from .gpu_sampling import GPUSampler, LocalSource, local_telemetries
 from .gpu_sources import GPUSourceSettings
 from .history import History, HistorySettings
@@ -59,7 +60,9 @@ from .utilization_record import UtilizationRecorder
 
 # the settings of notebook servers: notebook_settings.py; of GPU sources: gpu_sources.py; of
 # the history: history.py
-class GPUSchedService(NotebookServerSettings, GPUSourceSettings, HistorySettings, Application):
+class GPUSchedService(
+    NotebookServerSettings, GPUSourceSettings, HistorySettings, ExpectedStartSettings, Application
+):
     name = "jupyter-gpusched-serve"
     description = "The GPU scheduler service: queue, engine, launcher and REST API."
     # Configurables the service creates: listed so that --help-all shows them and config and
@@ -267,6 +270,9 @@ class GPUSchedService(NotebookServerSettings, GPUSourceSettings, HistorySettings
             node_sync=self._node_sync(live) if slurm else None,
             rogue_watch=self._rogue_watch(live, telemetries),
             history=History(live, self.history_interval, self.history_retention_days),
+            expected_starts=ExpectedStarts(
+                live, self.expected_start_interval, self.expected_start_max_ends
+            ),
         )
         counts = recover(live)
         self.log.info("recovered from the database: %s", counts)

@@ -94,9 +94,17 @@ class LiveScheduler:
         self.hub_activity = None  # the hub's last_activity of servers (hub_activity.py)
         self.node_sync = None  # Slurm's node states into the engine (backends/slurm/inventory.py)
         self.history = None
+        self.expected_starts = None  # every pending job's expected start (expected_starts.py)
 
     def attach(
-        self, *, reaper=None, hub_activity=None, node_sync=None, rogue_watch=None, history=None
+        self,
+        *,
+        reaper=None,
+        hub_activity=None,
+        node_sync=None,
+        rogue_watch=None,
+        history=None,
+        expected_starts=None,
     ):
         """The second step of building (app.py, once): the parts that are given the live
         scheduler when they are made, so cannot be its constructor's arguments; poll() ticks
@@ -106,6 +114,7 @@ class LiveScheduler:
         self.node_sync = node_sync
         self.rogue_watch = rogue_watch
         self.history = history
+        self.expected_starts = expected_starts
 
     # -- what users and admins do ------------------------------------------------------------
     def submit(self, who: Identity, request: JobRequest) -> Job:

@@ -1,6 +1,7 @@
 """The parts :meth:`.live.LiveScheduler.poll` runs besides noticing exited processes: Slurm's
 node states first (:func:`sync_nodes`), then the periodic ones (:func:`tick_parts`: the idle
-reaper, the hub's activity, the rogue-process check, the history's recorder).
+reaper, the hub's activity, the rogue-process check, the history's recorder, the expected
+starts).
 
 Each part is given to the live scheduler once built (``LiveScheduler.attach``, app.py); any of
 them may be absent (None: not configured, or a test's service without it). One part failing is
@@ -32,6 +33,7 @@ def tick_parts(live) -> None:
         live.hub_activity.tick()  # (reads in a task of its own, which logs its failures)
     _tick(live.rogue_watch, "checking for rogue GPU processes")
     _tick(live.history, "recording the history")  # the cluster over time (history.py)
+    _tick(live.expected_starts, "planning expected starts")  # (expected_starts.py)
 
 
 def _tick(part, what: str) -> None:

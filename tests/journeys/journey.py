@@ -71,11 +71,12 @@ c.Spawner.http_timeout = 90
 c.JupyterHub.last_activity_interval = 1
 c.Spawner.environment = {**c.Spawner.environment, "JUPYTERHUB_ACTIVITY_INTERVAL": "1"}
 """
-# the service's own GPU samples, which the reaper decides on, and its reads of the hub's
-# activity (CPU-only servers), every second (defaults 10 s and 60 s)
+# the service's own GPU samples, which the reaper decides on, its reads of the hub's activity
+# (CPU-only servers) and its plays for expected starts, every second (defaults 10 s, 60 s, 10 s)
 CI_SERVICE_ARGS = (
     "--GPUSchedService.gpu_sample_interval=1",
     "--GPUSchedService.hub_activity_interval=1",
+    "--GPUSchedService.expected_start_interval=1",
 )
 
 

@@ -90,7 +90,10 @@ def test_bob_asks_when_he_would_start_and_follows_a_sweep_on_the_page(demo, peop
         typed = thread.submit(asyncio.run, typing).result()
     assert re.search(rf"{array_id}_\[1-3%1\]\s+bob\s+research/nlp", typed), typed
     estimated = output_text(run_cell(bob, notebook, 2, timeout_ms=60_000)).strip()
-    assert estimated.startswith("waits: queue research/nlp is at its limit of 8 GPUs"), estimated
+    # when, once his jobs have run as planned (core/plan.py), and why it waits till then
+    assert re.match(r"about .+ UTC\): queue research/nlp is at its limit of 8 GPUs", estimated), (
+        estimated
+    )
     shot(bob, TEST, "2-bob-cli-in-his-server")
 
     # -- the Services menu leads to the scheduler's page --

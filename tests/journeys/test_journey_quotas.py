@@ -7,6 +7,11 @@ panel says so in words, at the default sidebar width. Then bob submits a 2-GPU j
 queue's guarantee while only one GPU is free: carol's opportunistic server gets the pre-emption
 notice in her Lab and goes, and bob's job starts. Last, admin's start waits in a full cluster
 (the spawn page says why), he clicks Stop, lands on the hub's home page and may start again.
+
+In a second journey the cluster is full and alice's 4-GPU job waits for a node of its own: when
+two GPUs free, her job planned for 1 min takes them before the one planned for 5 min that she
+submitted first (shortest-first backfill, docs/engine.md), and her scheduler page says the big
+job needs 4 GPUs with 0 free, and when it will start; and when the 5-min one is expected to.
 """
 
 from __future__ import annotations
@@ -152,4 +157,60 @@ def test_three_teams_fill_the_cluster_and_a_guarantee_reclaims(demo, people):
     admins = jobs_of(hub, "admin", "pending", "running")  # a scheduler admin sees everybody's
     assert [j for j in admins if j["kind"] == "notebook" and j["user"] == "admin"] == []
     shot(admin, TEST, "6-admin-stopped-the-queued-start")
+    stop_everything(hub)
+
+
+def _submit(hub, user: str, **body) -> str:
+    response = service(hub, "POST", "api/jobs", user, json={"tier": 2, **body})
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def test_the_shorter_job_takes_the_hole_and_the_big_job_says_why_it_waits(demo, people):
+    hub = demo
+    # -- the 8 GPUs full, research at 2 of its limit of 8 (so alice's jobs below all fit under
+    # it), two of carol's GPUs free in about 10 s, the rest in 10 min --
+    fills = [
+        ("bob", _submit(hub, "bob", command="sleep 600", gpus=2, walltime="10m")),
+        ("carol", _submit(hub, "carol", command="sleep 10", gpus=2, walltime="1m")),
+        ("carol", _submit(hub, "carol", command="sleep 600", gpus=2, walltime="10m")),
+        ("admin", _submit(hub, "admin", command="sleep 600", gpus=2, walltime="10m")),
+    ]
+    for user, job_id in fills:
+        ts.wait_job(hub, user, job_id, {"running"})
+    assert ts.free_gpus(hub) == 0
+    # -- alice: a 4-GPU job (first in her queue's order), then one planned for 5 min, then one
+    # planned for 1 min (its walltime: what the scheduler plans by) --
+    big = _submit(hub, "alice", command="sleep 2", gpus=4, walltime="1m", name="big")
+    planned_5m = _submit(hub, "alice", command="sleep 2", gpus=2, walltime="5m", name="plan-5m")
+    planned_1m = _submit(hub, "alice", command="sleep 20", gpus=2, walltime="1m", name="plan-1m")
+    # carol's 2 GPUs free: no node has 4 free until 10 min from now, so the big job reserves
+    # one, and the hole goes to the job that ends soonest, not to the one submitted first
+    ts.wait_job(hub, "alice", planned_1m, {"running"}, timeout=60)
+    assert ts.service_job(hub, "alice", planned_5m)["state"] == "pending"
+    waiting = ts.service_job(hub, "alice", big)
+    assert waiting["state"] == "pending", waiting
+    assert waiting["reason"]["message"] == "needs 4 GPUs; 0 free", waiting["reason"]
+
+    # -- alice's page says so: the big job needs 4 GPUs, 0 free, and when it starts --
+    alice = people("alice")
+    alice.goto(f"{hub.url}/services/gpusched/")
+    row = alice.locator(f"#my-jobs tr.job[data-id='{big}']")
+    expect(row.locator("td.reason")).to_have_text("needs 4 GPUs; 0 free")
+    expect(row.locator("td").nth(8)).not_to_have_text("")  # its estimated start
+    running = alice.locator(f"#my-jobs tr.job.running[data-id='{planned_1m}']")
+    expect(running).to_contain_text("plan-1m")
+    # the job behind has its reason and its expected start too: when plan-1m's minute is up
+    behind = alice.locator(f"#my-jobs tr.job.pending[data-id='{planned_5m}']")
+    expect(behind.locator("td.reason")).to_have_text("needs 2 GPUs; 0 free")
+    expect(behind.locator("td").nth(8)).to_have_text(re.compile(r"^(about 1 min|any moment)"))
+    shown = ts.service_job(hub, "alice", planned_5m)["reason"]["eta"]
+    expected = ts.service_job(hub, "alice", planned_1m)["start_time"] + 60
+    assert shown == expected, (shown, expected)
+    shot(alice, TEST, "7-alice-shorter-job-first")
+
+    # -- when it ends, the 5-min job takes the same hole --
+    done = ts.wait_job(hub, "alice", planned_5m, {"completed"}, timeout=90)
+    first = ts.service_job(hub, "alice", planned_1m)
+    assert first["start_time"] < done["start_time"], (first, done)
     stop_everything(hub)

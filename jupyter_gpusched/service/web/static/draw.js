@@ -81,7 +81,7 @@ function estimateText(startNow, at, reason, now, withClock = true) {
     const sameDay = moment.slice(0, 10) === new Date(now * 1000).toISOString().slice(0, 10);
     text += ` (at ${sameDay ? '' : `${moment.slice(0, 10)} `}${moment.slice(11, 16)} UTC)`;
   }
-  return text;
+  return reason ? `${text}: ${reason}` : text;
 }
 
 function clock(epoch, seconds = false) {

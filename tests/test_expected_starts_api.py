@@ -1,0 +1,85 @@
+"""Every pending job's expected start in ``api/queue`` and the job views (service/
+expected_starts.py over core/plan.py), against an in-process service with real job processes.
+
+Cluster: gpu1, gpu2 with 8 H100 each, l40s1, l40s2 with 4 L40S (hub_config/cluster.yaml).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from service_helpers import services
+from test_service_api import fill_h100, h100, submit
+
+
+@pytest.fixture
+async def service_factory(tmp_path):
+    async with services(tmp_path) as make:
+        yield make
+
+
+async def etas(client, *job_ids) -> dict | None:
+    """Each job's reason's eta, as ``api/queue`` and ``api/jobs/<id>`` give it; None while the
+    two differ (a play ended between the requests)."""
+    _, queue = await client.get("api/queue")
+    listed = {entry["id"]: (entry["reason"] or {}).get("eta") for entry in queue["jobs"]}
+    for job_id in job_ids:
+        _, view = await client.get(f"api/jobs/{job_id}")
+        if (view["reason"] or {}).get("eta") != listed[job_id]:
+            return None
+    return {job_id: listed[job_id] for job_id in job_ids}
+
+
+async def until(condition, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not (value := await condition()):
+        assert time.monotonic() < deadline, "no expected start in time"
+        await asyncio.sleep(0.05)
+    return value
+
+
+async def test_a_job_behind_the_reservation_gets_its_expected_start(service_factory):
+    service = await service_factory(expected_start_interval=0.1)
+    alice, bob = service.client("alice"), service.client("bob")
+    running = await fill_h100(alice)  # both H100 nodes, the default walltime (24 h)
+    ends = sorted(job["start_time"] + 86_400 for job in running)
+    first = await submit(alice, h100(8, walltime="10m"))  # reserves the node freed first
+    second = await submit(alice, h100(8, walltime="10m"))  # behind it: the other node
+    assert first["reason"]["eta"] == pytest.approx(ends[0])  # the reservation's own
+
+    async def both():
+        found = await etas(alice, first["id"], second["id"])
+        return found if found and found[second["id"]] is not None else None
+
+    found = await until(both)
+    assert found[first["id"]] == pytest.approx(ends[0])  # (the reservation's, as it was)
+    assert found[second["id"]] == pytest.approx(ends[1])
+    # another user sees it too (a queue's times are everyone's; its user is not)
+    _, queue = await bob.get("api/queue")
+    [entry] = [e for e in queue["jobs"] if e["id"] == second["id"]]
+    assert entry["reason"]["eta"] == pytest.approx(ends[1]) and entry["user"] is None
+    # a job submitted later, of higher priority, pushes it back at the next play: carol's queue
+    # (private, guaranteed 12, idle) ranks first by fair share, and her job takes that node
+    carol = service.client("carol")
+    await submit(carol, h100(8, walltime="10m", queue="private"))
+
+    async def pushed_back():
+        later = ((await etas(alice, second["id"])) or {}).get(second["id"])
+        return later if later is not None and later > ends[1] + 1 else None
+
+    assert await until(pushed_back) == pytest.approx(ends[1] + 600, abs=2)
+
+
+async def test_without_plays_only_the_reservation_has_a_time(service_factory):
+    service = await service_factory(expected_start_interval=0)
+    alice = service.client("alice")
+    await fill_h100(alice)
+    first = await submit(alice, h100(8, walltime="10m"))
+    second = await submit(alice, h100(8, walltime="10m"))
+    for _ in range(10):  # polls (every 0.05 s) that would have played
+        await asyncio.sleep(0.05)
+    found = await until(lambda: etas(alice, first["id"], second["id"]))
+    assert found[first["id"]] is not None and found[second["id"]] is None
+    assert service.app.live.expected_starts.starts == {}

@@ -157,8 +157,10 @@ def test_the_spawn_form_shows_when_each_profile_would_start(hub):
         queue_before = hub.service("GET", "api/queue", hub.token("admin")).json()
         estimates = _estimates(session.get(hub.url + "/hub/spawn", timeout=30).text)
         assert estimates["cpu-only"] == "starts now"
-        for slug in ("gpu-1", "gpu-4"):
-            assert estimates[slug] in ("about 59 min", "about 1 h"), estimates
+        for slug, gpus in (("gpu-1", "1 GPU"), ("gpu-4", "4 GPUs")):
+            when, why = estimates[slug].split(": ", 1)
+            assert when in ("about 59 min", "about 1 h"), estimates
+            assert why == f"needs {gpus}; 0 free", estimates
         # nothing was queued by showing the form
         assert hub.service("GET", "api/queue", hub.token("admin")).json() == queue_before
     finally:

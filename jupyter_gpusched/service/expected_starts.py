@@ -30,7 +30,8 @@ class ExpectedStartSettings(HasTraits):
         min=0.0,
         help="Seconds between two plays of the engine forward that give every pending job an "
         "expected start (running jobs ending at their walltimes, no new arrivals: docs/engine."
-        "md, 'Expected starts'), shown as its reason's eta in api/queue, the job views, the "
+        "md, 'When a waiting job is expected to start'), shown as its reason's eta in "
+        "api/queue, the job views, the "
         "page, the Lab and the spawn page. Only after the engine ran a pass since the last "
         "play. 0: off (only the first blocked job has an estimated start, its reservation's).",
     ).tag(config=True)

@@ -67,12 +67,11 @@ def estimate(sched: Scheduler, job: Job, now: float, expected: bool = True) -> E
     eta = reason.eta if reason is not None else None
     ahead = trial.position(job.id)
     position = None if ahead is None else ahead + 1
+    answered = job
     if reason is not None and eta is None and expected:
-        # (the play changes the copy's jobs: the answer's job is its state after this pass)
-        answer = Estimate(copy.copy(job), started, eta, reason, position)
+        answered = copy.copy(job)  # as this pass left it: the play goes on changing the job
         eta = play(trial, now, max_ends=ESTIMATE_MAX_ENDS, until=job.id).get(job.id)
-        return dataclasses.replace(answer, eta=eta)
-    return Estimate(job, started, eta, reason, position)
+    return Estimate(answered, started, eta, reason, position)
 
 
 def earliest_finish(sched, job: Job, now: float) -> float | None:

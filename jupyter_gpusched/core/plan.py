@@ -45,7 +45,7 @@ def play(
     """:func:`expected_starts` on ``trial``, a copy of the live scheduler (:func:`.copying.
     snapshot`) that the play changes: the service copies on its event loop and plays in a
     thread. ``until``: a job id; the play stops once that job has started."""
-    waiting = {job.id for job in trial.jobs.values() if _in_line(job)}
+    waiting = {job.id for job in trial.jobs.values() if trial._waiting_in_line(job)}
     events = [  # (time, END, KILL or WAKE, job id, the run it ends): a heap
         (max(end, now), END, job_id, trial.jobs[job_id].runs)
         for end, job_id in corrected_ends(trial.ledger.ends, trial.jobs, now, trial.settings)
@@ -106,8 +106,3 @@ def _carry_out(trial, decisions, moment: float):
             yield decision.job_id, moment + decision.grace, KILL
         elif isinstance(decision, Stop) and not decision.ended:
             yield decision.job_id, moment, END
-
-
-def _in_line(job) -> bool:
-    """Pending and neither held nor waiting out a refused launch's back-off."""
-    return job.state == JobState.PENDING and not job.held and job.retry_at is None

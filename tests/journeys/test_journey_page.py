@@ -66,6 +66,8 @@ def test_bob_asks_when_he_would_start_and_follows_a_sweep_on_the_page(demo, peop
         "options => options.map(o => o.value)"
     )
     assert set(offered) <= {"any", "H100"}, offered
+    # a profile of one model names it beside its GPUs, before the estimate, in one line
+    expect(bob.locator("#spawn_form")).to_contain_text("4 GPUs on H100, tier 2")
     assert "L40S" not in bob.locator("form").first.inner_text()
     shot(bob, TEST, "1-bob-spawn-form-estimates")
     bob.check("#gpusched-profile-gpu-4")

@@ -10,7 +10,7 @@ import asyncio
 import time
 
 import pytest
-from service_helpers import services
+from service_helpers import services, wait_job
 from test_service_api import fill_h100, h100, submit
 
 
@@ -83,3 +83,34 @@ async def test_without_plays_only_the_reservation_has_a_time(service_factory):
     found = await until(lambda: etas(alice, first["id"], second["id"]))
     assert found[first["id"]] is not None and found[second["id"]] is None
     assert service.app.live.expected_starts.starts == {}
+
+
+async def test_a_job_behind_the_reservation_says_when_gpus_were_freed_since_the_backfill_pass(
+    service_factory,
+):
+    """Between two deep passes (backfill.interval, 30 s here) a quick pass stops at the
+    reservation's holder: the job behind it still has the deep pass's "needs 4 GPUs; 0 free".
+    The API gives it with the GPUs free now (core/reason_now.py)."""
+    service = await service_factory(expected_start_interval=0)
+    alice, bob = service.client("alice"), service.client("bob")
+    await submit(alice, h100(8))
+    short = await submit(alice, h100(4, command="sleep 4"))
+    await submit(alice, h100(4))
+    holder = await submit(bob, h100(8, walltime="10m"))
+    behind = await submit(bob, h100(4, walltime="1m"))
+    assert behind["reason"]["message"] == "needs 4 GPUs; 0 free"
+    # a pass over the whole queue (a cancel calls for one) is the first, so a deep one: the
+    # next comes 30 s after it, and the end of the short job, 4 s after it started, is before
+    cancelled = await submit(bob, h100(8, walltime="10m"))
+    code, _ = await bob.delete(f"api/jobs/{cancelled['id']}")
+    assert code == 200
+    await wait_job(alice, short["id"], "completed")
+    _, queue = await bob.get("api/queue")
+    [entry] = [e for e in queue["jobs"] if e["id"] == behind["id"]]
+    assert entry["reason"]["detail"] == "awaiting-backfill"
+    message = entry["reason"]["message"]
+    assert message.startswith("needs 4 GPUs; 4 free since the last backfill pass; the next one")
+    assert message.endswith(f"checks whether it can start before job {holder['id']}")
+    _, view = await bob.get(f"api/jobs/{behind['id']}")
+    assert view["reason"]["detail"] == "awaiting-backfill"
+    assert service.live.engine.jobs[behind["id"]].reason.message == "needs 4 GPUs; 0 free"

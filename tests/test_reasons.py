@@ -199,6 +199,12 @@ MESSAGES = [
         "needs 2 CPUs and 16 GB of memory on one node; no node has them free",
     ),
     (
+        reasons.FREED_SINCE_BACKFILL,
+        {"gpus": 2, "free": 3, "within_s": 12, "job": "j-4"},
+        "needs 2 GPUs; 3 free since the last backfill pass; the next one, within 12 s, checks "
+        "whether it can start before job j-4",
+    ),
+    (
         reasons.PREEMPTING,
         {"victims": "a, b"},
         "pre-empting a, b; starts once they have checkpointed",

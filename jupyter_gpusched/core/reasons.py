@@ -170,6 +170,16 @@ GPUS_BUSY = Entry(
     "fewer free GPUs of its models than it asks for",
     gpus=("gpus",),
 )
+FREED_SINCE_BACKFILL = Entry(
+    "capacity",
+    "awaiting-backfill",
+    "needs {gpus}; {free:g} free since the last backfill pass; the next one, within "
+    "{within_s} s, checks whether it can start before job {job}",
+    "GPUs it could use were freed after the last backfill pass; the next one (at most "
+    "`backfill.interval` later) checks whether it can use them before the first job in line "
+    "(core/reason_now.py)",
+    gpus=("gpus",),
+)
 CPUS_BUSY = Entry(
     "capacity",
     "cpus-busy",

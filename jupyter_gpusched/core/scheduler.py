@@ -419,6 +419,11 @@ class Scheduler:
         victim passes its minimum run time then."""
         return None if self.agenda.wake == math.inf else self.agenda.wake
 
+    def next_deep_pass(self) -> float:
+        """When the next deep pass comes at the latest (one ``cadence.interval`` after the last;
+        sooner when something wakes the engine)."""
+        return self._last_deep + self.cadence.interval
+
     def holdings(self, node: int) -> list[Holding]:
         """Who holds what on node ``node`` (an index): running jobs and pre-emption claims."""
         return holdings(self.state, node)

@@ -27,8 +27,9 @@ from functools import wraps
 from tornado import web
 
 from ..core.errors import ConfigError
+from ..core.reason_now import reason_now
 from .expected_starts import with_expected_start
-from .records import placement_view, public_job, utilization_view
+from .records import placement_view, public_job, reason_dict, utilization_view
 from .requests import MAX_BODY_BYTES, MAX_WHOLE, RequestError, parse_body
 
 MAX_MESSAGE = 1000  # characters of an error message, whatever raised it (a last safety net)
@@ -252,7 +253,7 @@ class APIHandler(web.RequestHandler):
         view = public_job(
             row, mine=mine, full=mine or self.admin, position=self.live.engine.position(row["id"])
         )
-        view["reason"] = with_expected_start(self.live, view["reason"], row["id"])
+        view["reason"] = shown_reason(self.live, row["id"], view["reason"])
         placement = self.live.engine.state.allocations.get(row["id"])
         if placement is not None and row["state"] == "running":
             view["allocation"] = placement_view(placement, self.live.cluster)
@@ -260,6 +261,18 @@ class APIHandler(web.RequestHandler):
             view["utilization"] = latest_utilization(self.live, row["id"])
             view["stopping"] = self.live.stopping(row["id"])  # signalled, not yet gone
         return view
+
+
+def shown_reason(live, job_id: str, reason: dict | None) -> dict | None:
+    """A job's ``reason`` (its wire form) as the API shows it: for a pending job, with the GPUs
+    free now (core/reason_now.py: GPUs freed since the last deep pass), and with its expected
+    start where the reason has no time of its own (service/expected_starts.py)."""
+    job = live.engine.jobs.get(job_id)
+    if job is not None and job.reason is not None:
+        current = reason_now(live.engine, job, live.clock())
+        if current is not job.reason:
+            reason = reason_dict(current)  # (names no user: GPU counts and a job id)
+    return with_expected_start(live, reason, job_id)
 
 
 def allowed_methods(handler_class) -> list[str]:

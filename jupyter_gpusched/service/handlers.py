@@ -16,9 +16,8 @@ from tornado import web
 from ..core.arrays import array_name
 from ..core.fairshare import fair_share_rank
 from ..core.jobs import JobState
-from .api_handler import APIError, APIHandler, api
+from .api_handler import APIError, APIHandler, api, shown_reason
 from .arrays import cancel_array, unfinished_elements
-from .expected_starts import with_expected_start
 from .records import reason_dict
 from .requests import MAX_LIST_LIMIT, MAX_LOG_BYTES, parse_job_request, take_array
 from .server_stops import MAX_REASON
@@ -154,7 +153,7 @@ class QueueHandler(APIHandler):
         extra = self.live.extras.get(job.id)
         # "alice already runs 8 GPUs" reads "its owner already runs 8 GPUs" to others
         reason = reason_dict(job.reason, hide_users=not visible and bool(job.user))
-        reason = with_expected_start(self.live, reason, job.id)
+        reason = shown_reason(self.live, job.id, reason)
         return {
             "position": position,
             "id": job.id,

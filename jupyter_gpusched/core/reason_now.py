@@ -1,0 +1,46 @@
+"""A pending job's reason as it reads now, between two deep passes.
+
+After a job ends, a quick pass (:mod:`.passes`) walks the queue only up to the first blocked
+job, which holds the reservation; the jobs behind it keep the reason the last deep pass gave
+them until the next one, at most ``backfill.interval`` later (:mod:`.cadence`). Their "needs
+2 GPUs; 0 free" may be out of date by then: GPUs were freed since. :func:`reason_now` is the
+reason with the GPUs free now:
+
+- fewer than the job asks: "needs 4 GPUs; 2 free", the count as it is now;
+- as many as it asks or more: the job is behind the reservation, whose holder may need them;
+  the next deep pass checks whether it can start before that job ("needs 2 GPUs; 2 free since
+  the last backfill pass; the next one, within 12 s, checks whether it can start before job
+  j-4").
+
+Other reasons are as the engine gave them. Nothing here changes a decision: the service shows
+a job's reason through it (its queue and job views), and the engine's own reasons stay those
+of its last pass.
+"""
+
+from __future__ import annotations
+
+from . import reasons
+from .jobs import Job, JobState, Reason
+
+
+def reason_now(sched, job: Job, now: float) -> Reason | None:
+    """``job``'s reason with its free-GPU count as the cluster is at ``now`` (see the module's
+    text); ``sched``: the :class:`~.scheduler.Scheduler`, read only."""
+    reason = job.reason
+    if reason is None or reason.detail != "gpus-busy" or job.state != JobState.PENDING:
+        return reason
+    free = sched.state.free_for(job)
+    if free == dict(reason.args).get("free"):
+        return reason
+    if free < job.amount - 1e-9:
+        return reasons.GPUS_BUSY.reason(eta=reason.eta, gpus=job.amount, free=free)
+    reservation = sched.reservation
+    if reservation is None or reservation.job_id == job.id:
+        return reason  # (a pass is about to run: the event that freed them has just come)
+    return reasons.FREED_SINCE_BACKFILL.reason(
+        eta=reason.eta,
+        gpus=job.amount,
+        free=free,
+        within_s=max(1, round(sched.next_deep_pass() - now)),
+        job=reservation.job_id,
+    )

@@ -1,0 +1,73 @@
+"""A pending job's reason as it reads now, between two deep passes (core/reason_now.py).
+
+Cluster: two nodes of 4 GPUs. "long" (4 GPUs, 1 h) and "other" (2 GPUs, 1 h) run with
+"short" (2 GPUs, ends at t=20); alice's 4-GPU job holds the reservation, bob's 2-GPU job of
+1 min waits behind it. The deep pass at t=0 left bob "needs 2 GPUs; 0 free"; "short" ends at
+t=20, and the quick pass after it stops at alice's job.
+"""
+
+from __future__ import annotations
+
+from helpers import cluster, job, started
+
+from jupyter_gpusched.core import Scheduler, reasons
+from jupyter_gpusched.core.reason_now import reason_now
+
+
+def waiting_behind_the_reservation() -> Scheduler:
+    scheduler = Scheduler(cluster(("n[1-2]", 4, "leaf")))
+    for name, gpus in (("long", 4), ("short", 2), ("other", 2)):
+        scheduler.submit(job(name, gpus, walltime=3600.0, user=name), 0)
+    assert set(started(scheduler.schedule(0))) == {"long", "short", "other"}
+    scheduler.submit(job("alice", 4, t=1, walltime=600.0, user="alice"), 1)
+    scheduler.submit(job("bob", 2, t=1, walltime=60.0, user="bob"), 1)
+    scheduler.schedule(1)
+    assert scheduler.reservation.job_id == "alice"
+    assert scheduler.jobs["bob"].reason.message == "needs 2 GPUs; 0 free"
+    scheduler.job_ended("short", 20)
+    assert started(scheduler.schedule(20)) == {}  # a quick pass: it stops at alice's job
+    return scheduler
+
+
+def test_a_job_behind_the_reservation_says_gpus_were_freed_and_when_the_next_pass_checks():
+    scheduler = waiting_behind_the_reservation()
+    bob = scheduler.jobs["bob"]
+    assert bob.reason.message == "needs 2 GPUs; 0 free"  # the engine's, from the deep pass
+    now = reason_now(scheduler, bob, 20)
+    assert (now.family, now.detail) == ("capacity", "awaiting-backfill")
+    assert now.message == (
+        "needs 2 GPUs; 2 free since the last backfill pass; the next one, within 10 s, checks "
+        "whether it can start before job alice"
+    )
+    assert reason_now(scheduler, bob, 25).message.count("within 5 s") == 1
+    assert bob.reason.message == "needs 2 GPUs; 0 free"  # the engine's own is not changed
+    # the next deep pass, at t=30 (backfill.interval after the one at t=0), starts it
+    assert scheduler.next_deep_pass() == 30
+    assert set(started(scheduler.schedule(30))) == {"bob"}
+    assert reason_now(scheduler, bob, 30) is None
+
+
+def test_a_job_asking_more_than_is_free_now_gets_the_count_as_it_is_now():
+    scheduler = waiting_behind_the_reservation()
+    alice, bob = scheduler.jobs["alice"], scheduler.jobs["bob"]
+    assert alice.reason.message == "needs 4 GPUs; 2 free"  # (the quick pass at t=20)
+    assert reason_now(scheduler, alice, 20) is alice.reason
+    # a 1-GPU job of 1 min ends before alice's reservation: the pass over it starts it
+    scheduler.submit(job("dave", 1, t=21, walltime=60.0, user="dave"), 21)
+    assert set(started(scheduler.schedule(21))) == {"dave"}
+    for waiting, asks in ((alice, 4), (bob, 2)):
+        now = reason_now(scheduler, waiting, 21)
+        assert (now.detail, now.message) == ("gpus-busy", f"needs {asks} GPUs; 1 free")
+        assert now.eta == waiting.reason.eta  # alice's reservation's start (bob has none)
+    assert alice.reason.eta == 3600
+
+
+def test_other_reasons_and_a_cluster_without_a_reservation_are_left_as_they_are():
+    scheduler = waiting_behind_the_reservation()
+    bob = scheduler.jobs["bob"]
+    held = reasons.HELD.reason()
+    scheduler._set_reason(bob, held)
+    assert reason_now(scheduler, bob, 20) is held
+    scheduler._set_reason(bob, reasons.GPUS_BUSY.reason(gpus=2.0, free=0.0))
+    scheduler.reservation = None  # (as between an event and the pass it calls for)
+    assert reason_now(scheduler, bob, 20) is bob.reason

@@ -114,3 +114,21 @@ async def test_a_job_behind_the_reservation_says_when_gpus_were_freed_since_the_
     _, view = await bob.get(f"api/jobs/{behind['id']}")
     assert view["reason"]["detail"] == "awaiting-backfill"
     assert service.live.engine.jobs[behind["id"]].reason.message == "needs 4 GPUs; 0 free"
+
+
+def test_an_expected_start_replaces_a_reservation_start_that_has_passed():
+    """A reservation's start on the GPUs of a running job past its planned end (a notebook
+    server past the 12 h default) is "now" at every pass, and past by the time it is shown:
+    the play's later start is shown instead (core/plan.py played_end)."""
+    from types import SimpleNamespace
+
+    from jupyter_gpusched.service.expected_starts import ExpectedStarts
+
+    planner = ExpectedStarts(SimpleNamespace(clock=lambda: 1000.0), interval=10, max_ends=100)
+    planner.starts = {"j-1": 5000.0, "j-2": 900.0}
+    waiting = {"family": "capacity", "detail": "gpus-busy", "message": "m"}
+    assert planner.reason({**waiting, "eta": 990.0}, "j-1")["eta"] == 5000.0  # passed: the play's
+    assert planner.reason({**waiting, "eta": 2000.0}, "j-1")["eta"] == 2000.0  # its own, to come
+    assert planner.reason({**waiting, "eta": None}, "j-1")["eta"] == 5000.0
+    assert planner.reason({**waiting, "eta": 990.0}, "j-2")["eta"] == 990.0  # the play's passed too
+    assert planner.reason({**waiting, "eta": 990.0}, "j-3")["eta"] == 990.0  # no play reached it

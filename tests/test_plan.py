@@ -154,3 +154,22 @@ def test_the_random_runs_leave_many_jobs_waiting_with_pre_emptions_among_them():
         waiting += len(pending)
         preempted += sum(run.sched.jobs[j].preemptions for j in run.sched.jobs) > 0
     assert waiting > 400 and preempted >= 5, (waiting, preempted)
+
+
+def test_a_notebook_past_its_planned_run_time_is_played_as_running_as_long_again():
+    """A notebook server has no walltime: the engine plans it with the policy's default (12 h)
+    and, once past that, takes it to end now (its reservation holds the GPUs it still has). The
+    play does not: a job waiting for its GPUs would be expected "in 1 min" for hours. At 13 h
+    it is played to end at 26 h, as long again as it has run."""
+    scheduler = Scheduler(cluster(("n[1-2]", 4, "leaf")))
+    scheduler.submit(job("notebook", 4, kind="notebook", user="carol"), 0)
+    scheduler.submit(job("train", 4, walltime=20 * 3600.0, user="dave"), 0)
+    scheduler.schedule(0)
+    now = 13 * 3600.0
+    scheduler.submit(job("wide", 8, t=now, walltime=3600.0, user="bob"), now)
+    scheduler.schedule(now)
+    assert scheduler.jobs["wide"].reason.eta == 20 * 3600.0  # the reservation's: "train" ends
+    assert expected_starts(scheduler, now) == {"wide": 26 * 3600.0}
+    # a walltime is a limit: a job past it is taken to end now in the play too
+    scheduler.jobs["notebook"].walltime = 12 * 3600.0
+    assert expected_starts(scheduler, now) == {"wide": 20 * 3600.0}

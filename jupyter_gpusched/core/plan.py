@@ -47,7 +47,7 @@ def play(
     thread. ``until``: a job id; the play stops once that job has started."""
     waiting = {job.id for job in trial.jobs.values() if trial._waiting_in_line(job)}
     events = [  # (time, END, KILL or WAKE, job id, the run it ends): a heap
-        (max(end, now), END, job_id, trial.jobs[job_id].runs)
+        (played_end(trial.jobs[job_id], end, now), END, job_id, trial.jobs[job_id].runs)
         for end, job_id in corrected_ends(trial.ledger.ends, trial.jobs, now, trial.settings)
     ]
     for victim in trial.running.values():  # signalled to make room: gone after its grace
@@ -84,6 +84,18 @@ def play(
     # (the loop also ends when nothing that could end runs: what still waits then, waits on
     # more than GPUs, such as a drained node)
     return starts
+
+
+def played_end(job, end: float, now: float) -> float:
+    """When the play has a running job end: at ``end``, its planned end (corrected for a learned
+    estimate it outran), or now if that has passed; but a job past its planned end that has no
+    walltime (nothing stops it: a notebook server, a job planned with the policy's default)
+    runs as long again as it has run. The engine's reservation takes such a job to end now
+    (:func:`.runtime_estimates.corrected_ends`), so that GPUs it holds are reserved; a start
+    promised "now" for hours would not be an expected start."""
+    if end > now or job.walltime:
+        return max(end, now)
+    return max(now, job.start_time + 2 * (now - job.start_time))
 
 
 def _leaves(trial, victim, now: float) -> float:

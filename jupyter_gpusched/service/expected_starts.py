@@ -75,11 +75,16 @@ class ExpectedStarts:
 
     def reason(self, reason: dict | None, job_id: str) -> dict | None:
         """``reason`` (its wire form) with the job's expected start as its ``eta`` where it has
-        none of its own; a new dict, ``reason`` is not changed."""
-        if reason is None or reason.get("eta") is not None:
+        none of its own, or where its own has passed and the play's is later (a reservation's
+        start on GPUs that a job past its planned end still holds: core/plan.py
+        ``played_end``); a new dict, ``reason`` is not changed."""
+        if reason is None:
+            return reason
+        now, own = self.live.clock(), reason.get("eta")
+        if own is not None and own >= now:
             return reason
         start = self.starts.get(job_id)
-        if start is None or start < self.live.clock():
+        if start is None or start < now:
             return reason
         return {**reason, "eta": start}
 

@@ -287,6 +287,12 @@ def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
     expect(listed.locator("td").first).to_have_text(first)
     expect(mine.locator("td").nth(7)).to_have_text(first)
     _shot(page, "dashboard-user")
+    # at 1280 px the table of her jobs (the array's long row among them) fits its box: no
+    # Cancel button scrolled out of sight
+    fits = "(css) => { const box = document.querySelector(css); "
+    fits += "return box.scrollWidth <= box.clientWidth; }"
+    assert page.evaluate(fits, "#my-jobs .body")
+    expect(mine.locator("button.array-cancel")).to_be_in_viewport()
     # its button asks first (a cancel cannot be taken back): dismissed, nothing changes
     questions = []
     page.once("dialog", lambda dialog: (questions.append(dialog.message), dialog.dismiss()))
@@ -303,6 +309,24 @@ def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
     expect(mine).to_have_count(0)
     expect(listed).to_have_count(0)
     _wait(lambda: set(_array_states(hub, token, array_id)) == {"cancelled"}, "the cancel")
+    # a single job's Cancel asks too: dismissed, it stays; accepted, DELETE api/jobs/<id>
+    single = _submit(hub, "alice", gpus=1, queue="sandbox", name="one-off")["id"]
+    row = page.locator(f"#my-jobs tr.job[data-id='{single}']")
+    expect(row.locator("button.job-cancel")).to_be_visible()
+    questions.clear()
+    page.once("dialog", lambda dialog: (questions.append(dialog.message), dialog.dismiss()))
+    row.locator("button.job-cancel").click()
+    expect(row).to_contain_text("pending")
+    assert questions == [f"Cancel {single} (one-off)? It leaves the queue."]
+    assert hub.service("GET", f"api/jobs/{single}", token).json()["state"] == "pending"
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.locator("button.job-cancel").click()
+    expect(row).to_have_count(0)
+    assert hub.service("GET", f"api/jobs/{single}", token).json()["state"] == "cancelled"
+    running = page.locator(f"#my-jobs tr.job[data-id='{busy['running']}']")
+    page.once("dialog", lambda dialog: (questions.append(dialog.message), dialog.dismiss()))
+    running.locator("button.job-cancel").click()
+    assert questions[-1] == f"Cancel {busy['running']} (train)? It gets the stop signal."
     # laptop width: nothing wider than the window
     page.set_viewport_size({"width": 900, "height": 900})
     assert page.evaluate("document.documentElement.scrollWidth") <= 900

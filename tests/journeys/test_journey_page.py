@@ -104,7 +104,13 @@ def test_bob_asks_when_he_would_start_and_follows_a_sweep_on_the_page(demo, peop
     bob.locator("a[href$='/services/gpusched/']").first.click()
     bob.wait_for_url(re.compile(r".*/services/gpusched/.*"))
     server = next(j for j in jobs_of(hub, "bob", "running") if j["kind"] == "notebook")
-    expect(bob.locator(f"#my-jobs tr.job[data-id='{server['id']}']")).to_contain_text("running")
+    server_row = bob.locator(f"#my-jobs tr.job[data-id='{server['id']}']")
+    expect(server_row).to_contain_text("running")
+    # no Cancel for his server: it is stopped where it was started, the hub's home page
+    expect(server_row.locator("button")).to_have_count(0)
+    stop = server_row.locator("a.server-stop")
+    expect(stop).to_have_text("stop it on the hub home page")
+    assert stop.evaluate("a => a.href") == f"{hub.url}/hub/home"
     row = bob.locator(f"#my-jobs tr.job[data-array='{array_id}']")
     expect(row).to_contain_text("array of 4 jobs, 1 running, 3 pending", timeout=TIMEOUT_MS)
     expect(row).to_contain_text(f"array {array_id} is at its limit of 1 running")

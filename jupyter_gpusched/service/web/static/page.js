@@ -84,6 +84,33 @@ async function cancelArray(arrayId, label, count, button) {
   }
 }
 
+async function cancelJob(job, button) {
+  // a single job's Cancel: asked first, as an array's
+  const label = job.name ? `${job.id} (${job.name})` : job.id;
+  const question = job.state === 'running'
+    ? `Cancel ${label}? It gets the stop signal.`
+    : `Cancel ${label}? It leaves the queue.`;
+  if (!window.confirm(question)) return;
+  button.disabled = true;
+  try {
+    await api(`api/jobs/${encodeURIComponent(job.id)}`, { method: 'DELETE' });
+    refresh();
+  } catch (error) {
+    showStatus(`Could not cancel ${job.id}: ${error.message}`);
+    button.disabled = false;
+  }
+}
+
+function cancelControl(job) {
+  // a batch job: Cancel; a notebook server is stopped where it was started, on the hub's home
+  // page (as the notebook's queue widget says); one already signalled: nothing to do
+  if (job.stopping) return el('span', { class: 'stopping', text: 'stopping' });
+  if (job.kind === 'notebook') {
+    return el('a', { class: 'server-stop', href: `${PREFIX}../../hub/home`, text: 'stop it on the hub home page' });
+  }
+  return el('button', { type: 'button', class: 'job-cancel', text: 'Cancel', onclick: (event) => cancelJob(job, event.target) });
+}
+
 function deadlineBadge(job) {
   // a job with a deadline: when it is due (local time), or that it missed it
   if (job.deadline === null || job.deadline === undefined) return null;
@@ -108,19 +135,19 @@ function drawMyJobs(jobs, sessions, names) {
     const notebookGPUs = job.kind === 'notebook' && job.gpus > 0 && job.state === 'running';
     const cancel = isArray
       ? el('button', { type: 'button', class: 'array-cancel', text: 'Cancel array', onclick: (event) => cancelArray(job.array_id, arrayName(job, names), count, event.target) })
-      : '';
+      : cancelControl(job);
     return el(
       'tr',
       { class: `job ${state}`, 'data-id': isArray ? null : job.id, 'data-array': job.array_id || null, 'data-running': count.running, 'data-pending': count.pending },
       el('td', { text: isArray ? arrayName(job, names) : job.id }),
-      el('td', { text: job.kind === 'notebook' ? job.name || 'notebook server' : what }),
+      el('td', { class: 'what', text: job.kind === 'notebook' ? job.name || 'notebook server' : what }),
       el('td', { text: state }, deadlineBadge(job)),
       el('td', { text: job.queue }),
       el('td', {}, tierBadge(job.tier)),
       el('td', { class: 'num', text: gpus(job.gpus * (job.gpu_fraction || 1)) }),
       el('td', { class: 'reason', text: waiting ? reasonText(waiting.reason) : '' }),
       el('td', { class: 'num', text: waiting && waiting.position !== null ? waiting.position + 1 : '' }),
-      el('td', { text: waiting && waiting.reason ? eta(waiting.reason.eta) : '' }),
+      el('td', { class: 'when', text: waiting && waiting.reason ? eta(waiting.reason.eta) : '' }),
       el('td', {}, notebookGPUs ? sparkline(spark.get(job.id) || []) : '', cancel),
     );
   });

@@ -189,3 +189,15 @@ def test_replay_with_a_deadline_model_reports_the_deadline_figures(tmp_path, cap
     assert figures["gpusched"]["deadline_jobs"] == figures["slurm"]["deadline_jobs"]
     assert "deadlines met" in capsys.readouterr().out
     assert main(["replay", *EXAMPLE, "--deadlines", "120", "--out", str(out)]) == 2
+
+
+def test_jobs_tells_how_a_finished_job_ended_where_its_exit_code_does_not():
+    from jupyter_gpusched.cli.listings import JOBS_HEADERS, with_endings
+
+    culled = {"state": "completed", "exit_code": 0, "message": "culled by the reaper: GPUs idle"}
+    plain = {"state": "completed", "exit_code": 0, "message": "exit code 0"}
+    running = {"state": "running", "exit_code": None, "message": "started"}
+    headers, rows = with_endings(JOBS_HEADERS, [["a"], ["b"], ["c"]], [culled, plain, running])
+    assert headers[-1] == "HOW IT ENDED"
+    assert [row[-1] for row in rows] == ["culled by the reaper: GPUs idle", None, None]
+    assert with_endings(JOBS_HEADERS, [["b"]], [plain]) == (JOBS_HEADERS, [["b"]])

@@ -118,6 +118,13 @@ async def test_submit_queue_jobs_log_cancel_as_a_user_in_a_server(service, tmp_p
     await wait_job(alice, running, "cancelled")
     rc, _, err = await cli(env, "cancel", waiting)  # already ended: the service's 409
     assert rc == 2 and "already ended" in err
+    # how each ended, where the exit code does not say it all
+    rc, out, _ = await cli(env, "jobs")
+    lines = out.splitlines()
+    assert lines[0].split()[-3:] == ["HOW", "IT", "ENDED"]
+    ending = {line.split()[0]: line.split("  ")[-1].strip() for line in lines[1:]}
+    assert ending[running].startswith("cancelled by alice")
+    assert ending[job_id] == "-"  # completed, exit code 0: nothing more to say
 
 
 async def test_a_notebook_file_is_submitted_as_a_notebook_job(service, tmp_path):

@@ -403,6 +403,26 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
     assert hub.service("GET", "api/reaper", token).json()["settings"]["idle_threshold"] == 7
     restore = hub.service("PUT", "api/reaper", token, json={"idle_threshold": before})
     assert restore.status_code == 200, restore.text
+    # each hub profile's timeout, which wins over its tier's: empty, the hub's applies
+    settings = hub.service("GET", "api/reaper", token).json()["settings"]
+    hub_timeouts = settings["profile_idle_timeouts"]
+    assert hub_timeouts and settings["profile_timeouts"] == {}
+    slug = sorted(hub_timeouts)[0]
+    field = page.locator(f"#reaper-form input[name='profile:{slug}']")
+    expect(field).to_have_value("")
+    expect(field).to_have_attribute("placeholder", f"hub: {hub_timeouts[slug]:g} s")
+    expect(page.locator("#reaper-form .form-note")).to_contain_text("wins over its tier's")
+    field.fill("5m")
+    page.click("#reaper-form button[type=submit]")
+    expect(page.locator("#reaper-answer")).to_have_text("Saved.")
+    expect(field).to_have_value("300")
+    assert hub.service("GET", "api/reaper", token).json()["settings"]["profile_timeouts"] == {
+        slug: 300
+    }
+    field.fill("")  # back to the hub's
+    page.click("#reaper-form button[type=submit]")
+    expect(page.locator("#reaper-answer")).to_have_text("Saved.")
+    assert hub.service("GET", "api/reaper", token).json()["settings"]["profile_timeouts"] == {}
     page.fill("#reaper-form input[name=warning_lead]", "soon")
     page.click("#reaper-form button[type=submit]")
     expect(page.locator("#reaper-answer")).to_contain_text("Not saved")

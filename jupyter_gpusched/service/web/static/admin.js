@@ -148,8 +148,30 @@ function drawReaperForm(reaper) {
       else input.value = value === null || value === undefined ? '' : value;
       return el('label', {}, label, input);
     }),
+    ...profileTimeoutFields(settings),
     el('button', { type: 'submit', text: 'Save' }),
   );
+}
+
+function profileTimeoutFields(settings) {
+  // a server's own profile's timeout wins over its tier's (core/reaper.py timeout_for): the
+  // admin's override, else the hub's profile idle_timeout. Empty: the hub's; off: never culled
+  const ours = settings.profile_timeouts || {};
+  const hubs = settings.profile_idle_timeouts || {};
+  const slugs = [...new Set([...Object.keys(hubs), ...Object.keys(ours)])].sort();
+  if (!slugs.length) return [];
+  const note = el('p', {
+    class: 'form-note',
+    text: "A profile's own timeout wins over its tier's: the tier timeouts apply to servers whose "
+      + "profile has none. Empty: the hub's profile setting; off: never culled for idleness.",
+  });
+  return [note, ...slugs.map((slug) => {
+    const own = ours[slug];
+    const placeholder = slug in hubs ? `hub: ${hubs[slug]} s` : 'its tier\'s';
+    const input = el('input', { name: `profile:${slug}`, type: 'text', size: 8, placeholder });
+    input.value = own === undefined ? '' : own === null ? 'off' : own;
+    return el('label', {}, `timeout, profile ${slug}`, input);
+  })];
 }
 
 async function saveReaper(event) {
@@ -164,6 +186,12 @@ async function saveReaper(event) {
     else changes[name] = Number.isFinite(Number(input.value)) ? Number(input.value) : input.value.trim();
   }
   Object.keys(changes).forEach((k) => changes[k] === undefined && delete changes[k]);
+  const profiles = {};
+  for (const input of form.querySelectorAll('input[name^="profile:"]')) {
+    const text = input.value.trim();
+    if (text !== '') profiles[input.name.slice('profile:'.length)] = Number.isFinite(Number(text)) ? Number(text) : text;
+  }
+  if (form.querySelector('input[name^="profile:"]')) changes.profile_timeouts = profiles;
   try {
     const saved = await api('api/reaper', { method: 'PUT', json: changes });
     reaperFormFilled = false;

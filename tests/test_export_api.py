@@ -64,7 +64,7 @@ def test_a_growing_runs_row_is_written_at_most_every_flush_interval(tmp_path):
 
 # -- GET api/export --------------------------------------------------------------------------------
 async def test_export_lists_what_ran_with_its_outcome_and_the_servers_utilization(
-    service_factory, tmp_path, capsys
+    service_factory, tmp_path, capsys, monkeypatch
 ):
     service = await service_factory(
         gpu_load_dir=tmp_path / "gpus", gpu_sample_interval=0.1, history_interval=0.5
@@ -143,7 +143,8 @@ async def test_export_lists_what_ran_with_its_outcome_and_the_servers_utilizatio
     # the what-if without a trace exports the service's last 30 days first (the command blocks:
     # run it in a thread while this loop serves); alice's token is refused with the 403's words
     def what_if(user):
-        argv = ["reaper", "what-if", "--url", service.url, "--token", TOKENS[user], "--json"]
+        monkeypatch.setenv("GPUSCHED_SERVICE_TOKEN", TOKENS[user])  # (no --token: ps shows it)
+        argv = ["reaper", "what-if", "--url", service.url, "--json"]
         return main([*argv, "--timeout-tier-2", "1h"])
 
     assert await asyncio.to_thread(what_if, "admin") == 0

@@ -346,32 +346,33 @@ async def test_kernels_first_then_the_server_in_the_service(tmp_path):
         await service.stop()
 
 
-async def test_cli_show_and_set(tmp_path, capsys):
+async def test_cli_show_and_set(tmp_path, capsys, monkeypatch):
     from service_helpers import TOKENS
 
     from jupyter_gpusched.cli import main
+
+    def as_user(user):  # the token from the environment: there is no --token option
+        monkeypatch.setenv("GPUSCHED_SERVICE_TOKEN", TOKENS[user])
 
     service = await start_service(tmp_path)
     try:
         base = ["--url", service.url]
         pairs = ["timeout_tier_3=10m", "exempt_users=alice,bob", "profile_timeouts.big=off"]
-        code = await asyncio.to_thread(
-            main, ["reaper", "set", *pairs, *base, "--token", TOKENS["admin"]]
-        )
+        as_user("admin")
+        code = await asyncio.to_thread(main, ["reaper", "set", *pairs, *base])
         assert code == 0
         settings = service.live.reaper.settings()
         assert settings["timeout_tier_3"] == 600 and settings["exempt_users"] == ["alice", "bob"]
         assert settings["profile_timeouts"] == {"big": None}
         capsys.readouterr()
-        code = await asyncio.to_thread(main, ["reaper", "show", *base, "--token", TOKENS["bob"]])
+        as_user("bob")
+        code = await asyncio.to_thread(main, ["reaper", "show", *base])
         assert code == 0 and '"timeout_tier_3": 600.0' in capsys.readouterr().out
-        code = await asyncio.to_thread(
-            main, ["reaper", "set", "idle_threshold=500", *base, "--token", TOKENS["admin"]]
-        )
+        as_user("admin")
+        code = await asyncio.to_thread(main, ["reaper", "set", "idle_threshold=500", *base])
         assert code == 2 and "idle_threshold" in capsys.readouterr().err
-        code = await asyncio.to_thread(
-            main, ["reaper", "set", "idle_threshold=1", *base, "--token", TOKENS["bob"]]
-        )
+        as_user("bob")
+        code = await asyncio.to_thread(main, ["reaper", "set", "idle_threshold=1", *base])
         assert code == 1 and "403" in capsys.readouterr().err
     finally:
         await service.stop()

@@ -366,7 +366,13 @@ def test_show_and_set_parse_as_before(monkeypatch, capsys):
         return 200, {"ok": True}
 
     monkeypatch.setattr(reaper, "request", request)
-    assert main(["reaper", "show", "--url", "http://s/", "--token", "t"]) == 0
+    monkeypatch.setenv("GPUSCHED_SERVICE_TOKEN", "t")
+    assert main(["reaper", "show", "--url", "http://s/"]) == 0
+    # no token on the command line, which every user of the machine sees (ps): refused
+    with pytest.raises(SystemExit) as refused:
+        main(["reaper", "show", "--url", "http://s/", "--token", "t"])
+    assert refused.value.code == 2
+    assert "unrecognized arguments: --token" in capsys.readouterr().err
     assert main(["reaper", "--url", "http://s/", "show"]) == 0
     assert main(["reaper", "set", "timeout_tier_2=20m", "--url", "http://s/"]) == 0
     assert main(["reaper", "set", "--url", "http://s/"]) == 2  # nothing to set

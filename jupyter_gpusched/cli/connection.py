@@ -4,8 +4,9 @@ request to it (the user commands talk through the notebook client: :mod:`.servic
 The service's URL: ``--url``, else ``$GPUSCHED_SERVICE_URL`` (what the client and the magics
 use; the spawner sets it in every server), else ``$GPUSCHED_URL`` (its older name), else the
 demo hub's proxy, ``http://127.0.0.1:$GPUSCHED_HUB_PORT/services/gpusched/`` (8000 without the
-variable, as in ``make demo``). The token: ``--token``, else ``$GPUSCHED_SERVICE_TOKEN``, else
-``$JUPYTERHUB_API_TOKEN`` (both set in a single-user server, as for the user commands).
+variable, as in ``make demo``). The token: ``$GPUSCHED_SERVICE_TOKEN``, else
+``$JUPYTERHUB_API_TOKEN`` (both set in a single-user server, as for the user commands); never
+an option, which every user of the machine would see in ``ps``.
 """
 
 from __future__ import annotations
@@ -18,12 +19,10 @@ import urllib.request
 DEFAULT_URL = "http://127.0.0.1:$GPUSCHED_HUB_PORT/services/gpusched/"
 
 
-def service_token(given: str | None = None) -> str | None:
+def service_token() -> str | None:
     """The token (see the module's docstring): inside a single-user server the server's token
     for the service, which carries an admin's scope for an admin's own server."""
-    return (
-        given or os.environ.get("GPUSCHED_SERVICE_TOKEN") or os.environ.get("JUPYTERHUB_API_TOKEN")
-    )
+    return os.environ.get("GPUSCHED_SERVICE_TOKEN") or os.environ.get("JUPYTERHUB_API_TOKEN")
 
 
 def service_url(given: str | None = None) -> str:

@@ -16,7 +16,7 @@ readable by its owner alone (mode 0600: they name users and what they ran):
   compares a candidate with.
 
 Where the service is and the token: as for ``reaper`` (``--url``, ``$GPUSCHED_SERVICE_URL``,
-the demo hub's; ``--token``, ``$GPUSCHED_SERVICE_TOKEN``, ``$JUPYTERHUB_API_TOKEN``): in an
+the demo hub's; ``$GPUSCHED_SERVICE_TOKEN``, ``$JUPYTERHUB_API_TOKEN``, never an option): in an
 admin's own notebook server, a terminal needs neither.
 """
 
@@ -53,13 +53,9 @@ def add_parser(commands) -> None:
         help="replace user names (also in queue names and the queue document) with pseudonyms "
         "that stay the same from one export to the next, to share the trace",
     )
+    # the token of a scheduler admin: $GPUSCHED_SERVICE_TOKEN, else $JUPYTERHUB_API_TOKEN (an
+    # admin's own server has one); never an option, which every user of the machine sees (ps)
     export.add_argument("--url", default=None, help=f"the service's URL (default {DEFAULT_URL})")
-    export.add_argument(
-        "--token",
-        default=None,
-        help="API token of a scheduler admin (default $GPUSCHED_SERVICE_TOKEN, else "
-        "$JUPYTERHUB_API_TOKEN: an admin's own server has one)",
-    )
     export.set_defaults(run=run)
 
 
@@ -67,7 +63,7 @@ class ServiceFailed(Exception):
     """The service could not be reached, or failed (a 5xx): exit code 1."""
 
 
-def fetch_export(url: str | None, token: str | None, since: str, queue=None, pseudonymize=False):
+def fetch_export(url: str | None, since: str, queue=None, pseudonymize=False):
     """``GET api/export`` of the last ``since`` (a duration: 30d, 12h, seconds); a refusal (a
     4xx: not an admin, a bad queue) is a ConfigError with the service's message (exit code 2),
     an unreachable or failing service :class:`ServiceFailed`."""
@@ -86,7 +82,7 @@ def fetch_export(url: str | None, token: str | None, since: str, queue=None, pse
         query["pseudonymize"] = "true"
     address = service_url(url).rstrip("/") + "/api/export?" + urllib.parse.urlencode(query)
     try:
-        status, answer = request(address, service_token(token))
+        status, answer = request(address, service_token())
     except OSError as exc:
         raise ServiceFailed(f"cannot reach the service at {address}: {exc}") from None
     if status >= 500:
@@ -99,7 +95,7 @@ def fetch_export(url: str | None, token: str | None, since: str, queue=None, pse
 
 def run(args) -> int:
     try:
-        answer = fetch_export(args.url, args.token, args.since, args.queue, args.pseudonymize)
+        answer = fetch_export(args.url, args.since, args.queue, args.pseudonymize)
     except ServiceFailed as exc:
         print(f"jupyter-gpusched export-trace: {exc}", file=sys.stderr)
         return 1

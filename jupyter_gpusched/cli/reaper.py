@@ -1,8 +1,8 @@
 """``jupyter-gpusched reaper show|set key=value ...``: the idle reaper's settings over the REST
 API; ``reaper what-if TRACE``: other idle timeouts tried on an exported trace, offline.
 
-The service's URL and the token: ``--url`` and ``--token``, else as :mod:`.connection` says
-(inside a single-user server, the server's). ``set`` needs an admin of the scheduler.
+The service's URL: ``--url``, else as :mod:`.connection` says; the token, as it says (never an
+option; inside a single-user server, the server's). ``set`` needs an admin of the scheduler.
 
 Values: JSON where it parses (``300``, ``null``, ``true``, ``["a","b"]``), else text (``30m``);
 ``exempt_*`` also take ``a,b``; ``off`` turns a timeout off; ``profile_timeouts.SLUG=15m`` sets one
@@ -52,12 +52,9 @@ def add_parser(commands) -> None:
 
 
 def _service_options(parser, default) -> None:
+    # the token comes from $GPUSCHED_SERVICE_TOKEN or $JUPYTERHUB_API_TOKEN, never an option:
+    # a command line is visible to every user of the machine (ps)
     parser.add_argument("--url", default=default, help=f"the service's URL (default {DEFAULT_URL})")
-    parser.add_argument(
-        "--token",
-        default=default,
-        help="API token (default $GPUSCHED_SERVICE_TOKEN, else $JUPYTERHUB_API_TOKEN)",
-    )
 
 
 def parse_pairs(pairs: list[str]) -> dict:
@@ -86,7 +83,7 @@ def parse_pairs(pairs: list[str]) -> dict:
 def run(args) -> int:
     base = service_url(args.url)
     url = base.rstrip("/") + "/api/reaper"
-    token = service_token(args.token)
+    token = service_token()
     try:
         if args.action == "set":
             if not args.pairs:
@@ -237,7 +234,7 @@ def run_what_if(args) -> int:
     from .export import ServiceFailed, fetch_export, write_export
 
     try:
-        answer = fetch_export(getattr(args, "url", None), getattr(args, "token", None), args.since)
+        answer = fetch_export(getattr(args, "url", None), args.since)
     except ServiceFailed as exc:
         print(f"jupyter-gpusched reaper what-if: {exc}", file=sys.stderr)
         return 1

@@ -10,7 +10,7 @@ from test_estimate import Run
 
 from jupyter_gpusched.core import PolicySettings, Scheduler, Start
 from jupyter_gpusched.core.jobs import JobState
-from jupyter_gpusched.core.plan import expected_starts
+from jupyter_gpusched.core.plan import expected_starts, played_end
 
 
 def full_cluster_with_one_hole(settings=None) -> Scheduler:
@@ -173,3 +173,8 @@ def test_a_notebook_past_its_planned_run_time_is_played_as_running_as_long_again
     # a walltime is a limit: a job past it is taken to end now in the play too
     scheduler.jobs["notebook"].walltime = 12 * 3600.0
     assert expected_starts(scheduler, now) == {"wide": 20 * 3600.0}
+    # one at its planned end, not past it, ends then
+    notebook = job("nb", 4, kind="notebook")
+    notebook.start_time, notebook.planned_run_time = 0.0, 12 * 3600.0
+    assert played_end(notebook, 12 * 3600.0, 12 * 3600.0) == 12 * 3600.0
+    assert played_end(notebook, 12 * 3600.0, 13 * 3600.0) == 26 * 3600.0

@@ -93,7 +93,9 @@ def played_end(job, end: float, now: float) -> float:
     runs as long again as it has run. The engine's reservation takes such a job to end now
     (:func:`.runtime_estimates.corrected_ends`), so that GPUs it holds are reserved; a start
     promised "now" for hours would not be an expected start."""
-    if end > now or job.walltime:
+    planned = job.planned_run_time  # (frozen at submission: what ``end`` was planned from)
+    overran = planned is not None and job.start_time + planned < now
+    if job.walltime or not overran:
         return max(end, now)
     return max(now, job.start_time + 2 * (now - job.start_time))
 

@@ -25,14 +25,28 @@ class _LineLoader(yaml.SafeLoader):
     pass
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A key given twice in one mapping: YAML keeps the last silently, so an edit merged into a
+    queue file would drop a quota without a word."""
+
+    def __init__(self, key, first: int, again: int):
+        super().__init__()
+        self.key, self.first, self.again = key, first, again
+
+
 def _construct_mapping(loader, node):
     mapping = LineDict()
     mapping.lines = {}
-    loader.flatten_mapping(node)
+    given = {id(key_node) for key_node, _ in node.value}  # (not those a <<: *anchor merges in)
+    loader.flatten_mapping(node)  # (merged keys come first; a key given overrides one merged)
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if key in mapping.lines and id(key_node) in given and mapping.lines[key] > 0:
+            raise DuplicateKey(key, mapping.lines[key], line)
         mapping[key] = loader.construct_object(value_node, deep=True)
-        mapping.lines[key] = key_node.start_mark.line + 1
+        mapping.lines[key] = line if id(key_node) in given else -line  # (-: merged)
+    mapping.lines = {key: abs(line) for key, line in mapping.lines.items()}
     return mapping
 
 
@@ -47,6 +61,13 @@ def read_yaml(path) -> object:
         raise ConfigError(f"cannot read the file: {exc.strerror}", source=str(path)) from None
     try:
         return yaml.load(text, Loader=_LineLoader)
+    except DuplicateKey as exc:
+        raise ConfigError(
+            f"{exc.key!r} is given twice, on lines {exc.first} and {exc.again}: keep one",
+            source=str(path),
+            line=exc.again,
+            field=str(exc.key),
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else None

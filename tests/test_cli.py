@@ -4,6 +4,7 @@ import csv
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -127,6 +128,19 @@ def test_a_bad_reaper_setting_in_the_policy_file_exits_2(tmp_path, text, line, f
     assert f"{policy}:{line}" in result.stderr and f"field '{field}'" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()  # stopped before it replayed anything
+
+
+def test_an_empty_trace_and_an_out_that_is_a_file_exit_2(tmp_path, capsys):
+    empty = tmp_path / "empty.csv"
+    empty.write_text(Path("examples/trace.csv").read_text().splitlines()[0] + "\n")
+    code = main(["replay", str(empty), "--cluster", "examples/cluster.yaml",
+                 "--out", str(tmp_path / "out"), "--quiet"])  # fmt: skip
+    assert code == 2 and "the trace has no jobs" in capsys.readouterr().err
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    code = main(["replay", *EXAMPLE, "--out", str(taken), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "field '--out': cannot make the directory" in err, err
 
 
 def test_console_script_and_jupyter_subcommand_are_installed():

@@ -123,6 +123,10 @@ def test_policy_file_defaults_and_overrides(tmp_path):
         ("preemption_signal: SIGNOPE\n", "preemption_signal", 1),
         ("agee: {weight: 1}\n", "agee", 1),
         ("tiers: 7\n", "tiers", 1),
+        # "false" in quotes is a string, which bool() would read as true: refused
+        ('checkpoint:\n  interval: 30m\n  on_signal: "false"\n', "checkpoint.on_signal", 3),
+        # a key given twice: YAML would keep the last without a word
+        ("fair_share:\n  half_life: 7d\n  half_life: 1d\n", "half_life", 3),
     ],
 )
 def test_bad_policy_files_name_the_field(tmp_path, text, field, line):
@@ -141,3 +145,30 @@ def test_an_unknown_policy_section_lists_the_sections_and_the_page_that_has_them
     assert "the sections are age, backfill, checkpoint," in message
     assert "docs/files.md, 'Policy file'" in message
     assert "## Policy file" in Path("docs/files.md").read_text()  # the page it names has it
+
+
+def test_a_queue_given_twice_is_refused_with_both_lines(tmp_path):
+    text = "queues:\n  a:\n    guaranteed: 4\n  b:\n    guaranteed: 2\n  a:\n    guaranteed: 8\n"
+    with pytest.raises(ConfigError) as error:
+        load_queues(write(tmp_path, "queues.yaml", text), load_cluster("examples/cluster.yaml"))
+    assert error.value.field == "a"
+    assert "queues.yaml:6," in str(error.value)
+    assert "'a' is given twice, on lines 2 and 6: keep one" in str(error.value)
+
+
+def test_a_yaml_merge_key_may_still_be_overridden(tmp_path):
+    from jupyter_gpusched.files import read_yaml
+
+    text = "base: &base {x: 1, y: 2}\nc:\n  <<: *base\n  y: 3\n"
+    data = read_yaml(write(tmp_path, "merge.yaml", text))
+    assert data["c"] == {"x": 1, "y": 3} and data["c"].lines["y"] == 4
+
+
+def test_a_default_queue_with_queues_under_it_is_refused(tmp_path):
+    text = "default_queue: org\nqueues:\n  org:\n    children:\n      a: {guaranteed: 2}\n"
+    with pytest.raises(ConfigError) as error:
+        load_queues(write(tmp_path, "queues.yaml", text), load_cluster("examples/cluster.yaml"))
+    assert error.value.field == "default_queue" and "queues.yaml:1," in str(error.value)
+    assert "has queues under it; jobs go to a leaf queue: name one, such as 'org/a'" in str(
+        error.value
+    )

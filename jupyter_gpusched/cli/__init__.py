@@ -196,6 +196,11 @@ def run_replay(args) -> int:
         factor = WALLTIME_FACTORS.get(args.format)
     elif factor <= 0:
         raise ConfigError("must be greater than 0", field="--walltime-factor")
+    if not loaded.jobs:
+        raise ConfigError(
+            "the trace has no jobs (only its header?): nothing to replay",
+            source=str(args.trace),
+        )
     trace = with_walltimes(loaded.jobs, factor)
     if args.deadlines is not None:
         if not 0 <= args.deadlines <= 100:
@@ -213,7 +218,12 @@ def run_replay(args) -> int:
     configs = [(name, load_policy(path)) for name, path in _config_names(args.configs or [])]
     configs = configs or [("", PolicySettings())]
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file of that name, a directory it may not write to ...
+        raise ConfigError(
+            f"cannot make the directory {str(out)!r}: {exc.strerror}", field="--out"
+        ) from None
     # the recorded outcome (an exported trace) is the first column and, with one config, the
     # baseline of the table per job class; with several, the first config's run is
     has_recorded = recorded.has_recorded(trace)

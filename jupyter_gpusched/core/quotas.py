@@ -272,6 +272,16 @@ class QueueTree:
                 field="default_queue",
                 line=line_of(data, "default_queue"),
             )
+        if tree.default_queue and not tree.get(tree.default_queue).is_leaf:
+            under = tree.get(tree.default_queue).path + "/"
+            leaves = sorted(q.path for q in tree.leaves if q.path.startswith(under))[:3]
+            raise ConfigError(
+                f"default_queue {tree.default_queue!r} has queues under it; jobs go to a leaf "
+                f"queue: name one, such as {', '.join(repr(p) for p in leaves)}",
+                source=source,
+                field="default_queue",
+                line=line_of(data, "default_queue"),
+            )
         return tree
 
 

@@ -197,6 +197,9 @@ class PolicySettings:
         fragmentation = placement.get("fragmentation", True)
         if not isinstance(fragmentation, bool):
             reader.fail(f"must be true or false, got {fragmentation!r}", "placement.fragmentation")
+        on_signal = checkpoint.get("on_signal", False)
+        if not isinstance(on_signal, bool):  # ("false" in quotes would read as true)
+            reader.fail(f"must be true or false, got {on_signal!r}", "checkpoint.on_signal")
         launch = reader.section("launch", {"retry_delay", "max_retry_delay", "max_refusals"})
         deadlines = reader.section("deadlines", {"urgency", "on_miss"})
         on_miss = deadlines.get("on_miss", "keep")
@@ -223,7 +226,7 @@ class PolicySettings:
             tiers=tiers,
             preemption_signal=signal_name,
             checkpoint_interval=reader.duration(checkpoint, "interval", 1800.0, "checkpoint"),
-            checkpoint_on_signal=bool(checkpoint.get("on_signal", False)),
+            checkpoint_on_signal=on_signal,
             fair_share_half_life=reader.duration(fair, "half_life", 7 * 86400.0, "fair_share"),
             fair_share_weight=reader.number(fair, "weight", 1.0, "fair_share"),
             fair_share_recalc_interval=reader.duration(

@@ -176,3 +176,12 @@ def test_replay_records_the_timeline_and_queue_usage_the_report_plots(replayed):
     results, _ = replayed
     for result in results:
         assert result.timeline and result.queue_usage["a"], result.policy
+
+
+def test_a_headline_duration_is_never_shown_as_zero_beside_a_larger_one():
+    from jupyter_gpusched.sim.report import _duration
+
+    # a tier-1 p99 of 60 s beside 2.2 h read "0.0 h"
+    assert _duration(7920.0, 60.0) == ["2.2 h", "60 s"]
+    assert _duration(7920.0, 0.0) == ["2.2 h", "0.0 h"]
+    assert _duration(600.0, 300.0) == ["10.0 min", "5.0 min"]

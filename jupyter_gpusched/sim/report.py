@@ -177,12 +177,16 @@ def _ratio(value, base) -> tuple[str, float | None]:
 
 
 def _duration(*seconds) -> list[str]:
-    """Seconds as text, all in the unit that suits the largest."""
+    """Seconds as text, all in the unit that suits the largest, unless that would show a
+    smaller one as 0.0 (60 s beside 2.2 h reads "60 s", not "0.0 h")."""
     top = max(seconds)
     if top < 120:
         return [f"{s:,.0f} s" for s in seconds]
     unit, size = ("min", 60) if top < 7200 else ("h", 3600)
-    return [f"{s / size:,.1f} {unit}" for s in seconds]
+    return [
+        f"{s / size:,.1f} {unit}" if s == 0 or s / size >= 0.05 else _duration(s)[0]
+        for s in seconds
+    ]
 
 
 def _headline(names, figures, jains, tiers) -> list[str]:

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -215,3 +216,21 @@ def test_jobs_tells_how_a_finished_job_ended_where_its_exit_code_does_not():
     assert headers[-1] == "HOW IT ENDED"
     assert [row[-1] for row in rows] == ["culled by the reaper: GPUs idle", None, None]
     assert with_endings(JOBS_HEADERS, [["b"]], [plain]) == (JOBS_HEADERS, [["b"]])
+
+
+def test_a_reader_that_goes_away_ends_the_command_without_a_traceback():
+    """``jupyter-gpusched ... --json | head``: Python would print BrokenPipeError's traceback."""
+    talk = (
+        "import sys, jupyter_gpusched.cli as cli\n"
+        "def run(args):\n"
+        "    for _ in range(2000):\n"
+        "        print('x' * 1000)\n"
+        "    return 0\n"
+        "cli.run_replay = run\n"
+        "sys.exit(cli.main(['replay', 't.csv', '--cluster', 'c.yaml', '--out', 'o']))\n"
+    )
+    shell = f"{sys.executable} -c {shlex.quote(talk)} | head -c 10; "
+    shell += "status=${PIPESTATUS[0]}; echo; echo $status"
+    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60)
+    assert done.stderr == "", done.stderr  # (no BrokenPipeError, at the print or at exit)
+    assert done.stdout.split() == ["x" * 10, "1"]

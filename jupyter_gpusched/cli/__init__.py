@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -164,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"jupyter-gpusched {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # its reader went away (`... --json | head`): stop without a word
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no error at exit)
+        return 1
 
 
 def add_user_commands(commands) -> None:

@@ -234,3 +234,20 @@ def test_a_reader_that_goes_away_ends_the_command_without_a_traceback():
     done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60)
     assert done.stderr == "", done.stderr  # (no BrokenPipeError, at the print or at exit)
     assert done.stdout.split() == ["x" * 10, "1"]
+
+
+def test_check_reads_the_files_as_the_service_does(tmp_path, capsys):
+    demo = ["--cluster", "hub_config/demo-cluster.yaml", "--queues", "hub_config/demo-queues.yaml"]
+    assert main(["check", *demo, "--policy", "examples/policy.yaml"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "hub_config/demo-cluster.yaml: 2 nodes, 8 GPUs (8 H100), 1 leaf switch"
+    assert out[1] == (
+        "hub_config/demo-queues.yaml: 4 leaf queues, 8 of 8 GPUs guaranteed, default queue sandbox"
+    )
+    assert out[2].startswith("examples/policy.yaml: backfill every 30 s at most")
+    # the first error, with file, line and field, and exit status 2
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("backfill:\n  depth: 0\n")
+    assert main(["check", *demo, "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert f"{policy}:2, field 'backfill.depth'" in err, err

@@ -150,9 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     pack.add_argument("--skip-bad-rows", action="store_true", help="skip malformed node-list rows")
     pack.add_argument("--out", required=True, help="output folder (created)")
     pack.set_defaults(run=run_pack)
+    from .check import add_parser as add_check
     from .export import add_parser as add_export
     from .reaper import add_parser as add_reaper
 
+    add_check(commands)
     add_export(commands)
     add_reaper(commands)
     add_user_commands(commands)

@@ -53,6 +53,13 @@ def test_an_idle_server_is_warned_a_lead_before_its_timeout_then_culled():
     assert not outcome.used_after_cull
 
 
+def test_an_idle_run_that_starts_as_the_busy_one_ends_is_idleness():
+    # (the busy run's end, the same second, hid the idle run: no cull after 2.5 h idle)
+    touching = ((0, 1000, 80), (1000, 9990, 0))
+    outcome = replay_server(server(), runs("nb-1", *touching), settings())
+    assert (outcome.warned_at, outcome.culled_at) == (1000 + 3600 - 600, 1000 + 3600)
+
+
 def test_a_busy_server_is_never_warned():
     outcome = replay_server(server(), runs("nb-1", (0, 9990, 50)), settings())
     assert (outcome.warned_at, outcome.culled_at, outcome.gpu_hours_reclaimed) == (None, None, 0)

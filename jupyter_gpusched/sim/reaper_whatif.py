@@ -142,7 +142,13 @@ def replay_server(job, runs, settings: dict) -> ServerOutcome:
         covering = [r for r in covering if r.end >= now]
         busy = None  # between runs: nothing measured
         if covering:
-            busy = any(r.utilization >= threshold for r in covering)
+            # where one run ends as the next begins, both are measured now, the ending one
+            # first (else a busy run's end would hide an idle run that starts the moment it ends)
+            current = [r for r in covering if r.end > now]
+            if current and len(current) < len(covering):
+                ending = [r for r in covering if r.end == now]
+                session.measured(now, any(r.utilization >= threshold for r in ending))
+            busy = any(r.utilization >= threshold for r in (current or covering))
             session.measured(now, busy)
         for action in decide([session], settings, now):
             if isinstance(action, Warn):  # as the live reaper notes it (reaper_actions.py)

@@ -54,7 +54,8 @@ def _duration(value, name: str, optional: bool) -> float | None:
         seconds = parse_duration(value)
     except (ValueError, TypeError, OverflowError):
         raise ConfigError(
-            f"'{name}' must be a duration (seconds, or 30m, 1h){' or null' if optional else ''}",
+            f"'{name}' must be a duration (seconds, or 30m, 1h)"
+            + (", or off (null in JSON) to turn it off" if optional else ""),
             field=name,
         ) from None
     if not math.isfinite(seconds):

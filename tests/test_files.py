@@ -172,3 +172,14 @@ def test_a_default_queue_with_queues_under_it_is_refused(tmp_path):
     assert "has queues under it; jobs go to a leaf queue: name one, such as 'org/a'" in str(
         error.value
     )
+
+
+def test_a_misspelt_nodes_key_and_guarantees_above_the_cluster_name_their_line(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        load_cluster(write(tmp_path, "cluster.yaml", "node:\n  - {name: a, gpus: 8}\n"))
+    assert error.value.field == "node" and "cluster.yaml:1," in str(error.value)
+    text = "# the teams\nqueues:\n  a: {guaranteed: 100}\n"
+    with pytest.raises(ConfigError) as error:
+        load_queues(write(tmp_path, "queues.yaml", text), load_cluster("examples/cluster.yaml"))
+    assert "queues.yaml:2," in str(error.value)
+    assert "the top-level queues guarantee 100 GPUs but the cluster has 48" in str(error.value)

@@ -86,9 +86,9 @@ class Cluster:
     @classmethod
     def from_dict(cls, data, source: str = "cluster file") -> Cluster:
         """Build a cluster from the parsed cluster file; errors name the file, entry and field."""
-        if not isinstance(data, dict) or "nodes" not in data:
+        if not isinstance(data, dict):
             raise ConfigError("expected a mapping with a 'nodes' list", source=source)
-        unknown = set(data) - {"nodes", "switches"}
+        unknown = set(data) - {"nodes", "switches"}  # ('node:' for 'nodes:' is named first)
         if unknown:
             key = sorted(unknown)[0]
             raise ConfigError(
@@ -97,6 +97,8 @@ class Cluster:
                 field=key,
                 line=line_of(data, key),
             )
+        if "nodes" not in data:
+            raise ConfigError("expected a mapping with a 'nodes' list", source=source)
         entries = data["nodes"]
         if entries == "discover":
             raise ConfigError(

@@ -261,6 +261,7 @@ class QueueTree:
                 f"the top-level queues guarantee {total:g} GPUs but the cluster has {cluster_gpus}",
                 source=source,
                 field="guaranteed",
+                line=line_of(data, "queues"),
             )
         user_limits = parse_user_limits(data.get("user_limits"), source, data)
         default = str(data.get("default_queue") or "").strip("/")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import partial
+from functools import cached_property, partial
 
 from .jobspec import JOB_ATTRIBUTES, KINDS, TIERS, JobSpec
 from .reasons import Reason  # defined with its catalogue; imported from here too
@@ -94,6 +94,12 @@ class Job:
     run_name: str | None = None
     planned_run_time: float | None = None
     estimated: bool = False
+    # GPUs this job counts for against quotas and in usage: a fraction counts as itself (set
+    # once: a pass reads it for every job it looks at, and a request never changes)
+    amount: float = field(init=False, repr=False, compare=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        self.amount = self.gpus * self.gpu_fraction
 
     @classmethod
     def from_spec(cls, spec: JobSpec, id: str, submit_time: float) -> Job:
@@ -102,10 +108,18 @@ class Job:
             id=id, submit_time=submit_time, **{name: getattr(spec, name) for name in JOB_ATTRIBUTES}
         )
 
-    @property
-    def amount(self) -> float:
-        """GPUs this job counts for against quotas and in usage: a fraction counts as itself."""
-        return self.gpus * self.gpu_fraction
+    @cached_property
+    def request_shape(self) -> tuple:
+        """What decides where the job can go, apart from its size (:mod:`.shapes`)."""
+        labels = tuple(sorted(self.labels.items()))
+        return (
+            self.gpu_fraction,
+            self.gpus_per_node,
+            self.gpu_models,
+            labels,
+            self.cpus,
+            self.memory_gb,
+        )
 
     @property
     def fractional(self) -> bool:

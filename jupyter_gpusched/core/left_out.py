@@ -248,9 +248,7 @@ class WalkReasons:
 
     def __call__(self, job: Job, queue, list_index: int):
         sched, free = self.sched, self.free
-        asks = (job.gpus, job.gpu_fraction, job.gpus_per_node, job.cpus, job.memory_gb)
-        if job.labels:
-            asks += tuple(sorted(job.labels.items()))
+        asks = (job.gpus, job.request_shape)
         array = (job.array_id, job.array_max_running) if job.array_id is not None else None
         kind = (list_index, array, job.user if self.by_user else None, asks)
         reason = self.policy.get(kind, False)

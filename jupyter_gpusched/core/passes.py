@@ -245,11 +245,10 @@ def evaluate(sched, job: Job, now: float, reservation, pass_: Pass):
     free = sched.state.free_for(job)
     if free < job.amount - 1e-9:
         return reasons.GPUS_BUSY.reason(gpus=job.amount, free=free)
-    exclude = sched.admin.maintenance_excluded(job, now)
+    maintenance = exclude = sched.admin.maintenance_excluded(job, now)
     if reservation is not None and not may_backfill(reservation, sched._walltime(job), now):
         exclude = exclude | reservation.nodes
     patient = sched._patient(job, now, behind=reservation is not None)
-    maintenance = sched.admin.maintenance_excluded(job, now)
     shape = pass_.shapes.shape(sched, job, exclude, patient, maintenance)
     reason = pass_.shapes.reason_for(sched, job, shape, exclude, free)
     if reason is not None:

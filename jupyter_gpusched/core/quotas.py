@@ -177,6 +177,10 @@ class QueueTree:
         self.user_limits = other.user_limits
 
     def get(self, path: str) -> Queue | None:
+        if path and path != ROOT:
+            queue = self.by_path.get(path)  # (a pass asks for each job's queue: its path, as is)
+            if queue is not None:
+                return queue
         path = (path or self.default_queue).strip("/")
         if path == ROOT:
             path = ""

@@ -26,12 +26,7 @@ class ShapeCache:
     def shape(sched, job: Job, exclude: frozenset, patient: bool, maintenance: frozenset) -> tuple:
         return (
             job.gpus <= sched.cluster.max_node_gpus,
-            job.gpu_fraction,
-            job.gpus_per_node,
-            job.gpu_models,
-            tuple(sorted(job.labels.items())),
-            job.cpus,
-            job.memory_gb,
+            job.request_shape,
             bool(exclude),
             patient,
             maintenance,

@@ -45,21 +45,21 @@ def sweep(sched, pass_, now: float, skip: set, evaluate, nothing_usable) -> None
     tier (see the module's text); ``skip``: the pass's lists with no room under their quota.
     The jobs it starts go into ``pass_.started`` and ``pass_.swept``. ``evaluate`` and
     ``nothing_usable`` are the pass's own tests (:mod:`.passes`, which calls this)."""
-    pending, key, jobs = sched.pending, sched._key, sched.jobs
+    pending, key, jobs, claims = sched.pending, sched._key, sched.jobs, sched._claims
     holder_tier = jobs[sched.reservation.job_id].tier
     reserved_key = pass_.reserved_key
     grouped = sched.tier_first  # tiers are strict in the priority order: group by tier
 
-    def entry(list_key, by_run_time, position):
-        walltime, _submit, job_id = by_run_time[position]
-        group = list_key[1] if grouped else 0
-        return (group, walltime, key(job_id)), list_key, position, job_id
-
+    # the heap holds each list's next job: ((tier or 0, planned run time, priority key), list,
+    # position, its (run time, submit, id) entries)
     heap = []
     for list_key, shapes in pending.shapes.items():
         if list_key in skip or (grouped and list_key[1] < holder_tier):
             continue  # (a tier above the holder's is all ahead of the reservation)
-        heap.append(entry(list_key, shapes.by_run_time, 0))
+        by_run_time = shapes.by_run_time
+        walltime, _submit, job_id = by_run_time[0]
+        group = list_key[1] if grouped else 0
+        heap.append(((group, walltime, key(job_id)), list_key, 0, by_run_time))
     heapq.heapify(heap)
     tries, pass_.tries = pass_.tries, 0  # the sweep pre-empts nobody
     misses, depth = 0, sched.settings.backfill_depth
@@ -69,11 +69,11 @@ def sweep(sched, pass_, now: float, skip: set, evaluate, nothing_usable) -> None
     usable, free, may_start = None, 0.0, set()
     try:
         while heap and misses < depth:
-            order, list_key, position, job_id = heapq.heappop(heap)
-            by_run_time = pending.shapes[list_key].by_run_time
+            order, list_key, position, by_run_time = heap[0]
+            job_id = by_run_time[position][2]
             dropped = False
             job = jobs[job_id]
-            if order[2] > reserved_key and job_id not in sched._claims:
+            if order[2] > reserved_key and job_id not in claims:
                 if usable is None:
                     usable = not nothing_usable(sched, pass_, job, now)
                     free = state.free_total + state.shared_room_total
@@ -95,8 +95,15 @@ def sweep(sched, pass_, now: float, skip: set, evaluate, nothing_usable) -> None
                     else:
                         misses += 1
                         dropped = _no_room(sched, job, outcome, list_key)
-            if not dropped and position + 1 < len(by_run_time):
-                heapq.heappush(heap, entry(list_key, by_run_time, position + 1))
+            position += 1
+            if dropped or position == len(by_run_time):
+                heapq.heappop(heap)
+            else:  # the list's next job takes its place
+                walltime, _submit, job_id = by_run_time[position]
+                group = order[0]
+                heapq.heapreplace(
+                    heap, ((group, walltime, key(job_id)), list_key, position, by_run_time)
+                )
     finally:
         pass_.tries = tries
 

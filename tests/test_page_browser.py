@@ -13,7 +13,8 @@ with the reason's message; a 400's message next to its field), and the page's co
 words agrees with Python's on the same cases; her job array (POST api/jobs with "array") is one
 row in her jobs and in the queue, named as the command line names it, and its button cancels it
 (DELETE api/arrays/<id>). At 900 px nothing is wider than the window. admin sees the admin
-sections too: waiting GPUs by reason and per-queue use (the figures api/history gives), showback
+sections too: waiting GPUs by reason and per-queue use (the figures api/history gives), every
+queue with its guarantee, limit, use and waiting GPUs (api/quotas' figures), showback
 (the keys api/usage gives), the reaper's events, drain and resume (carried out: api/cluster says
 so) and the reaper settings (saved: api/reaper says so). Screenshots at 1280 px go to
 docs/images/ (docs/dashboard.md shows them).
@@ -371,6 +372,20 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
     assert {shown.nth(i).get_attribute("data-key") for i in range(len(usage))} == {
         row["key"] for row in usage
     }
+    # every queue, parents too, with api/quotas' figures: sandbox's waiting GPUs among them
+    quotas = hub.service("GET", "api/quotas", token).json()["queues"]
+    expect(page.locator("#queues-admin tr[data-queue]")).to_have_count(len(quotas))
+    sandbox = next(q for q in quotas if q["path"] == "sandbox")
+    assert sandbox["pending"] >= 3 and sandbox["running"] == 4, sandbox
+    _wait_for(
+        page,
+        "([p, n]) => document.querySelector(`#queues-admin tr[data-queue='${p}']`)"
+        "?.dataset.pending == n",
+        ["sandbox", sandbox["pending"]],
+    )
+    row = page.locator("#queues-admin tr[data-queue='sandbox']")
+    expect(row).to_have_attribute("data-in-use", "4")
+    expect(row.locator("td.num").nth(2)).to_have_text("4")  # its limit
     _estimate(page, hub, token, gpus="4", queue="research/nlp")  # any leaf queue, for an admin
     _shot(page, "dashboard-admin")
     # the reaper's warnings and culls with their evidence (events of api/events' shape; this

@@ -522,6 +522,29 @@ async def test_raising_a_queue_limit_lets_a_blocked_job_start(service_factory):
     assert (await alice.get("api/quotas"))[1] == (await admin.get("api/quotas"))[1]
 
 
+async def test_quotas_give_each_queue_its_running_and_waiting_gpus_held_jobs_apart(
+    service_factory,
+):
+    service = await service_factory()
+    alice, admin = service.client("alice"), service.client("admin")
+    await submit(alice, {"gpus": 2, "queue": "small", "command": SLEEP})
+    waiting = [await submit(alice, {"gpus": n, "queue": "small", "command": SLEEP}) for n in (1, 2)]
+    assert [job["state"] for job in waiting] == ["pending", "pending"]
+
+    async def figures():
+        _, quotas = await alice.get("api/quotas")
+        return {q["path"]: (q["running"], q["claimed"], q["pending"]) for q in quotas["queues"]}
+
+    shown = await figures()
+    assert shown["small"] == (2, 0, 3) and shown["team"] == (0, 0, 0)
+    assert shown["root"] == (2, 0, 3)  # a parent's figures are its queues' sums
+    status, _ = await admin.post(f"api/jobs/{waiting[1]['id']}/hold")
+    assert status == 200
+    assert (await figures())["small"] == (2, 0, 1)  # a held job does not wait in the queue
+    await alice.delete(f"api/jobs/{waiting[0]['id']}")
+    assert (await figures())["small"] == (2, 0, 0)
+
+
 async def test_a_queue_cpu_limit_set_at_run_time_holds_cpu_only_jobs(service_factory):
     service = await service_factory()
     alice, admin = service.client("alice"), service.client("admin")

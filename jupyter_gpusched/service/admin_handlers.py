@@ -17,12 +17,34 @@ from .requests import MAX_EVENTS_LIMIT, MAX_WHOLE, check_document, whole_number
 USAGE_KEYS = ("queue", "user", "gpu_model")
 
 
+def pending_gpus(engine) -> dict[int, float]:
+    """GPUs the waiting jobs ask for, by ``id()`` of each queue on their queues' paths up to
+    the root (the pending queue's jobs: not held ones)."""
+    out: dict[int, float] = {}
+    tree = engine.tree
+    for items in engine.pending.lists.values():
+        for _, job_id in items:
+            job = engine.jobs[job_id]
+            queue = tree.get(job.queue) or tree.root
+            for node in queue.chain():
+                out[id(node)] = out.get(id(node), 0.0) + job.amount
+    return out
+
+
 class QuotasHandler(APIHandler):
+    """``GET api/quotas``: every queue (parents too) with its guarantee, limit and weight, the
+    GPUs its running jobs hold (``running``), those held for its jobs whose pre-emption victims
+    are leaving (``claimed``), and those its waiting jobs ask for (``pending``; held jobs are
+    not waiting): a parent's figures are its queues' sums. ``PUT``: an admin replaces the
+    quotas."""
+
     @api
     def get(self):
         live = self.live
+        engine = live.engine
+        pending = pending_gpus(engine)
         queues = []
-        for _, queue in sorted(live.engine.tree.by_path.items()):
+        for _, queue in sorted(engine.tree.by_path.items()):
             queues.append(
                 {
                     "path": queue.label(),
@@ -30,6 +52,8 @@ class QuotasHandler(APIHandler):
                     "limit": None if queue.limit == float("inf") else queue.limit,
                     "weight": queue.weight,
                     "running": queue.running,
+                    "claimed": queue.claimed,
+                    "pending": pending.get(id(queue), 0.0),
                     # CPUs and memory its running jobs ask for, and the limits (None: none)
                     "cpus_running": queue.cpus_running,
                     "cpu_limit": None if queue.cpu_limit == float("inf") else queue.cpu_limit,

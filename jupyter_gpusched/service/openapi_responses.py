@@ -344,6 +344,8 @@ SCHEMAS = {
                         "limit": nullable("number"),
                         "weight": NUMBER,
                         "running": NUMBER,
+                        "claimed": NUMBER,
+                        "pending": NUMBER,
                         "cpus_running": NUMBER,
                         "cpu_limit": nullable("number"),
                         "memory_running": NUMBER,

@@ -57,6 +57,52 @@ function usageTable(title, rows, withCost) {
   );
 }
 
+// every queue of the tree (api/quotas), parents before their children: what it holds against
+// its guarantee and limit, what it borrows above its guarantee, what its waiting jobs ask for
+function drawQueuesAdmin(quotas) {
+  const figure = (v) => (v === null ? 'none' : `${Math.round(v * 100) / 100}`);
+  const rows = quotas.queues.map((q) => {
+    const depth = q.path === 'root' ? 0 : q.path.split('/').length;
+    const inUse = q.running + q.claimed;
+    const borrowed = Math.max(0, inUse - q.guaranteed);
+    const who = [...q.users, ...q.groups.map((g) => `group ${g}`)];
+    return el(
+      'tr',
+      { 'data-queue': q.path, 'data-in-use': inUse, 'data-pending': q.pending, class: q.leaf ? 'leaf' : 'parent' },
+      el('td', { class: 'queue-name', 'data-depth': Math.min(depth, 4), text: q.path === 'root' ? 'root (the cluster)' : q.path.split('/').pop() }),
+      el('td', { class: 'bar-cell' }, quotaBar(inUse, q.guaranteed, q.limit)),
+      el('td', { class: 'num', text: figure(inUse) }),
+      el('td', { class: 'num', text: figure(q.guaranteed) }),
+      el('td', { class: 'num', text: figure(q.limit) }),
+      el('td', { class: 'num', text: borrowed > 0 ? figure(borrowed) : '' }),
+      el('td', { class: 'num', text: q.pending > 0 ? figure(q.pending) : '' }),
+      el('td', { class: 'num', text: figure(q.weight) }),
+      el('td', { text: who.length ? who.join(', ') : '' }),
+    );
+  });
+  fill(
+    'queues-admin',
+    el(
+      'table',
+      {},
+      el(
+        'thead',
+        {},
+        el(
+          'tr',
+          {},
+          el('th', { text: 'queue' }),
+          el('th', { text: 'in use (tick: guarantee)' }),
+          ['in use', 'guaranteed', 'limit', 'borrowing', 'waiting', 'weight'].map((h) => el('th', { class: 'num', text: h })),
+          el('th', { text: 'who may submit' }),
+        ),
+      ),
+      el('tbody', {}, rows),
+    ),
+    el('p', { class: 'form-note', text: 'GPUs. In use counts GPUs held for jobs whose pre-emption victims are leaving; borrowing is what a queue uses above its guarantee (reclaimed when others need their guarantee); waiting is what its pending jobs ask for. Change them with the queue file or PUT api/quotas.' }),
+  );
+}
+
 function drawShowback(byQueue, byUser, byModel) {
   const priced = byModel.usage.some((r) => 'cost' in r);
   fill('showback', el('div', { class: 'showback-grid' }, usageTable('queue', byQueue.usage, false), usageTable('user', byUser.usage, false), usageTable('gpu_model', byModel.usage, priced)));

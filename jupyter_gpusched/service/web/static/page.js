@@ -353,13 +353,15 @@ async function refresh() {
     drawQueue(queue);
     drawUtilization(history);
     if (ADMIN) {
-      const [byQueue, byUser, byModel, events] = await Promise.all([
+      const [byQueue, byUser, byModel, events, quotas] = await Promise.all([
         api('api/usage?by=queue'),
         api('api/usage?by=user'),
         api('api/usage?by=gpu_model'),
         api('api/events?limit=300'),
+        api('api/quotas'),
       ]);
       drawWaiting(history);
+      drawQueuesAdmin(quotas);
       drawQueueHistory(history);
       drawShowback(byQueue, byUser, byModel);
       drawReaperEvents(events.events);

@@ -195,6 +195,34 @@ async def test_nodes_and_usage(service):
     assert data["usage"]["until"] - data["usage"]["since"] == pytest.approx(7 * 86400)
 
 
+async def test_queues_lists_every_queue_with_its_use_and_waiting_gpus(service):
+    env = server_env(service, "alice")
+    for _ in range(2):  # small's limit is 2 GPUs: the second waits
+        rc, _, err = await cli(env, "submit", "--gpus", "2", "--queue", "small", "sleep 60")
+        assert rc == 0, err
+    rc, out, err = await cli(env, "queues")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "QUEUE",
+        "GUARANTEED",
+        "LIMIT",
+        "IN",
+        "USE",
+        "BORROWED",
+        "WAITING",
+        "WEIGHT",
+    ]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    assert rows["root"][:3] == ["24", "-", "2"]
+    assert rows["small"] == ["0", "2", "2", "2", "2", "1"]  # 2 borrowed above 0, 2 waiting
+    assert rows["team"] == ["12", "24", "0", "1"]
+    assert lines[[line.split()[0] for line in lines].index("small")].startswith("  small")
+    rc, out, _ = await cli(env, "queues", "--json")
+    small = {q["path"]: q for q in json.loads(out)}["small"]
+    assert (small["running"], small["pending"]) == (2, 2)
+
+
 async def test_outside_a_server_it_takes_url_and_the_hub_token(service):
     bare = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSCHED_", "JUPYTERHUB_"))}
     rc, _, err = await cli({**bare, "GPUSCHED_HUB_PORT": "9299"}, "queue")

@@ -3,8 +3,8 @@
 For operators: ``serve``, ``replay``, ``pack`` (here), ``export-trace`` (:mod:`.export`),
 ``reaper`` (:mod:`.reaper`), ``node-agent``. For users, in Slurm's habits: ``submit``,
 ``estimate``, ``cancel``, ``log`` (:mod:`.jobs`), ``queue``, ``jobs`` (:mod:`.listings`),
-``nodes``, ``usage`` (:mod:`.cluster`), talking to the service through the notebook client
-(:mod:`.service`).
+``nodes``, ``queues``, ``usage`` (:mod:`.cluster`), talking to the service through the notebook
+client (:mod:`.service`).
 
 Exit codes: 0 success, 1 unexpected failure (the service unreachable or failing: a 5xx), 2 bad
 input (a usage error, a file that says what to fix, with its line and field, or a request the
@@ -24,7 +24,7 @@ from .. import __version__
 
 # the commands of users in a terminal: parsed without the engine's package (numpy and all),
 # whose import is most of a command's start-up (a command per submission adds up)
-USER_COMMANDS = ("submit", "estimate", "cancel", "log", "queue", "jobs", "nodes", "usage")
+USER_COMMANDS = ("submit", "estimate", "cancel", "log", "queue", "jobs", "nodes", "queues", "usage")
 EXIT_STATUS = (
     "Exit status: 0 ok; 1 failure (the service unreachable, or a 5xx); 2 bad input (a usage "
     "error, a bad file, or a request the service refused with a 4xx)."

@@ -1,5 +1,6 @@
-"""The user commands about the cluster and my share of it: ``nodes`` (``sinfo``) and ``usage``
-(my GPU-hours and my queues)."""
+"""The user commands about the cluster and its shares: ``nodes`` (``sinfo``), ``queues`` (every
+queue's guarantee, limit, use and waiting GPUs, like ``sshare``) and ``usage`` (my GPU-hours and
+my queues)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,16 @@ def add_parsers(commands) -> None:
         "Each node: its GPU model, GPUs, how many are free, its state (up, drain, down) and "
         "leaf switch.",
         run_nodes,
+    )
+    add_command(
+        commands,
+        "queues",
+        "every queue: guarantee, limit, GPUs in use, borrowed and waiting, like sshare",
+        "Every queue of the tree, each under its parent (root is the cluster): its guarantee "
+        "and limit, the GPUs in use there (held for jobs whose pre-emption victims are leaving "
+        "too), those it borrows above its guarantee (reclaim may take them back), those its "
+        "waiting jobs ask for (held ones apart) and its fair-share weight.",
+        run_queues,
     )
     usage = add_command(
         commands,
@@ -37,6 +48,32 @@ def run_nodes(args, client) -> int:
     ]
     print(table(["NODE", "MODEL", "GPUS", "FREE", "STATE", "LEAF"], rows))
     print(f"\n{cluster['allocated_gpus']:g} of {cluster['total_gpus']:g} GPUs allocated")
+    return OK
+
+
+def run_queues(args, client) -> int:
+    quotas = client.quotas()
+    if args.json:
+        print_json(quotas["queues"])
+        return OK
+    rows = []
+    for q in quotas["queues"]:  # (parents first: sorted by path, root's is "root")
+        depth = 0 if q["path"] == "root" else q["path"].count("/") + 1
+        in_use = q["running"] + q["claimed"]
+        borrowed = max(0.0, in_use - q["guaranteed"])
+        rows.append(
+            [
+                "  " * depth + q["path"].rsplit("/", 1)[-1],
+                f"{q['guaranteed']:g}",
+                "-" if q["limit"] is None else f"{q['limit']:g}",
+                f"{in_use:g}",
+                f"{borrowed:g}" if borrowed else "",
+                f"{q['pending']:g}" if q["pending"] else "",
+                f"{q['weight']:g}",
+            ]
+        )
+    headers = ["QUEUE", "GUARANTEED", "LIMIT", "IN USE", "BORROWED", "WAITING", "WEIGHT"]
+    print(table(headers, rows))
     return OK
 
 

@@ -269,6 +269,12 @@ class Client:
         limit; the default one)."""
         return self.request("GET", "api/me")
 
+    def quotas(self) -> dict:
+        """``GET api/quotas``: every queue (parents too) with its guarantee, limit, weight and
+        the GPUs ``running``, ``claimed`` and ``pending`` there; ``document``: the queue
+        file in force."""
+        return self.request("GET", "api/quotas")
+
     def usage(self, by: str = "user", since: float | None = None) -> dict:
         """``GET api/usage``: GPU-hours by ``user`` (mine only, unless I am an admin),
         ``queue`` or ``gpu_model``, over the last 30 days or from ``since`` (epoch)."""

@@ -277,6 +277,7 @@ def test_gpujob_without_wait_and_status(shell, service, capsys):
     out = capsys.readouterr().out
     assert "queue: 1 pending, 2 running; yours at #1" in out
     assert job.id in out and "queued #1" in out
+    assert re.search(rf"{job.id}  pending +8x H100  tier 2", out), out  # GPUs in words
     run(shell, "%gpusched cluster")
     assert "16 of 24 GPUs allocated" in capsys.readouterr().out
     run(shell, f"%gpusched cancel {job.id}")

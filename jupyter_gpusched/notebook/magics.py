@@ -39,7 +39,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .client import Client, GPUSchedError, Job
-from .job import ACTIVE
+from .job import ACTIVE, gpus_words
 from .payloads import cell_payload
 
 #: The request fields the options of %%gpujob set: a 400 naming one is a usage error.
@@ -162,7 +162,7 @@ def jobs_text(jobs: list[Job]) -> str:
         if s.get("deadline"):
             extra = f"{extra} · deadline {s['deadline']}".lstrip(" ·")
         lines.append(
-            f"{job.id}  {s['state']:<9} {s['gpus']:>6} GPU  tier {s['tier']}  "
+            f"{job.id}  {s['state']:<9} {gpus_words(job.data):>10}  tier {s['tier']}  "
             f"{s['queue']:<12} {s['name'][:20]:<20} {extra}".rstrip()
         )
     return "\n".join(lines)

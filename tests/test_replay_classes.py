@@ -208,6 +208,18 @@ def test_per_class_reason_waits_add_up_to_the_global_ones_and_change_no_decision
         assert all(v == pytest.approx(0) for v in counts.values())
 
 
+def test_jobs_csv_gives_the_queue_a_job_was_filed_under_as_the_classes_do():
+    c = cluster(("n[1-2]", 8, "leaf-1"))
+    tree = queues({"a": {"guaranteed": 8, "users": ["ann"]}, "b": {"guaranteed": 8}}, c)
+    trace = [
+        trace_job("no-queue", 0.0, 60.0, 1, user="ann"),  # its user's queue, a
+        trace_job("slashed", 0.0, 60.0, 1, user="bo", queue="/b/"),  # its path: b
+    ]
+    for policy, expected in (("gpusched", ["a", "b"]), ("fifo", ["", "/b/"])):
+        result = replay(trace, c, tree, PolicySettings(), get_policy(policy))
+        assert [row["queue"] for row in job_rows(result)] == expected, policy
+
+
 def test_per_class_reason_waits_in_metrics_json_add_up(two_configs):
     out, _ = two_configs
     document = json.loads((out / "metrics.json").read_text())

@@ -72,7 +72,7 @@ def job_rows(result: ReplayResult):
         yield {
             "policy": result.policy,
             "job_id": job.id,
-            "queue": trace_job.queue,
+            "queue": job.queue,  # the queue the engine filed it under, as in the job classes
             "user": job.user,
             "tier": job.tier,
             "kind": job.kind,

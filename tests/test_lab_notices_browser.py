@@ -6,13 +6,15 @@ in Debian's Chromium under a real hub (the hub, fixtures and helpers of test_lab
   the panel's "This server" shows it whole too;
 * a real cull (an admin lowers the tier-2 timeout under alice's idle server): the dialog "The
   idle reaper is stopping this server", with the reaper's reason, appears while JupyterLab still
-  has its connection, and JupyterLab's own "server unavailable" dialog comes only after it.
+  has its connection, in place of the warning's toast, with the status bar's countdown at the
+  lowered timeout; JupyterLab's own "server unavailable" dialog comes only after it.
 
 Screenshots go to ``test-output/lab-browser/`` (``n*-``).
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 from test_lab_browser import (  # the module-level skips (no Chromium, no build) apply here too
@@ -96,6 +98,12 @@ def test_the_cull_is_explained_before_the_connection_drops(lab_hub, browser):  #
         sync_api.expect(cull).to_contain_text("idle")
         # JupyterLab has not yet said its server is gone
         assert page.get_by_text("Server unavailable").count() == 0
+        # the warning's toast is gone with it, and the status bar read the lowered timeout when
+        # the warning came (not the 45 min it said before the admin's change)
+        sync_api.expect(_toast(page, "Idle server:")).to_have_count(0)
+        sync_api.expect(page.locator(".jp-gpusched-status")).to_contain_text(
+            re.compile(r"idle reclaim in [01] min")
+        )
         _shot(page, "n2-cull-dialog")
         page.get_by_role("button", name="OK").click()
         # ... and says it only after (its dialog waits behind ours)

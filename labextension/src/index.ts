@@ -56,7 +56,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
     let statusPoller: Poller | null = null;
     let item: StatusItem | null = null;
     const openPanel = () => app.shell.activateById(PANEL_ID);
-    const notices = new Notices(openPanel, () => panel.poller.refresh());
+    // a notice changes what the panel and the status bar say (a warning: the reclaim is near)
+    const notices = new Notices(openPanel, () => {
+      panel.poller.refresh();
+      statusPoller?.refresh();
+    });
     const panel = new GPUPanel(
       () => statusPoller?.refresh(),
       status => item?.show_status(status), // what the panel just read: no lag between the two

@@ -5,9 +5,10 @@
  *   140 characters, so a longer notice gets a summary that fits (what happens, and when) and a
  *   "Details" action with the whole text; the panel's "This server" shows the last one whole;
  * - `reaper-cull` (the reaper is stopping this server now): a dialog that stays until dismissed,
- *   with the reaper's reason. The server extension holds the reaper's request until the Lab has
- *   fetched it, and this poll runs every second around a warning's deadline, so the dialog comes
- *   before the connection drops (JupyterLab's own "server unavailable" dialog queues behind it).
+ *   with the reaper's reason, in place of the warnings' toasts (they go). The server extension
+ *   holds the reaper's request until the Lab has fetched it, and this poll runs every second
+ *   around a warning's deadline, so the dialog comes before the connection drops (JupyterLab's
+ *   own "server unavailable" dialog queues behind it).
  *
  * The server numbers its notices from 1 at each of its starts and names the start (`start`):
  * what was shown is remembered as (start, last id), so that a restarted server's notices,
@@ -89,6 +90,7 @@ export class Notices {
   private seen: Seen;
   private lastCheck = 0;
   private deadline: number | null = null; // of the newest warning, in server epoch seconds
+  private toasts: string[] = []; // the warnings' toasts, which the cull's dialog replaces
 
   constructor(
     private readonly openPanel: () => void,
@@ -138,6 +140,9 @@ export class Notices {
 
   private show(notice: INotice): void {
     if (notice.kind === CULL_KIND) {
+      // the warnings are overtaken: their toasts ("... unless its GPUs are used") go
+      this.toasts.forEach(id => Notification.dismiss(id));
+      this.toasts = [];
       void showDialog({
         title: 'The idle reaper is stopping this server',
         body: textBody(
@@ -168,9 +173,9 @@ export class Notices {
     }
     const options = { autoClose: false as const, actions };
     if (notice.kind === 'preemption') {
-      Notification.error(toastText(notice), options);
+      this.toasts.push(Notification.error(toastText(notice), options));
     } else {
-      Notification.warning(toastText(notice), options);
+      this.toasts.push(Notification.warning(toastText(notice), options));
     }
   }
 }

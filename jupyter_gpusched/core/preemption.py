@@ -102,9 +102,13 @@ def find_victims(
             continue
         if not node_fits(state, job, idx, 0.0):  # labels
             continue
-        local = sorted(
-            (jobs[h] for h in state.holders[idx] if h in jobs and eligible(jobs[h])), key=cost
-        )
+        local = []
+        for holder in state.holders[idx]:
+            victim = jobs.get(holder)  # (a claim's name is no running job)
+            if victim is not None and eligible(victim):
+                local.append(victim)
+        if len(local) > 1:
+            local.sort(key=cost)
         chosen: list[Job] = []
         for victim in local:
             if free >= (per_node or node.gpus):

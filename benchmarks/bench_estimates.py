@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_estimates.py                  # both parts, seeds 1-3
     .venv/bin/python benchmarks/bench_estimates.py --part synthetic --seeds 1 2 3 4 5
+    .venv/bin/python benchmarks/bench_estimates.py --part synthetic --seeds $(seq 1 30)
     .venv/bin/python benchmarks/bench_estimates.py --part philly --philly-jobs 20000 \
         --philly ../shared/traces/philly/philly_2017_sep_oct.csv   # (from a git worktree)
 
@@ -19,6 +20,11 @@ its type's typical time x a lognormal spread, and its walltime is that x a facto
 enough load that jobs queue. Arms: ``estimate: never`` (plan with the walltimes) and
 ``always``.
 
+``synthetic_summary``: over the seeds, each of mean wait, p95 wait and gang mean wait of
+``always`` over ``never``, as a geometric mean with a 95 % interval and the range (seeds with no
+waits left out). ``--estimate-quantile`` and ``--estimate-margin`` change the model of both
+parts (``walltime.estimate_quantile``, ``walltime.estimate_margin``).
+
 Each arm reports mean and p95 wait, the gangs' (multi-node jobs') mean wait, the jobs planned
 with an estimate, the fraction of those that ran longer than it, and among jobs that held the
 reservation, the fraction that started later than their first reservation's start.
@@ -30,6 +36,7 @@ import argparse
 import json
 import math
 import random
+import statistics
 import time
 from pathlib import Path
 
@@ -65,8 +72,36 @@ def figures(result) -> dict:
     }
 
 
+MODEL: dict = {}  # estimate_quantile / estimate_margin given on the command line
+
+
 def settings(mode: str) -> PolicySettings:
-    return PolicySettings.from_dict({"walltime": {"estimate": mode}})
+    return PolicySettings.from_dict({"walltime": {"estimate": mode, **MODEL}})
+
+
+RATIOS = ("wait_mean_s", "wait_p95_s", "gang_wait_mean_s")
+
+
+def synthetic_summary(rows: list[dict]) -> dict:
+    """Over the seeds, each figure of ``always`` over ``never``: the geometric mean with a 95 %
+    interval (2 standard errors of the mean log ratio), the lowest and highest ratio and the
+    seeds counted (those where both are above 0: a seed with no waits says nothing)."""
+    out = {}
+    for name in RATIOS:
+        ratios = [r["always"][name] / r["never"][name] for r in rows
+                  if r["never"][name] > 0 and r["always"][name] > 0]  # fmt: skip
+        if len(ratios) < 2:
+            continue
+        logs = [math.log(x) for x in ratios]
+        mean = statistics.mean(logs)
+        error = 2 * statistics.stdev(logs) / math.sqrt(len(logs))
+        out[name] = {
+            "geometric_mean": round(math.exp(mean), 3),
+            "interval_95": [round(math.exp(mean - error), 3), round(math.exp(mean + error), 3)],
+            "range": [round(min(ratios), 3), round(max(ratios), 3)],
+            "seeds": len(ratios),
+        }
+    return out
 
 
 def bench_philly(jobs: int, path: Path = PHILLY) -> dict:
@@ -146,11 +181,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--philly-jobs", type=int, default=20_000)
     parser.add_argument("--philly", type=Path, default=PHILLY, help="the Philly Sep-Oct CSV")
+    parser.add_argument("--estimate-quantile", type=float, help="walltime.estimate_quantile")
+    parser.add_argument("--estimate-margin", type=float, help="walltime.estimate_margin")
     args = parser.parse_args()
+    if args.estimate_quantile is not None:
+        MODEL["estimate_quantile"] = args.estimate_quantile
+    if args.estimate_margin is not None:
+        MODEL["estimate_margin"] = args.estimate_margin
     started = time.perf_counter()
     out: dict = {}
     if args.part in ("synthetic", "both"):
         out["synthetic"] = [bench_synthetic(seed) for seed in args.seeds]
+        out["synthetic_summary"] = synthetic_summary(out["synthetic"])
     if args.part in ("philly", "both"):
         out["philly"] = bench_philly(args.philly_jobs, args.philly)
     out["wall_s"] = round(time.perf_counter() - started, 1)

@@ -69,3 +69,20 @@ def test_bench_plan_times_plays_and_counts_the_jobs_they_reach():
         assert 0 < out[state]["reached"] <= out[state]["pending"]
         assert out[state]["seconds"]["min"] <= out[state]["seconds"]["max"]
     assert out["demo"]["reached"] == out["demo"]["pending"]  # 50 ends reach all 20 or so there
+
+
+def test_bench_estimates_summarises_the_seeds_and_takes_the_model():
+    out = run(
+        "bench_estimates.py", "--part", "synthetic", "--seeds", "1", "2",
+        "--estimate-quantile", "0.5", "--estimate-margin", "1.0",
+    )  # fmt: skip
+    rows, summary = out["synthetic"], out["synthetic_summary"]
+    assert [r["seed"] for r in rows] == [1, 2]
+    # the median as the estimate, no margin: about half the runs outlast it (0.09 by default)
+    assert all(r["always"]["estimate_too_short_fraction"] > 0.3 for r in rows)
+    ratios = [r["always"]["wait_mean_s"] / r["never"]["wait_mean_s"] for r in rows]
+    mean = summary["wait_mean_s"]
+    assert mean["seeds"] == 2 and mean["range"] == [round(min(ratios), 3), round(max(ratios), 3)]
+    assert mean["geometric_mean"] == round((ratios[0] * ratios[1]) ** 0.5, 3)
+    low, high = mean["interval_95"]
+    assert low <= mean["geometric_mean"] <= high

@@ -14,7 +14,8 @@ words agrees with Python's on the same cases; her job array (POST api/jobs with 
 row in her jobs and in the queue, named as the command line names it, and its button cancels it
 (DELETE api/arrays/<id>). At 900 px nothing is wider than the window. admin sees the admin
 sections too: waiting GPUs by reason and per-queue use (the figures api/history gives), every
-queue with its guarantee, limit, use and waiting GPUs (api/quotas' figures), showback
+queue with its guarantee, limit, use and waiting GPUs (api/quotas' figures) and a queue's weight
+changed there (a guarantee above the limit refused), showback
 (the keys api/usage gives), the reaper's events, drain and resume (carried out: api/cluster says
 so) and the reaper settings (saved: api/reaper says so). Screenshots at 1280 px go to
 docs/images/ (docs/dashboard.md shows them).
@@ -386,6 +387,33 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
     row = page.locator("#queues-admin tr[data-queue='sandbox']")
     expect(row).to_have_attribute("data-in-use", "4")
     expect(row.locator("td.num").nth(2)).to_have_text("4")  # its limit
+    # ... and a queue's weight changed there (PUT api/quotas: the document with it changed),
+    # after a question; a guarantee above the limit refused, the field named, nothing changed
+    document = hub.service("GET", "api/quotas", token).json()["document"]
+    page.select_option("#quota-form select[name=queue]", "research/nlp")
+    expect(page.locator("#quota-form input[name=guaranteed]")).to_have_value("8")
+    expect(page.locator("#quota-form input[name=weight]")).to_have_value("")  # the default
+    page.fill("#quota-form input[name=weight]", "2")
+    questions = []
+    page.once("dialog", lambda dialog: (questions.append(dialog.message), dialog.accept()))
+    page.click("#quota-form button[type=submit]")
+    expect(page.locator("#quota-answer")).to_have_text("Saved.")
+    assert questions[0].startswith("Change queue research/nlp: guaranteed 8, limit default")
+    weights = {
+        q["path"]: q["weight"] for q in hub.service("GET", "api/quotas", token).json()["queues"]
+    }
+    assert weights["research/nlp"] == 2 and weights["research/vision"] == 1
+    nlp = page.locator("#queues-admin tr[data-queue='research/nlp'] td.num")
+    expect(nlp.nth(5)).to_have_text("2")
+    page.select_option("#quota-form select[name=queue]", "sandbox")
+    page.fill("#quota-form input[name=guaranteed]", "9")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#quota-form button[type=submit]")
+    expect(page.locator("#quota-answer")).to_contain_text("Not saved: ")
+    after = hub.service("GET", "api/quotas", token).json()["queues"]
+    assert {q["path"]: q["guaranteed"] for q in after}["sandbox"] == 0
+    restore = hub.service("PUT", "api/quotas", token, json=document)
+    assert restore.status_code == 200, restore.text
     _estimate(page, hub, token, gpus="4", queue="research/nlp")  # any leaf queue, for an admin
     _shot(page, "dashboard-admin")
     # the reaper's warnings and culls with their evidence (events of api/events' shape; this

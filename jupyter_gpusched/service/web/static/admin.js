@@ -99,8 +99,81 @@ function drawQueuesAdmin(quotas) {
       ),
       el('tbody', {}, rows),
     ),
-    el('p', { class: 'form-note', text: 'GPUs. In use counts GPUs held for jobs whose pre-emption victims are leaving; borrowing is what a queue uses above its guarantee (reclaimed when others need their guarantee); waiting is what its pending jobs ask for. Change them with the queue file or PUT api/quotas.' }),
+    el('p', { class: 'form-note', text: 'GPUs. In use counts GPUs held for jobs whose pre-emption victims are leaving; borrowing is what a queue uses above its guarantee (reclaimed when others need their guarantee); waiting is what its pending jobs ask for.' }),
   );
+  drawQuotaForm(quotas);
+}
+
+// A queue's guarantee, limit and weight, changed in the queue document in force (api/quotas'
+// document, read again just before saving) and put back whole (PUT api/quotas): the service
+// checks it as it checks the queue file, and refuses it with the field named.
+const QUOTA_FIELDS = ['guaranteed', 'limit', 'weight'];
+let quotaFormFilled = false;
+
+function queueEntry(queueDocument, path) {
+  let level = queueDocument.queues;
+  let entry = null;
+  for (const name of path.split('/')) {
+    entry = level && level[name];
+    if (!entry || typeof entry !== 'object') return null;
+    level = entry.children;
+  }
+  return entry;
+}
+
+function drawQuotaForm(quotas) {
+  if (quotaFormFilled || !quotas.document) return; // keep what the admin is typing
+  quotaFormFilled = true;
+  const form = document.getElementById('quota-form');
+  const paths = quotas.queues.map((q) => q.path).filter((path) => path !== 'root');
+  const select = el('select', { name: 'queue' }, paths.map((path) => el('option', { value: path, text: path })));
+  const inputs = QUOTA_FIELDS.map((name) => el('input', { name, type: 'text', size: 6 }));
+  const show = () => {
+    const entry = queueEntry(quotas.document, select.value) || {};
+    inputs.forEach((input) => {
+      const value = entry[input.name];
+      input.value = value === undefined || value === null ? '' : value;
+    });
+  };
+  select.addEventListener('change', show);
+  form.onsubmit = saveQuota;
+  form.replaceChildren(
+    el('label', {}, 'queue', select),
+    ...inputs.map((input) => el('label', {}, input.name, input)),
+    el('button', { type: 'submit', text: 'Save' }),
+    el('p', { class: 'form-note', text: 'Empty: the default (no limit; guaranteed 0; weight 1). The service keeps the change across restarts; the queue file is not rewritten.' }),
+  );
+  show();
+}
+
+async function saveQuota(event) {
+  event.preventDefault();
+  const form = event.target;
+  const answer = document.getElementById('quota-answer');
+  const path = form.elements.queue.value;
+  const values = {};
+  QUOTA_FIELDS.forEach((name) => { values[name] = form.elements[name].value.trim(); });
+  const said = QUOTA_FIELDS.map((name) => `${name} ${values[name] || 'default'}`).join(', ');
+  if (!window.confirm(`Change queue ${path}: ${said}? Jobs running there go on; waiting ones are scheduled under the new figures.`)) return;
+  try {
+    const current = await api('api/quotas');
+    const entry = queueEntry(current.document, path);
+    if (!entry) throw new Error(`queue ${path} is no longer in the queue document`);
+    for (const name of QUOTA_FIELDS) {
+      if (values[name] === '') delete entry[name];
+      else entry[name] = Number.isFinite(Number(values[name])) ? Number(values[name]) : values[name];
+    }
+    const saved = await api('api/quotas', { method: 'PUT', json: current.document });
+    quotaFormFilled = false;
+    drawQueuesAdmin(saved); // the figures now in force
+    form.elements.queue.value = path;
+    form.elements.queue.dispatchEvent(new Event('change'));
+    answer.className = 'answer';
+    answer.textContent = 'Saved.';
+  } catch (error) {
+    answer.className = 'answer error';
+    answer.textContent = `Not saved: ${error.message}`;
+  }
 }
 
 function drawShowback(byQueue, byUser, byModel) {

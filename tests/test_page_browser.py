@@ -414,6 +414,12 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
     assert {q["path"]: q["guaranteed"] for q in after}["sandbox"] == 0
     restore = hub.service("PUT", "api/quotas", token, json=document)
     assert restore.status_code == 200, restore.text
+    # a queue written `name:` (no fields) in YAML is edited as an empty mapping
+    entries = page.evaluate(
+        "() => [queueEntry({queues: {a: null}}, 'a'), queueEntry({queues: {r: {children:"
+        " {n: null}}}}, 'r/n'), queueEntry({queues: {a: {}}}, 'b')]"
+    )
+    assert entries == [{}, {}, None]
     _estimate(page, hub, token, gpus="4", queue="research/nlp")  # any leaf queue, for an admin
     _shot(page, "dashboard-admin")
     # the reaper's warnings and culls with their evidence (events of api/events' shape; this

@@ -110,12 +110,15 @@ function drawQueuesAdmin(quotas) {
 const QUOTA_FIELDS = ['guaranteed', 'limit', 'weight'];
 let quotaFormFilled = false;
 
+// the queue's own mapping in the queue document (an empty entry, `name:` in YAML, becomes {})
 function queueEntry(queueDocument, path) {
   let level = queueDocument.queues;
   let entry = null;
   for (const name of path.split('/')) {
-    entry = level && level[name];
-    if (!entry || typeof entry !== 'object') return null;
+    if (!level || typeof level !== 'object' || !(name in level)) return null;
+    if (level[name] === null) level[name] = {};
+    entry = level[name];
+    if (typeof entry !== 'object') return null;
     level = entry.children;
   }
   return entry;

@@ -144,7 +144,7 @@ function drawQuotaForm(quotas) {
     el('label', {}, 'queue', select),
     ...inputs.map((input) => el('label', {}, input.name, input)),
     el('button', { type: 'submit', text: 'Save' }),
-    el('p', { class: 'form-note', text: 'Empty: the default (no limit; guaranteed 0; weight 1). The service keeps the change across restarts; the queue file is not rewritten.' }),
+    el('p', { class: 'form-note', text: 'Empty: the default (no limit; weight 1; guaranteed 0, or for a parent its queues\' sum). The service keeps the change across restarts; the queue file is not rewritten.' }),
   );
   show();
 }

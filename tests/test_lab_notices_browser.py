@@ -89,6 +89,13 @@ def test_the_cull_is_explained_before_the_connection_drops(lab_hub, browser):  #
             "PUT", "api/reaper", admin, json={"timeout_tier_2": 20, "warning_lead": 10}
         )
         assert response.status_code == 200, response.text
+        # the warning first: its toast, and the status bar read again at once, at the lowered
+        # timeout (it said 45 min, the tier's timeout before the admin's change)
+        warning = _toast(page, "Idle server:")
+        sync_api.expect(warning).to_be_visible(timeout=90_000)
+        sync_api.expect(page.locator(".jp-gpusched-status")).to_contain_text(
+            re.compile(r"idle reclaim in [01] min"), timeout=5_000
+        )
         cull = page.locator(".jp-gpusched-cull-dialog")
         sync_api.expect(cull).to_be_visible(timeout=90_000)
         sync_api.expect(page.locator(".jp-Dialog-header")).to_contain_text(
@@ -98,12 +105,7 @@ def test_the_cull_is_explained_before_the_connection_drops(lab_hub, browser):  #
         sync_api.expect(cull).to_contain_text("idle")
         # JupyterLab has not yet said its server is gone
         assert page.get_by_text("Server unavailable").count() == 0
-        # the warning's toast is gone with it, and the status bar read the lowered timeout when
-        # the warning came (not the 45 min it said before the admin's change)
-        sync_api.expect(_toast(page, "Idle server:")).to_have_count(0)
-        sync_api.expect(page.locator(".jp-gpusched-status")).to_contain_text(
-            re.compile(r"idle reclaim in [01] min")
-        )
+        sync_api.expect(warning).to_have_count(0)  # the dialog took the warning's place
         _shot(page, "n2-cull-dialog")
         page.get_by_role("button", name="OK").click()
         # ... and says it only after (its dialog waits behind ours)

@@ -538,6 +538,10 @@ async def test_quotas_give_each_queue_its_running_and_waiting_gpus_held_jobs_apa
     shown = await figures()
     assert shown["small"] == (2, 0, 3) and shown["team"] == (0, 0, 0)
     assert shown["root"] == (2, 0, 3)  # a parent's figures are its queues' sums
+    # in use, and what of it is above the guarantee (small guarantees 0; the root, the cluster)
+    _, quotas = await alice.get("api/quotas")
+    held = {q["path"]: (q["in_use"], q["borrowed"]) for q in quotas["queues"]}
+    assert held["small"] == (2, 2) and held["team"] == (0, 0) and held["root"] == (2, 0)
     status, _ = await admin.post(f"api/jobs/{waiting[1]['id']}/hold")
     assert status == 200
     assert (await figures())["small"] == (2, 0, 1)  # a held job does not wait in the queue

@@ -59,8 +59,7 @@ def run_queues(args, client) -> int:
     rows = []
     for q in quotas["queues"]:  # (parents first: sorted by path, root's is "root")
         depth = 0 if q["path"] == "root" else q["path"].count("/") + 1
-        in_use = q["running"] + q["claimed"]
-        borrowed = max(0.0, in_use - q["guaranteed"])
+        in_use, borrowed = q["in_use"], q["borrowed"]
         rows.append(
             [
                 "  " * depth + q["path"].rsplit("/", 1)[-1],

@@ -68,6 +68,16 @@ class Queue:
     def is_leaf(self) -> bool:
         return not self.children
 
+    @property
+    def in_use(self) -> float:
+        """GPUs its subtree holds: running, and claimed for jobs whose victims are leaving."""
+        return self.running + self.claimed
+
+    @property
+    def borrowed(self) -> float:
+        """GPUs in use above its guarantee: what a reclaim may take back from it."""
+        return max(0.0, self.in_use - self.guaranteed)
+
     def chain(self) -> tuple[Queue, ...]:
         """This queue and its ancestors up to (and including) the root (the tree is fixed once
         built, so this is computed once)."""

@@ -34,9 +34,10 @@ def pending_gpus(engine) -> dict[int, float]:
 class QuotasHandler(APIHandler):
     """``GET api/quotas``: every queue (parents too) with its guarantee, limit and weight, the
     GPUs its running jobs hold (``running``), those held for its jobs whose pre-emption victims
-    are leaving (``claimed``), and those its waiting jobs ask for (``pending``; held jobs are
-    not waiting): a parent's figures are its queues' sums. ``PUT``: an admin replaces the
-    quotas."""
+    are leaving (``claimed``), the two together (``in_use``), what of that is above its
+    guarantee (``borrowed``: what a reclaim may take back), and those its waiting jobs ask for
+    (``pending``; held jobs are not waiting): a parent's figures are its queues' sums.
+    ``PUT``: an admin replaces the quotas."""
 
     @api
     def get(self):
@@ -53,6 +54,8 @@ class QuotasHandler(APIHandler):
                     "weight": queue.weight,
                     "running": queue.running,
                     "claimed": queue.claimed,
+                    "in_use": queue.in_use,  # running + claimed
+                    "borrowed": queue.borrowed,  # in use above the guarantee
                     "pending": pending.get(id(queue), 0.0),
                     # CPUs and memory its running jobs ask for, and the limits (None: none)
                     "cpus_running": queue.cpus_running,

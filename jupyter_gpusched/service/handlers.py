@@ -54,7 +54,7 @@ class MeHandler(APIHandler):
         queues = [
             {
                 "path": queue.label(),
-                "in_use": queue.running + queue.claimed,
+                "in_use": queue.in_use,
                 "guaranteed": queue.guaranteed,
                 "limit": None if queue.limit == float("inf") else queue.limit,
                 "default": queue is default,

@@ -345,6 +345,8 @@ SCHEMAS = {
                         "weight": NUMBER,
                         "running": NUMBER,
                         "claimed": NUMBER,
+                        "in_use": NUMBER,
+                        "borrowed": NUMBER,
                         "pending": NUMBER,
                         "cpus_running": NUMBER,
                         "cpu_limit": nullable("number"),

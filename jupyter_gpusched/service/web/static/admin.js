@@ -63,8 +63,8 @@ function drawQueuesAdmin(quotas) {
   const figure = (v) => (v === null ? 'none' : `${Math.round(v * 100) / 100}`);
   const rows = quotas.queues.map((q) => {
     const depth = q.path === 'root' ? 0 : q.path.split('/').length;
-    const inUse = q.running + q.claimed;
-    const borrowed = Math.max(0, inUse - q.guaranteed);
+    const inUse = q.in_use;
+    const borrowed = q.borrowed;
     const who = [...q.users, ...q.groups.map((g) => `group ${g}`)];
     return el(
       'tr',

@@ -387,6 +387,7 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
     row = page.locator("#queues-admin tr[data-queue='sandbox']")
     expect(row).to_have_attribute("data-in-use", "4")
     expect(row.locator("td.num").nth(2)).to_have_text("4")  # its limit
+    expect(row.locator("td.num").nth(3)).to_have_text(f"{sandbox['borrowed']:g}")  # borrowing
     # ... and a queue's weight changed there (PUT api/quotas: the document with it changed),
     # after a question; a guarantee above the limit refused, the field named, nothing changed
     document = hub.service("GET", "api/quotas", token).json()["document"]
@@ -405,6 +406,8 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
     assert weights["research/nlp"] == 2 and weights["research/vision"] == 1
     nlp = page.locator("#queues-admin tr[data-queue='research/nlp'] td.num")
     expect(nlp.nth(5)).to_have_text("2")
+    _estimate(page, hub, token, gpus="4", queue="research/nlp")  # any leaf queue, for an admin
+    _shot(page, "dashboard-admin")  # (the change saved, before the refused one below)
     page.select_option("#quota-form select[name=queue]", "sandbox")
     page.fill("#quota-form input[name=guaranteed]", "9")
     page.once("dialog", lambda dialog: dialog.accept())
@@ -420,8 +423,6 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
         " {n: null}}}}, 'r/n'), queueEntry({queues: {a: {}}}, 'b')]"
     )
     assert entries == [{}, {}, None]
-    _estimate(page, hub, token, gpus="4", queue="research/nlp")  # any leaf queue, for an admin
-    _shot(page, "dashboard-admin")
     # the reaper's warnings and culls with their evidence (events of api/events' shape; this
     # hub runs no notebook server to cull), settings changes left out
     shown = page.evaluate(REAPER_ROWS)

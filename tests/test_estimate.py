@@ -56,6 +56,35 @@ def test_a_blocked_job_gets_the_reservation_its_submission_would_get():
     assert sched.jobs["x"].reason == answer.reason  # the same object the record would carry
 
 
+def test_a_job_that_will_reclaim_borrowed_gpus_expects_the_reclaim_not_the_reservation():
+    """The demo's case: carol's queue (ops) is idle below its guarantee while bob's queue
+    borrows the whole full cluster with jobs of 1 h that started a moment ago. Her 1-GPU job's
+    reservation is at the first end (1 h), but the engine reclaims a GPU once a victim's
+    minimum run time (10 min) is over and its grace (5 min) has passed: she starts at 15 min,
+    and the estimate says so. The job's record keeps its reservation's start."""
+    two = cluster(("n[1-2]", 4, "leaf-1"))
+    tree = queues(
+        {"nlp": {"guaranteed": 4, "users": ["bob"]}, "ops": {"guaranteed": 4, "users": ["carol"]}},
+        two,
+    )
+    sched = Scheduler(two, tree)
+    for n in (1, 2):
+        sched.submit(job(f"b{n}", 4, queue="nlp", tier=2, user="bob", walltime=3600), 0)
+    sched.schedule(0)
+    assert len(sched.running) == 2
+    asked = job("c", 1, t=60, queue="ops", tier=2, user="carol", kind="notebook")
+    answer = estimate(sched, asked, 60)
+    assert answer.reason.family == "capacity" and answer.reason.eta == 3600
+    assert answer.eta == 600 + 300  # the first victim's minimum run time, then its grace
+    # ... which is when the engine starts it if nothing else happens
+    sched.submit(job("c", 1, t=60, queue="ops", tier=2, user="carol", kind="notebook"), 60)
+    sched.schedule(60)
+    decisions = sched.schedule(600)
+    [victim] = [d.job_id for d in decisions if isinstance(d, Preempt)]
+    sched.job_ended(victim, 900, "preempted")
+    assert "c" in [d.job_id for d in sched.schedule(900) if isinstance(d, Start)]
+
+
 def test_a_job_behind_the_reservation_has_its_reason_and_its_expected_start():
     sched = busy_cluster()
     sched.submit(job("head", 8, t=10, walltime=600), 10)

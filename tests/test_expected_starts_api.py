@@ -116,10 +116,11 @@ async def test_a_job_behind_the_reservation_says_when_gpus_were_freed_since_the_
     assert service.live.engine.jobs[behind["id"]].reason.message == "needs 4 GPUs; 0 free"
 
 
-def test_an_expected_start_replaces_a_reservation_start_that_has_passed():
+def test_an_expected_start_replaces_a_reservation_start_that_has_passed_or_comes_later():
     """A reservation's start on the GPUs of a running job past its planned end (a notebook
     server past the 12 h default) is "now" at every pass, and past by the time it is shown:
-    the play's later start is shown instead (core/plan.py played_end)."""
+    the play's later start is shown instead (core/plan.py played_end). A play that starts the
+    holder sooner than its reservation (by pre-emption) is shown too."""
     from types import SimpleNamespace
 
     from jupyter_gpusched.service.expected_starts import ExpectedStarts
@@ -129,6 +130,9 @@ def test_an_expected_start_replaces_a_reservation_start_that_has_passed():
     waiting = {"family": "capacity", "detail": "gpus-busy", "message": "m"}
     assert planner.reason({**waiting, "eta": 990.0}, "j-1")["eta"] == 5000.0  # passed: the play's
     assert planner.reason({**waiting, "eta": 2000.0}, "j-1")["eta"] == 2000.0  # its own, to come
+    # ... unless the play starts it sooner (a reclaim: the reservation counts only ends)
+    planner.starts["j-4"] = 1500.0
+    assert planner.reason({**waiting, "eta": 4000.0}, "j-4")["eta"] == 1500.0
     assert planner.reason({**waiting, "eta": None}, "j-1")["eta"] == 5000.0
     assert planner.reason({**waiting, "eta": 990.0}, "j-2")["eta"] == 990.0  # the play's passed too
     assert planner.reason({**waiting, "eta": 990.0}, "j-3")["eta"] == 990.0  # no play reached it

@@ -3,9 +3,11 @@
 :func:`estimate` answers for a job the way the engine itself would: the job is submitted to a
 copy of the scheduler and one pass runs at ``now`` (the pass a real submission gets). If it
 started, it starts now; if not, its reason is the one the pass gave it, and its estimated start
-is that reason's ``eta``: the start of the reservation the pass made for it (:mod:`.reservation`)
-when it is the first blocked job, else its expected start (:mod:`.plan`: the engine played
-forward on the copy, at most :data:`ESTIMATE_MAX_ENDS` job ends ahead; farther, none). So there
+is its expected start (:mod:`.plan`: the engine played forward on the copy, at most
+:data:`ESTIMATE_MAX_ENDS` job ends ahead; farther, none), or, when it is the first blocked job,
+the start of the reservation the pass made for it (:mod:`.reservation`) if the play does not
+start it sooner (the reservation counts only running jobs' ends; the play also pre-empts,
+e.g. reclaims GPUs another queue borrows once their minimum run time is over). So there
 is one estimator, the engine's: an estimate is what the job's record would say right after a
 submission, and its expected start what the queue would then show.
 
@@ -68,9 +70,11 @@ def estimate(sched: Scheduler, job: Job, now: float, expected: bool = True) -> E
     ahead = trial.position(job.id)
     position = None if ahead is None else ahead + 1
     answered = job
-    if reason is not None and eta is None and expected:
+    if reason is not None and expected:
         answered = copy.copy(job)  # as this pass left it: the play goes on changing the job
-        eta = play(trial, now, max_ends=ESTIMATE_MAX_ENDS, until=job.id).get(job.id)
+        played = play(trial, now, max_ends=ESTIMATE_MAX_ENDS, until=job.id).get(job.id)
+        if played is not None and (eta is None or played < eta):
+            eta = played  # (sooner than its reservation: by pre-emption, which it ignores)
     return Estimate(answered, started, eta, reason, position)
 
 

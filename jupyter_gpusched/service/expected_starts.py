@@ -4,9 +4,10 @@ thread, so that requests are answered meanwhile.
 
 A play is due ``expected_start_interval`` seconds after the last one, if the engine has run a
 pass since (an idle cluster's plan stays as it was: its times are absolute). The reservation's
-holder keeps the reservation's start (its reason's ``eta``, the engine's own); every other
-pending job the play reached gets the play's start, as its reason's ``eta``, while that is
-still ahead (one in the past means the plan went wrong: none is shown until the next play).
+holder keeps the reservation's start (its reason's ``eta``, the engine's own) unless the play
+starts it sooner (by pre-emption: a reclaim of GPUs other queues borrow); every other pending
+job the play reached gets the play's start, as its reason's ``eta``, while that is still ahead
+(one in the past means the plan went wrong: none is shown until the next play).
 """
 
 from __future__ import annotations
@@ -75,16 +76,18 @@ class ExpectedStarts:
 
     def reason(self, reason: dict | None, job_id: str) -> dict | None:
         """``reason`` (its wire form) with the job's expected start as its ``eta`` where it has
-        none of its own, or where its own has passed and the play's is later (a reservation's
+        none of its own; where its own has passed and the play's is later (a reservation's
         start on GPUs that a job past its planned end still holds: core/plan.py
-        ``played_end``); a new dict, ``reason`` is not changed."""
+        ``played_end``); and where the play's is earlier than its own (the reservation counts
+        only running jobs' ends: the play also reclaims and pre-empts, once the victims' minimum
+        run times and grace periods are over). A new dict, ``reason`` is not changed."""
         if reason is None:
             return reason
         now, own = self.live.clock(), reason.get("eta")
-        if own is not None and own >= now:
-            return reason
         start = self.starts.get(job_id)
         if start is None or start < now:
+            return reason
+        if own is not None and now <= own <= start:
             return reason
         return {**reason, "eta": start}
 

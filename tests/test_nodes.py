@@ -23,6 +23,23 @@ def test_a_drained_node_takes_no_new_jobs_but_running_ones_finish():
     assert names(scheduler, started(scheduler.schedule(5))["big"]) == [drained]
 
 
+def test_a_drain_moves_the_reservation_off_the_drained_node_at_once():
+    """The demo's case: a waiting job reserved the node whose job ends first; an admin drains
+    that node. The next schedule() walks the queue again (as after a job's end), so the job's
+    reason and expected start say the other node's end, not the drained node's."""
+    scheduler = Scheduler(cluster(("n[1-2]", 4, "leaf")))
+    scheduler.submit(job("soon", 4, walltime=3600), 0)
+    scheduler.submit(job("late", 4, walltime=7200), 0)
+    placements = started(scheduler.schedule(0))
+    scheduler.submit(job("waiting", 4, t=1, walltime=600), 1)
+    scheduler.schedule(1)
+    assert scheduler.jobs["waiting"].reason.eta == 3600
+    scheduler.set_node_state(names(scheduler, placements["soon"])[0], "drain", 2)
+    scheduler.schedule(2)
+    assert scheduler.jobs["waiting"].reason.eta == 7200
+    assert scheduler.reservation.start == 7200
+
+
 def test_a_node_going_down_fails_notebooks_and_requeues_batch_jobs():
     scheduler = Scheduler(cluster(("n1", 4, "leaf"), ("n2", 4, "leaf")))
     scheduler.submit(job("batch", 4), 0)

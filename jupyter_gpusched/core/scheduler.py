@@ -246,8 +246,9 @@ class Scheduler:
         jobs are requeued); ``up``: back in service."""
         node = self.cluster.node(name)
         self.state.set_node_state(node.index, node_state)
+        self.reservation = None  # made again, on the nodes in service, by the next pass ...
+        self.agenda.freed = True  # ... which walks the queue
         if node_state == "up":
-            self.agenda.freed = True
             return
         for owner, claim in list(self._claims.items()):
             if node.index in claim.placement.nodes:  # no new placement there

@@ -8,7 +8,7 @@ t=20, and the quick pass after it stops at alice's job.
 
 from __future__ import annotations
 
-from helpers import cluster, job, started
+from helpers import cluster, job, queues, started
 
 from jupyter_gpusched.core import Scheduler, reasons
 from jupyter_gpusched.core.reason_now import reason_now
@@ -71,3 +71,32 @@ def test_other_reasons_and_a_cluster_without_a_reservation_are_left_as_they_are(
     scheduler._set_reason(bob, reasons.GPUS_BUSY.reason(gpus=2.0, free=0.0))
     scheduler.reservation = None  # (as between an event and the pass it calls for)
     assert reason_now(scheduler, bob, 20) is bob.reason
+
+
+def test_a_job_waiting_on_its_queue_limit_says_what_the_queue_uses_now():
+    """The demo's case: bob's 4-GPU job waits on research's limit of 8 with 6 in use; his 2-GPU
+    job submitted after it starts (a pass over new jobs only: the waiting job is not looked at
+    again). Its reason reads the 8 in use now; once a job of the queue ends and the limit would
+    let it start, it keeps the engine's reason until the pass that brings."""
+    two = cluster(("n[1-3]", 4, "leaf"))
+    tree = queues({"research": {"guaranteed": 8, "limit": 8}}, two)
+    scheduler = Scheduler(two, tree)
+    for name, gpus in (("alice", 2), ("b1", 4), ("b2", 4)):
+        scheduler.submit(job(name, gpus, queue="research", walltime=3600.0), 0)
+    assert set(started(scheduler.schedule(0))) == {"alice", "b1"}
+    b2 = scheduler.jobs["b2"]
+    assert b2.reason.message == (
+        "queue research is at its limit of 8 GPUs (6 in use, the job asks for 4)"
+    )
+    scheduler.submit(job("b3", 2, t=5, queue="research", walltime=3600.0), 5)
+    assert set(started(scheduler.schedule(5))) == {"b3"}
+    assert b2.reason.message.count("(6 in use") == 1  # the engine's, from its last look
+    now = reason_now(scheduler, b2, 5)
+    assert (now.detail, now.message) == (
+        "queue-limit",
+        "queue research is at its limit of 8 GPUs (8 in use, the job asks for 4)",
+    )
+    assert reason_now(scheduler, b2, 6) == now
+    scheduler.job_ended("b1", 10)
+    assert reason_now(scheduler, b2, 10) is b2.reason  # room now: the pass to come says
+    assert set(started(scheduler.schedule(10))) == {"b2"}

@@ -12,6 +12,12 @@ reason with the GPUs free now:
   the last backfill pass; the next one, within 12 s, checks whether it can start before job
   j-4").
 
+A job waiting on its queue's quota (a GPU, CPU or memory limit, or the tier-1 guarantee) says
+what its queue uses now: "queue research is at its limit of 8 GPUs (8 in use, ...)" once a job
+submitted after it started there (a pass over new jobs does not look at it again), not the
+"6 in use" of its last examination. Where the quota would now let it start, it keeps the
+engine's reason until the pass that the freed GPUs bring.
+
 Other reasons are as the engine gave them. Nothing here changes a decision: the service shows
 a job's reason through it (its queue and job views), and the engine's own reasons stay those
 of its last pass.
@@ -20,14 +26,23 @@ of its last pass.
 from __future__ import annotations
 
 from . import reasons
+from .admission import policy_block
 from .jobs import Job, JobState, Reason
+
+QUOTA_DETAILS = frozenset(
+    ("queue-limit", "queue-cpu-limit", "queue-memory-limit", "tier1-guarantee")
+)
 
 
 def reason_now(sched, job: Job, now: float) -> Reason | None:
-    """``job``'s reason with its free-GPU count as the cluster is at ``now`` (see the module's
-    text); ``sched``: the :class:`~.scheduler.Scheduler`, read only."""
+    """``job``'s reason with its free-GPU count, or its queue's use, as they are at ``now`` (see
+    the module's text); ``sched``: the :class:`~.scheduler.Scheduler`, read only."""
     reason = job.reason
-    if reason is None or reason.detail != "gpus-busy" or job.state != JobState.PENDING:
+    if reason is None or job.state != JobState.PENDING:
+        return reason
+    if reason.detail in QUOTA_DETAILS:
+        return _quota_now(sched, job, reason)
+    if reason.detail != "gpus-busy":
         return reason
     free = sched.state.free_for(job)
     if free == dict(reason.args).get("free"):
@@ -44,3 +59,14 @@ def reason_now(sched, job: Job, now: float) -> Reason | None:
         within_s=max(1, round(sched.next_deep_pass() - now)),
         job=reservation.job_id,
     )
+
+
+def _quota_now(sched, job: Job, reason: Reason) -> Reason:
+    """The quota that keeps ``job`` waiting, with its queue's use now (the same reason where
+    nothing changed, or where the quota would now let the job start)."""
+    if not sched.policy.quotas:
+        return reason
+    block = policy_block(job, sched.tree.get(job.queue), sched.policy.guarantees)
+    if block is None or block[0].args == reason.args:
+        return reason
+    return block[0].with_eta(reason.eta)

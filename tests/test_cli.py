@@ -192,6 +192,43 @@ def test_reaper_show_follows_the_demo_hub_port(monkeypatch, capsys):
         server.server_close()
 
 
+def test_a_service_older_than_the_command_gets_a_message_not_a_traceback(monkeypatch, capsys):
+    """A notebook image upgraded before the hub: ``queues`` reads ``in_use``, which an older
+    service's api/quotas lacks. The command says so (exit 1); --json still prints the answer."""
+    import http.server
+    import threading
+
+    old = {"path": "root", "guaranteed": 8, "limit": None, "weight": 1, "running": 2}
+    old.update(claimed=0, pending=0, leaf=False, users=[], groups=[])
+
+    class Service(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"document": None, "queues": [old]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Service)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("GPUSCHED_SERVICE_URL", f"http://127.0.0.1:{server.server_address[1]}")
+        monkeypatch.setenv("GPUSCHED_SERVICE_TOKEN", "t0ken")
+        assert main(["queues"]) == 1
+        error = capsys.readouterr().err
+        assert "the service's answer has no 'in_use': the service is older than" in error
+        assert "Traceback" not in error
+        assert main(["queues", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == [old]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_replay_with_a_deadline_model_reports_the_deadline_figures(tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["replay", *EXAMPLE, "--policy", "gpusched", "--policy", "slurm",

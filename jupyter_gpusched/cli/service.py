@@ -21,6 +21,7 @@ import json
 import sys
 from datetime import datetime
 
+from .. import __version__
 from ..notebook.client import Client, GPUSchedError
 from .connection import service_url
 
@@ -76,6 +77,14 @@ def run_command(args, command) -> int:
         if exc.status is None:  # unreachable
             return FAILED
         return BAD_INPUT if 400 <= exc.status < 500 else FAILED
+    except KeyError as exc:  # the answer lacks a field the command reads: an older service
+        print(
+            f"{name}: error: the service's answer has no {exc.args[0]!r}: the service is older "
+            f"than this command (jupyter_gpusched {__version__}); ask the hub's admin to "
+            "upgrade it, or use --json",
+            file=sys.stderr,
+        )
+        return FAILED
     except KeyboardInterrupt:
         return 130
 

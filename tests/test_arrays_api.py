@@ -136,8 +136,9 @@ async def test_deleting_an_array_cancels_its_pending_and_running_elements(servic
     assert status == 200, answer
     assert conforms("JobArray", answer)
     assert len(answer["jobs"]) == 10
-    for job in answer["jobs"]:
-        await wait_job(alice, job["id"], "cancelled")
+    for job in answer["jobs"]:  # pending and running elements alike say who cancelled them
+        view = await wait_job(alice, job["id"], "cancelled")
+        assert view["message"].startswith("cancelled by alice"), view  # (+ the signal)
     status, _ = await alice.delete(f"api/arrays/{array_id}")
     assert status == 404  # nothing of it is left to cancel
     status, _ = await alice.delete("api/arrays/a-999999")

@@ -305,6 +305,16 @@ def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
         "stop signal."
     ]
     assert sorted(_array_states(hub, token, array_id)) == ["pending"] * 4 + ["running"] * 2
+    # one of a kind is said in the singular, none not at all
+    said = page.evaluate(
+        "() => [cancelQuestion('a', {pending: 1, running: 0}), "
+        "cancelQuestion('a', {pending: 0, running: 1}), jobsText(1)]"
+    )
+    assert said == [
+        "Cancel a? Its 1 pending job leaves the queue.",
+        "Cancel a? Its 1 running job gets the stop signal.",
+        "1 job",
+    ]
     # accepted, it cancels the array: DELETE api/arrays/<id> with the page's XSRF token
     page.once("dialog", lambda dialog: dialog.accept())
     mine.locator("button.array-cancel").click()

@@ -39,6 +39,9 @@ def cancel_array(live, jobs: list[Job], actor: str) -> None:
     for job in pending:
         live.engine.cancel(job.id, now)
         live.submissions.count_pending(job, -1)
+        extra = live.extras.get(job.id)
+        if extra is not None:  # the job's message, as its running elements' stop gives theirs
+            extra.message = f"cancelled by {actor}"
         changes.append((job.id, live._fields(job)))
         events.append(live._event("cancelled", job, actor, f"cancelled by {actor}"))
     if changes:

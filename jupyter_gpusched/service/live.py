@@ -151,9 +151,10 @@ class LiveScheduler:
         if was_pending:
             self.submissions.count_pending(job, -1)
             extra = self.extras.get(job_id)
-            if reason and extra is not None:  # the job's message too, not only its event's
-                extra.message = reason
-            event = self._event("cancelled", job, actor, reason or f"cancelled by {actor}")
+            message = reason or f"cancelled by {actor}"
+            if extra is not None:  # the job's message too, not only its event's (as a running
+                extra.message = message  # job's stop gives it)
+            event = self._event("cancelled", job, actor, message)
             self.store.update_job(job.id, self._fields(job), event)
         self.run_pass()
         if was_pending:  # after the pass: a job that was pre-empting is due to be looked at

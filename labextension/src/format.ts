@@ -297,7 +297,8 @@ export function groupArrays<T extends { array_id?: string | null }>(jobs: T[]): 
 export function arrayText(elements: { state?: string }[]): string {
   const running = elements.filter(e => e.state === 'running').length;
   const pending = elements.filter(e => e.state === 'pending').length;
-  return `array of ${elements.length} jobs, ${running} running, ${pending} pending`;
+  const jobs = `${elements.length} job${elements.length === 1 ? '' : 's'}`;
+  return `array of ${jobs}, ${running} running, ${pending} pending`;
 }
 
 /** 1st, 2nd, 3rd, 4th ... 11th, 12th, 13th, 21st (the page's ordinal, draw.js). */

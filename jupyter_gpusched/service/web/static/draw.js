@@ -55,6 +55,11 @@ function gpus(n) {
 // The words of core/wording.py (wait_text, estimate_text), which the notebook, the spawn form
 // and the CLI print: the same rules, tested on the same cases (tests/test_page_browser.py).
 // Python's round() takes halves to the even neighbour; Math.round takes them up.
+function jobsText(n) {
+  // "1 job", "6 jobs"
+  return `${n} job${n === 1 ? '' : 's'}`;
+}
+
 function roundHalfEven(x) {
   return Math.abs(x % 1) === 0.5 ? 2 * Math.round(x / 2) : Math.round(x);
 }

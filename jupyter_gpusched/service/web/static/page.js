@@ -69,10 +69,19 @@ function counted(members) {
   return { running, pending: members.length - running };
 }
 
+function cancelQuestion(label, count) {
+  // "Cancel a-000005_[0-5]? Its 4 pending jobs leave the queue; its 1 running job gets the
+  // stop signal." (what is not there, not said)
+  const parts = [];
+  if (count.pending) parts.push(`its ${count.pending} pending job${count.pending === 1 ? ' leaves' : 's leave'} the queue`);
+  if (count.running) parts.push(`its ${count.running} running job${count.running === 1 ? ' gets' : 's get'} the stop signal`);
+  const said = parts.join('; ');
+  return `Cancel ${label}? ${said.charAt(0).toUpperCase()}${said.slice(1)}.`;
+}
+
 async function cancelArray(arrayId, label, count, button) {
   // a cancel cannot be taken back: the page asks first, in the words of the row
-  const question = `Cancel ${label}? Its ${count.pending} pending jobs leave the queue; `
-    + `its ${count.running} running jobs get the stop signal.`;
+  const question = cancelQuestion(label, count);
   if (!window.confirm(question)) return;
   button.disabled = true;
   try {
@@ -126,7 +135,7 @@ function drawMyJobs(jobs, sessions, names) {
     const isArray = Boolean(job.array_id);
     const count = counted(members);
     const what = isArray
-      ? `${job.name ? `${job.name}: ` : ''}array of ${members.length} jobs, ${count.running} running, ${count.pending} pending`
+      ? `${job.name ? `${job.name}: ` : ''}array of ${jobsText(members.length)}, ${count.running} running, ${count.pending} pending`
       : job.name || job.command || job.notebook || job.kind;
     const state = isArray ? (count.running ? 'running' : 'pending') : job.state;
     // an array's first pending element in the queue's order speaks for it (as in the queue)

@@ -422,7 +422,7 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
     page.fill("#quota-form input[name=guaranteed]", "9")
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("#quota-form button[type=submit]")
-    expect(page.locator("#quota-answer")).to_contain_text("Not saved: ")
+    expect(page.locator("#quota-answer")).to_contain_text("Not saved: queue sandbox, field ")
     after = hub.service("GET", "api/quotas", token).json()["queues"]
     assert {q["path"]: q["guaranteed"] for q in after}["sandbox"] == 0
     restore = hub.service("PUT", "api/quotas", token, json=document)
@@ -485,5 +485,10 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
     assert hub.service("GET", "api/reaper", token).json()["settings"]["profile_timeouts"] == {}
     page.fill("#reaper-form input[name=warning_lead]", "soon")
     page.click("#reaper-form button[type=submit]")
-    expect(page.locator("#reaper-answer")).to_contain_text("Not saved")
+    # in the form's words (its label, not the API's field name), and next to the field
+    said = 'Not saved: "warning lead (s or 10m)" must be'
+    expect(page.locator("#reaper-answer")).to_contain_text(said)
+    beside = page.locator("#reaper-form .field-error[data-field=warning_lead]")
+    expect(beside).to_contain_text('"warning lead (s or 10m)" must be')
+    expect(beside).not_to_contain_text("warning_lead")
     assert page.errors == [], json.dumps(page.errors)

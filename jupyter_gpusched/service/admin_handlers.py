@@ -31,6 +31,9 @@ def pending_gpus(engine) -> dict[int, float]:
     return out
 
 
+QUEUE_DOCUMENT = "the queue document"  # (where a refused PUT api/quotas says the fault is)
+
+
 class QuotasHandler(APIHandler):
     """``GET api/quotas``: every queue (parents too) with its guarantee, limit and weight, the
     GPUs its running jobs hold (``running``), those held for its jobs whose pre-emption victims
@@ -76,9 +79,9 @@ class QuotasHandler(APIHandler):
         """Replace the quotas with a queue-file document (same schema; same queues)."""
         self.require_admin()
         document = self.body()
-        check_document(document, "the queue document")
+        check_document(document, QUEUE_DOCUMENT)
         try:
-            tree = QueueTree.from_dict(document, self.live.cluster.total_gpus, "request body")
+            tree = QueueTree.from_dict(document, self.live.cluster.total_gpus, QUEUE_DOCUMENT)
         except OverflowError:  # core/quotas.py: float() of an integer like 10**400
             raise APIError(400, "a number in the document is too large") from None
         self.live.update_quotas(tree, document, self.identity.name)

@@ -175,7 +175,8 @@ async function saveQuota(event) {
     answer.textContent = 'Saved.';
   } catch (error) {
     answer.className = 'answer error';
-    answer.textContent = `Not saved: ${error.message}`;
+    // (the service says where in the document: its name adds nothing here)
+    answer.textContent = `Not saved: ${error.message.replace(/^the queue document, /, '')}`;
   }
 }
 
@@ -322,7 +323,7 @@ async function saveReaper(event) {
     answer.textContent = 'Saved.';
   } catch (error) {
     answer.className = 'answer error';
-    answer.textContent = `Not saved: ${error.message}`;
+    answer.textContent = `Not saved: ${formError(form, error)}`;
   }
 }
 

@@ -55,6 +55,19 @@ function gpus(n) {
 // The words of core/wording.py (wait_text, estimate_text), which the notebook, the spawn form
 // and the CLI print: the same rules, tested on the same cases (tests/test_page_browser.py).
 // Python's round() takes halves to the even neighbour; Math.round takes them up.
+function formError(form, error) {
+  // a refusal in the form's words: a field named by its API name ('idle_threshold') is named
+  // by its label ("idle below (%)"), and the message also goes next to that field
+  for (const old of form.querySelectorAll('.field-error')) old.remove();
+  const input = error.field && form.elements[error.field];
+  const label = input && input.closest && input.closest('label');
+  if (!label) return error.message;
+  const words = label.firstChild.textContent.trim();
+  const text = error.message.split(`'${error.field}'`).join(`"${words}"`).replace(' (null in JSON)', '');
+  label.after(el('span', { class: 'field-error', 'data-field': error.field, text }));
+  return text;
+}
+
 function jobsText(n) {
   // "1 job", "6 jobs"
   return `${n} job${n === 1 ? '' : 's'}`;

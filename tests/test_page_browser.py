@@ -254,6 +254,11 @@ def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
     assert answer["start_now"] and answer["queue"] == "research/vision"
     answer = _estimate(page, hub, token, gpus="1", queue="sandbox")
     assert not answer["start_now"] and "sandbox is at its limit" in answer["reason"]["message"]
+    # 0 GPUs is a CPU-only job, whose CPUs the form does not ask: the browser refuses it
+    gpus = page.locator("#estimate-form input[name=gpus]")
+    gpus.fill("0")
+    assert gpus.evaluate("input => input.validity.rangeUnderflow")
+    gpus.fill("1")
     # a 400: its message next to the field it names
     page.fill("#estimate-form input[name=walltime]", "soon")
     page.click("#estimate-form button[type=submit]")

@@ -26,6 +26,7 @@ Skips when /usr/bin/chromium or Playwright is missing (tests/browser_helpers.py)
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -254,6 +255,10 @@ def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
     assert answer["start_now"] and answer["queue"] == "research/vision"
     answer = _estimate(page, hub, token, gpus="1", queue="sandbox")
     assert not answer["start_now"] and "sandbox is at its limit" in answer["reason"]["message"]
+    # times as the Lab and the CLI say them: 24-hour, and another day's with its date
+    times = page.evaluate("() => [clock(Date.now() / 1000), eta(Date.now() / 1000 + 30 * 3600)]")
+    assert re.fullmatch(r"\d\d:\d\d", times[0]), times
+    assert re.fullmatch(r"about .+ \(\d{4}-\d\d-\d\d \d\d:\d\d\)", times[1]), times
     # 0 GPUs is a CPU-only job, whose CPUs the form does not ask: the browser refuses it
     gpus = page.locator("#estimate-form input[name=gpus]")
     gpus.fill("0")

@@ -103,7 +103,8 @@ function estimateText(startNow, at, reason, now, withClock = true) {
 }
 
 function clock(epoch, seconds = false) {
-  const parts = { hour: '2-digit', minute: '2-digit', ...(seconds ? { second: '2-digit' } : {}) };
+  // "14:06" (24-hour, local time), as the Lab panel, the widget and the CLI say a time
+  const parts = { hour: '2-digit', minute: '2-digit', hour12: false, ...(seconds ? { second: '2-digit' } : {}) };
   return new Date(epoch * 1000).toLocaleTimeString([], parts);
 }
 
@@ -118,7 +119,8 @@ function dayAndClock(epoch) {
 function eta(epoch) {
   if (epoch === null || epoch === undefined) return '';
   const wait = epoch - Date.now() / 1000;
-  return wait <= 0 ? 'any moment' : `about ${waitText(wait)} (${clock(epoch)})`;
+  // (another day's time with its date: "about 24 h (2026-12-08 13:30)")
+  return wait <= 0 ? 'any moment' : `about ${waitText(wait)} (${dayAndClock(epoch)})`;
 }
 
 function tierBadge(tier) {

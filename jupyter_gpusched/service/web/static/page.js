@@ -378,7 +378,7 @@ async function refresh() {
       drawReaperForm(reaper);
     }
     showStatus('');
-    document.getElementById('updated').textContent = `updated ${new Date().toLocaleTimeString()}`;
+    document.getElementById('updated').textContent = `updated ${clock(Date.now() / 1000, true)}`;
   } catch (error) {
     showStatus(`Could not reach the scheduler: ${error.message}`);
   }

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import re
+import shutil
+import time
 from pathlib import Path
 
 import hub_harness
@@ -99,10 +102,39 @@ def demo():
         ) as hub:
             for user in hub_harness.DEMO_USERS:
                 hub_harness.no_news(hub.state_dir, user)
+            since = time.time()
             yield hub
             stop_everything(hub)
+            remove_what_was_written(since)
     finally:
         policy.unlink(missing_ok=True)
+
+
+WRITTEN: set[tuple[str, str]] = set()  # (user, path in their home) the journeys wrote there
+
+
+def remove_what_was_written(since: float) -> None:
+    """Leave the demo users' homes as the module found them: remove the files and folders its
+    journeys wrote there (:data:`WRITTEN`, through their servers' contents API) and the job
+    payloads of the cells and functions they submitted (``~/.gpusched``, made since
+    ``since``)."""
+    homes = {user: Path(pwd.getpwnam(user).pw_dir) for user in hub_harness.DEMO_USERS}
+    for user, path in sorted(WRITTEN, key=lambda written: -len(written[1])):  # files first
+        _remove(homes[user] / path)
+        _remove(homes[user] / Path(path).parent / ".ipynb_checkpoints")
+    WRITTEN.clear()
+    for home in homes.values():
+        payloads = home / ".gpusched"
+        for entry in payloads.glob("*") if payloads.is_dir() else ():
+            if entry.stat().st_mtime >= since:
+                _remove(entry)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")

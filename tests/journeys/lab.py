@@ -8,7 +8,7 @@ import json
 import re
 
 import requests
-from journey import TIMEOUT_MS, sync_api
+from journey import TIMEOUT_MS, WRITTEN, sync_api
 
 expect = sync_api.expect if sync_api else None  # journey.MISSING says why not
 
@@ -31,6 +31,7 @@ def write_notebook(hub, user: str, path: str, cells: list[str]) -> None:
         timeout=30,
     )
     assert response.status_code in (200, 201), response.text
+    WRITTEN.add((user, path))  # removed when the module's hub stops (journey.demo)
 
 
 def write_file(hub, user: str, path: str, text: str | None) -> None:
@@ -44,6 +45,7 @@ def write_file(hub, user: str, path: str, text: str | None) -> None:
         timeout=30,
     )
     assert response.status_code in (200, 201), response.text
+    WRITTEN.add((user, path))
 
 
 def open_notebook(page, hub, user: str, path: str):

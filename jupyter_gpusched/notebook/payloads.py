@@ -14,6 +14,10 @@ if the submission fails)``.
   (calls it and pickles the outcome to ``result.pkl``, read by ``Job.result()``);
 * a **cell**: ``cell-<stamp>.py``, the cell's text, run as ``__main__`` with the working
   directory first on ``sys.path``.
+
+Each new payload first removes those of the folder not changed for :data:`KEEP_DAYS` days (a
+function's folder changes when its result is written), so that a notebook that submits jobs
+every day does not fill its folder for good: a function's result is read within a month.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pathlib import Path
 from ..backends.accounts import JOB_PYTHON_ENV
 
 PAYLOAD_DIR = ".gpusched"  # under the working directory: function payloads, cells, results
+KEEP_DAYS = 30  # a payload not changed for this long is removed when the next one is made
 #: The job's Python, as its shell command names it: expanded in the job, set by the launcher.
 JOB_PYTHON = f'"${JOB_PYTHON_ENV}"'
 
@@ -129,6 +134,7 @@ def pickled_call(function: Callable, args: tuple, kwargs: dict) -> bytes:
 def function_payload(call: bytes, cwd: str) -> tuple[str, str, Path]:
     """Write a pickled call (:func:`pickled_call`) to ``<cwd>/.gpusched/fn-<stamp>/``; OSError
     when it cannot be written there."""
+    prune(Path(cwd) / PAYLOAD_DIR)
     directory = Path(cwd) / PAYLOAD_DIR / f"fn-{_stamp()}"
     try:
         directory.mkdir(parents=True, exist_ok=False)
@@ -147,6 +153,7 @@ def function_payload(call: bytes, cwd: str) -> tuple[str, str, Path]:
 def cell_payload(cell: str, cwd: str) -> tuple[str, None, Path]:
     """Write a cell's text to ``<cwd>/.gpusched/cell-<stamp>.py``; OSError when it cannot."""
     directory = Path(cwd) / PAYLOAD_DIR
+    prune(directory)
     directory.mkdir(exist_ok=True)
     path = directory / f"cell-{_stamp()}.py"
     path.write_text(cell)
@@ -154,11 +161,29 @@ def cell_payload(cell: str, cwd: str) -> tuple[str, None, Path]:
     return command, None, path
 
 
+def prune(directory: Path, now: float | None = None) -> None:
+    """Remove the payloads (``cell-*.py``, ``fn-*/``) of ``directory`` not changed for
+    :data:`KEEP_DAYS` days; whatever cannot be read or removed is left."""
+    cutoff = (time.time() if now is None else now) - KEEP_DAYS * 86_400
+    try:
+        entries = list(directory.iterdir())
+    except OSError:  # no folder yet, or not ours to read
+        return
+    for entry in entries:
+        if not (entry.name.startswith("fn-") or entry.name.startswith("cell-")):
+            continue
+        try:
+            if entry.lstat().st_mtime < cutoff:
+                remove(entry)
+        except OSError:
+            continue
+
+
 def remove(path: Path | None) -> None:
     """Remove a payload whose submission failed (a file or a function's directory)."""
     if path is None:
         return
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)

@@ -403,7 +403,8 @@ def test_an_admin_edits_the_reaper_timeouts_in_the_panel(lab_hub, browser):
     page.wait_for_timeout(6000)  # a refresh of the panel comes and goes: the edit stays
     sync_api.expect(tier3).to_have_value("12")
     reaper.locator(".jp-gpusched-reaper-save").click()
-    sync_api.expect(reaper.locator(".jp-gpusched-reaper-message")).to_contain_text("Saved")
+    saved = reaper.locator(".jp-gpusched-reaper-message")
+    sync_api.expect(saved).to_have_text("Saved: tier 3 timeout")  # the editor's words
     settings = hub.service("GET", "api/reaper", token).json()["settings"]
     assert settings["timeout_tier_3"] == 720, settings  # what the service now reports
     assert settings["timeout_tier_2"] == before["timeout_tier_2"]  # only what was changed
@@ -421,8 +422,9 @@ def test_an_admin_edits_the_reaper_timeouts_in_the_panel(lab_hub, browser):
     tier3.fill("soon")
     reaper.locator(".jp-gpusched-reaper-save").click()
     message = reaper.locator(".jp-gpusched-reaper-message")
-    sync_api.expect(message).to_contain_text("Not saved")
-    sync_api.expect(message).to_contain_text("timeout_tier_3")
+    sync_api.expect(message).to_contain_text('Not saved: "tier 3 timeout" must be a duration')
+    sync_api.expect(message).not_to_contain_text("timeout_tier_3")  # not the API's name
+    sync_api.expect(message).not_to_contain_text("JSON")
     assert hub.service("GET", "api/reaper", token).json()["settings"]["timeout_tier_3"] == 720
     _shot(page, "6-admin-reaper-error")
 

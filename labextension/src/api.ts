@@ -8,7 +8,8 @@ import { ServerConnection } from '@jupyterlab/services';
 export class APIError extends Error {
   constructor(
     message: string,
-    readonly status: number
+    readonly status: number,
+    readonly field: string | null = null // the request's field the service refused, if any
   ) {
     super(message);
   }
@@ -26,13 +27,15 @@ export async function request(path: string, init: RequestInit = {}, text = false
   const body = await response.text();
   if (!response.ok) {
     let message = body;
+    let field: string | null = null;
     try {
       const data = JSON.parse(body);
       message = data.error || data.message || body;
+      field = typeof data.field === 'string' ? data.field : null;
     } catch {
       /* not JSON */
     }
-    throw new APIError(message || response.statusText, response.status);
+    throw new APIError(message || response.statusText, response.status, field);
   }
   return text ? body : body ? JSON.parse(body) : null;
 }

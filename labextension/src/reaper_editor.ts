@@ -2,7 +2,7 @@
  * The panel's editor of the idle reaper's timeouts, for admins of the scheduler (panel.ts shows
  * it to them only; the service refuses others' changes).
  */
-import { request } from './api';
+import { APIError, request } from './api';
 import { el, parseTimeout, timeoutText } from './format';
 
 // -- the reaper's timeouts, for admins ------------------------------------------------------------
@@ -12,6 +12,16 @@ const REAPER_FIELDS: [string, string][] = [
   ['timeout_tier_3', 'tier 3 timeout'],
   ['warning_lead', 'warning before']
 ];
+const LABELS = new Map(REAPER_FIELDS);
+
+/** The service's refusal in the editor's words: "tier 3 timeout", not 'timeout_tier_3'. */
+export function refusalText(message: string, field: string | null): string {
+  const label = field ? LABELS.get(field) : undefined;
+  if (!field || !label) {
+    return message;
+  }
+  return message.split(`'${field}'`).join(`"${label}"`).replace(' (null in JSON)', '');
+}
 
 /**
  * The admin's editor of the reaper's timeouts (minutes, or "off"). It keeps its own DOM across
@@ -92,11 +102,13 @@ export class ReaperEditor {
       this.dirty.clear();
       this.show(answer?.settings ?? this.settings);
       this.message.className = 'jp-gpusched-reaper-message jp-gpusched-reaper-ok';
-      this.message.textContent = `Saved: ${Object.keys(changes).join(', ')}`;
+      const saved = Object.keys(changes).map(field => LABELS.get(field) ?? field);
+      this.message.textContent = `Saved: ${saved.join(', ')}`;
       this.onSaved();
     } catch (error) {
       this.message.className = 'jp-gpusched-reaper-message jp-gpusched-error';
-      this.message.textContent = `Not saved: ${(error as Error).message}`;
+      const field = error instanceof APIError ? error.field : null;
+      this.message.textContent = `Not saved: ${refusalText((error as Error).message, field)}`;
     } finally {
       this.save.disabled = false;
     }

@@ -1,10 +1,13 @@
 """``jupyter-gpusched replay``: the output files and their fields, and bad input."""
 
+import contextlib
 import csv
+import http.server
 import json
 import shlex
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -156,18 +159,16 @@ def test_console_script_and_jupyter_subcommand_are_installed():
     assert via_jupyter.stdout == result.stdout
 
 
-def test_reaper_show_follows_the_demo_hub_port(monkeypatch, capsys):
-    """``jupyter-gpusched reaper`` without --url goes to the hub of GPUSCHED_HUB_PORT, like the
-    rest of the demo (a second demo on another port is not the first one's)."""
-    import http.server
-    import threading
-
+@contextlib.contextmanager
+def answering(answer: dict):
+    """A local HTTP server answering every GET with ``answer`` (JSON); yields its port and the
+    (path, Authorization) of each request."""
     seen = []
 
-    class Hub(http.server.BaseHTTPRequestHandler):
+    class Answer(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             seen.append((self.path, self.headers.get("Authorization")))
-            body = json.dumps({"settings": {"timeout_tier_2": 60}}).encode()
+            body = json.dumps(answer).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -177,46 +178,35 @@ def test_reaper_show_follows_the_demo_hub_port(monkeypatch, capsys):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        for name in ("GPUSCHED_SERVICE_URL", "GPUSCHED_URL"):
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.setenv("GPUSCHED_HUB_PORT", str(server.server_address[1]))
-        monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "t0ken")
-        assert main(["reaper", "show"]) == 0
-        assert json.loads(capsys.readouterr().out)["settings"] == {"timeout_tier_2": 60}
-        assert seen == [("/services/gpusched/api/reaper", "token t0ken")]
+        yield server.server_address[1], seen
     finally:
         server.shutdown()
         server.server_close()
 
 
+def test_reaper_show_follows_the_demo_hub_port(monkeypatch, capsys):
+    """``jupyter-gpusched reaper`` without --url goes to the hub of GPUSCHED_HUB_PORT, like the
+    rest of the demo (a second demo on another port is not the first one's)."""
+    with answering({"settings": {"timeout_tier_2": 60}}) as (port, seen):
+        for name in ("GPUSCHED_SERVICE_URL", "GPUSCHED_URL"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("GPUSCHED_HUB_PORT", str(port))
+        monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "t0ken")
+        assert main(["reaper", "show"]) == 0
+        assert json.loads(capsys.readouterr().out)["settings"] == {"timeout_tier_2": 60}
+        assert seen == [("/services/gpusched/api/reaper", "token t0ken")]
+
+
 def test_a_service_older_than_the_command_gets_a_message_not_a_traceback(monkeypatch, capsys):
     """A notebook image upgraded before the hub: ``queues`` reads ``in_use``, which an older
     service's api/quotas lacks. The command says so (exit 1); --json still prints the answer."""
-    import http.server
-    import threading
-
     old = {"path": "root", "guaranteed": 8, "limit": None, "weight": 1, "running": 2}
     old.update(claimed=0, pending=0, leaf=False, users=[], groups=[])
-
-    class Service(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps({"document": None, "queues": [old]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Service)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        monkeypatch.setenv("GPUSCHED_SERVICE_URL", f"http://127.0.0.1:{server.server_address[1]}")
+    with answering({"document": None, "queues": [old]}) as (port, _):
+        monkeypatch.setenv("GPUSCHED_SERVICE_URL", f"http://127.0.0.1:{port}")
         monkeypatch.setenv("GPUSCHED_SERVICE_TOKEN", "t0ken")
         assert main(["queues"]) == 1
         error = capsys.readouterr().err
@@ -224,9 +214,6 @@ def test_a_service_older_than_the_command_gets_a_message_not_a_traceback(monkeyp
         assert "Traceback" not in error
         assert main(["queues", "--json"]) == 0
         assert json.loads(capsys.readouterr().out) == [old]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_replay_with_a_deadline_model_reports_the_deadline_figures(tmp_path, capsys):

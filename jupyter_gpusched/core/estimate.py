@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from .copying import snapshot
 from .jobs import Job, JobState, Reason
-from .plan import play
+from .plan import HORIZON_S, play
 from .reservation import reserve
 from .scheduler import Scheduler
 
@@ -72,7 +72,9 @@ def estimate(sched: Scheduler, job: Job, now: float, expected: bool = True) -> E
     answered = job
     if reason is not None and expected:
         answered = copy.copy(job)  # as this pass left it: the play goes on changing the job
-        played = play(trial, now, max_ends=ESTIMATE_MAX_ENDS, until=job.id).get(job.id)
+        # (the reservation's holder: played up to its reservation's start, no further)
+        horizon = HORIZON_S if eta is None else max(0.0, eta - now)
+        played = play(trial, now, horizon, ESTIMATE_MAX_ENDS, until=job.id).get(job.id)
         if played is not None and (eta is None or played < eta):
             eta = played  # (sooner than its reservation: by pre-emption, which it ignores)
     return Estimate(answered, started, eta, reason, position)

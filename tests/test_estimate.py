@@ -74,8 +74,9 @@ def test_a_job_that_will_reclaim_borrowed_gpus_expects_the_reclaim_not_the_reser
     assert len(sched.running) == 2
     asked = job("c", 1, t=60, queue="ops", tier=2, user="carol", kind="notebook")
     answer = estimate(sched, asked, 60)
-    assert answer.reason.family == "capacity" and answer.reason.eta == 3600
-    assert answer.eta == 600 + 300  # the first victim's minimum run time, then its grace
+    assert answer.reason.family == "capacity"
+    assert answer.eta == answer.reason.eta == 600 + 300  # the first victim's minimum run time,
+    # then its grace, not the reservation's start (3600, when the first of bob's jobs ends)
     # ... which is when the engine starts it if nothing else happens
     sched.submit(job("c", 1, t=60, queue="ops", tier=2, user="carol", kind="notebook"), 60)
     sched.schedule(60)

@@ -375,6 +375,11 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
         )
     # the legends give the last sample's time, not "now": the page's live figures say now
     expect(page.locator("#waiting .legend-item").first).to_contain_text(" at ")
+    legend = page.evaluate(
+        "() => timeChart([{time: 0, n: 1}], [{key: 'n', label: 'policy', colour: '#000',"
+        " value: (row) => row.n}], {until: 10, unit: 'GPUs waiting'})[1].textContent"
+    )
+    assert legend.startswith("policy: 1 GPU waiting at "), legend  # one GPU, in the singular
     expect(page.locator("#waiting .chart-legend")).not_to_contain_text(" now")
     # per-queue use over time: a line for each queue api/history names
     queues = hub.service("GET", "api/history", token).json()["rows"][-1]["queues"]

@@ -76,7 +76,9 @@ def estimate(sched: Scheduler, job: Job, now: float, expected: bool = True) -> E
         horizon = HORIZON_S if eta is None else max(0.0, eta - now)
         played = play(trial, now, horizon, ESTIMATE_MAX_ENDS, until=job.id).get(job.id)
         if played is not None and (eta is None or played < eta):
-            eta = played  # (sooner than its reservation: by pre-emption, which it ignores)
+            if eta is not None:  # sooner than its reservation (by pre-emption, which that
+                reason = reason.with_eta(played)  # ignores): the answer says one time
+            eta = played
     return Estimate(answered, started, eta, reason, position)
 
 

@@ -229,6 +229,8 @@ function timeChart(rows, series, { stacked = true, top = null, until, unit = 'GP
     }
   }
   const sampled = clock(rows[rows.length - 1].time, short);
+  // "1 GPU waiting", "3 GPUs": a count of GPUs in the singular where it is one
+  const amount = (v) => (unit.startsWith('GPUs') ? `${gpus(v)}${unit.slice(4)}` : `${Math.round(v * 100) / 100} ${unit}`);
   const legend = el(
     'div',
     { class: 'chart-legend' },
@@ -237,7 +239,7 @@ function timeChart(rows, series, { stacked = true, top = null, until, unit = 'GP
         'span',
         { class: 'legend-item', 'data-key': item.key, 'data-now': latest[item.key] },
         el('span', { class: 'swatch' }),
-        `${item.label}: ${Math.round(latest[item.key] * 100) / 100} ${unit} at ${sampled}${item.extra ? item.extra : ''}`,
+        `${item.label}: ${amount(latest[item.key])} at ${sampled}${item.extra ? item.extra : ''}`,
       ),
     ),
   );

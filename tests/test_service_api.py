@@ -547,6 +547,8 @@ async def test_quotas_give_each_queue_its_running_and_waiting_gpus_held_jobs_apa
     assert (await figures())["small"] == (2, 0, 1)  # a held job does not wait in the queue
     await alice.delete(f"api/jobs/{waiting[0]['id']}")
     assert (await figures())["small"] == (2, 0, 0)
+    _, cancelled = await alice.get(f"api/jobs/{waiting[0]['id']}")
+    assert (cancelled["state"], cancelled["message"]) == ("cancelled", "cancelled by alice")
 
 
 async def test_a_queue_cpu_limit_set_at_run_time_holds_cpu_only_jobs(service_factory):

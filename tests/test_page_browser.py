@@ -331,6 +331,15 @@ def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
     expect(mine).to_have_count(0)
     expect(listed).to_have_count(0)
     _wait(lambda: set(_array_states(hub, token, array_id)) == {"cancelled"}, "the cancel")
+    # while its running elements stop, a cancelled array's row says so: no second Cancel
+    element = "{id: 'j-9', array_id: 'a-9', array_index: 0, state: 'running', kind: 'batch', "
+    element += "gpus: 1, tier: 2, queue: 'q', stopping: 'cancelled'}"
+    shown = page.evaluate(
+        f"() => {{ drawMyJobs([{element}], [], {{}}); const row = "
+        "document.querySelector('#my-jobs tr.job'); return [row.querySelector('.stopping')?."
+        "textContent, row.querySelector('button.array-cancel') === null]; }"
+    )
+    assert shown == ["stopping", True], shown
     # a single job's Cancel asks too: dismissed, it stays; accepted, DELETE api/jobs/<id>
     single = _submit(hub, "alice", gpus=1, queue="sandbox", name="one-off")["id"]
     row = page.locator(f"#my-jobs tr.job[data-id='{single}']")

@@ -142,9 +142,13 @@ function drawMyJobs(jobs, sessions, names) {
     const pendingOnes = members.filter((m) => m.state === 'pending');
     const waiting = pendingOnes.reduce((first, m) => (first && (first.position ?? Infinity) <= (m.position ?? Infinity) ? first : m), null);
     const notebookGPUs = job.kind === 'notebook' && job.gpus > 0 && job.state === 'running';
-    const cancel = isArray
-      ? el('button', { type: 'button', class: 'array-cancel', text: 'Cancel array', onclick: (event) => cancelArray(job.array_id, arrayName(job, names), count, event.target) })
-      : cancelControl(job);
+    // an array cancelled already (nothing pending, its running elements signalled): stopping
+    const arrayStopping = isArray && !count.pending && members.every((m) => m.stopping);
+    const cancel = !isArray
+      ? cancelControl(job)
+      : arrayStopping
+        ? el('span', { class: 'stopping', text: 'stopping' })
+        : el('button', { type: 'button', class: 'array-cancel', text: 'Cancel array', onclick: (event) => cancelArray(job.array_id, arrayName(job, names), count, event.target) });
     return el(
       'tr',
       { class: `job ${state}`, 'data-id': isArray ? null : job.id, 'data-array': job.array_id || null, 'data-running': count.running, 'data-pending': count.pending },

@@ -64,7 +64,7 @@ export function queued(position: number | null, reason: IReason | null): string 
     parts.push(reason.family);
   }
   if (reason?.eta) {
-    parts.push(`ETA ${clock(reason.eta)}`);
+    parts.push(`ETA ${dayAndClock(reason.eta)}`);
   }
   return parts.join(' · ');
 }
@@ -179,7 +179,7 @@ export function reasonNode(reason: IReason | null | undefined): HTMLElement | nu
     el('span', { class: `jp-gpusched-tag jp-gpusched-tag-${reason.family}` }, reason.family),
     ' ',
     el('span', { class: 'jp-gpusched-reason-message' }, reason.message || reason.detail || ''),
-    reason.eta ? el('span', { class: 'jp-gpusched-eta' }, ` · ETA ${clock(reason.eta)}`) : null
+    reason.eta ? el('span', { class: 'jp-gpusched-eta' }, ` · ETA ${dayAndClock(reason.eta)}`) : null
   );
 }
 

@@ -72,6 +72,31 @@ async def test_a_job_behind_the_reservation_gets_its_expected_start(service_fact
     assert await until(pushed_back) == pytest.approx(ends[1] + 600, abs=2)
 
 
+async def test_a_drain_moves_the_expected_start_to_a_node_in_service(service_factory):
+    """An admin drains the node whose job ends first: the job that reserved it is expected when
+    the other node's job ends, at once (not at the next unrelated event); resumed, back."""
+    service = await service_factory(expected_start_interval=0.1)
+    alice, admin = service.client("alice"), service.client("admin")
+    running = [await submit(alice, h100(8, walltime=f"{hours}h")) for hours in (1, 2)]
+    assert [job["state"] for job in running] == ["running", "running"]
+    node = running[0]["allocation"][0]["node"]  # the one free first
+    ends = [job["start_time"] + hours * 3600 for job, hours in zip(running, (1, 2), strict=True)]
+    waiting = await submit(alice, h100(8, walltime="10m"))
+    assert waiting["reason"]["eta"] == pytest.approx(ends[0], abs=1)
+
+    async def expected(at):
+        found = await etas(alice, waiting["id"])
+        eta = found and found[waiting["id"]]
+        return eta if eta is not None and eta == pytest.approx(at, abs=1) else None
+
+    status, _ = await admin.post(f"api/nodes/{node}/drain")
+    assert status == 200
+    await until(lambda: expected(ends[1]))
+    status, _ = await admin.post(f"api/nodes/{node}/resume")
+    assert status == 200
+    await until(lambda: expected(ends[0]))
+
+
 async def test_without_plays_only_the_reservation_has_a_time(service_factory):
     service = await service_factory(expected_start_interval=0)
     alice = service.client("alice")

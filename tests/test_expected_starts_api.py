@@ -97,6 +97,32 @@ async def test_a_drain_moves_the_expected_start_to_a_node_in_service(service_fac
     await until(lambda: expected(ends[0]))
 
 
+async def test_a_job_that_will_reclaim_is_expected_when_its_victim_has_left(service_factory):
+    """alice's team borrows 4 H100 above its guarantee of 12, with four 4-GPU jobs of a day;
+    carol's queue (private) is idle below its guarantee. Her 4-GPU job reserves the first end
+    (a day away), but the engine reclaims one of alice's jobs once its minimum run time (10 min)
+    and grace (5 min) are over: the estimate, the queue and her job say so."""
+    service = await service_factory(expected_start_interval=0.1)
+    alice, carol = service.client("alice"), service.client("carol")
+    running = [await submit(alice, h100(4, queue="team")) for _ in range(4)]
+    assert {job["state"] for job in running} == {"running"}
+    reclaim = min(job["start_time"] for job in running) + 600 + 300
+    ask = h100(4, queue="private", tier=2)
+    status, answer = await carol.post("api/estimate", ask)
+    assert status == 200, answer
+    assert answer["eta"] == pytest.approx(reclaim, abs=1)
+    assert answer["reason"]["eta"] == answer["eta"]  # one time in the answer
+    waiting = await submit(carol, ask)
+    assert waiting["reason"]["eta"] > reclaim + 3600  # the reservation's: the first end
+
+    async def expected():
+        found = await etas(carol, waiting["id"])
+        eta = found and found[waiting["id"]]
+        return eta if eta is not None and eta == pytest.approx(reclaim, abs=1) else None
+
+    await until(expected)
+
+
 async def test_without_plays_only_the_reservation_has_a_time(service_factory):
     service = await service_factory(expected_start_interval=0)
     alice = service.client("alice")

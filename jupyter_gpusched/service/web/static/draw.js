@@ -52,9 +52,6 @@ function gpus(n) {
   return `${value} GPU${value === 1 ? '' : 's'}`;
 }
 
-// The words of core/wording.py (wait_text, estimate_text), which the notebook, the spawn form
-// and the CLI print: the same rules, tested on the same cases (tests/test_page_browser.py).
-// Python's round() takes halves to the even neighbour; Math.round takes them up.
 function formError(form, error) {
   // a refusal in the form's words: a field named by its API name ('idle_threshold') is named
   // by its label ("idle below (%)"), and the message also goes next to that field
@@ -73,6 +70,9 @@ function jobsText(n) {
   return `${n} job${n === 1 ? '' : 's'}`;
 }
 
+// The words of core/wording.py (wait_text, estimate_text), which the notebook, the spawn form
+// and the CLI print: the same rules, tested on the same cases (tests/test_page_browser.py).
+// Python's round() takes halves to the even neighbour; Math.round takes them up.
 function roundHalfEven(x) {
   return Math.abs(x % 1) === 0.5 ? 2 * Math.round(x / 2) : Math.round(x);
 }

@@ -120,8 +120,12 @@ def remove_what_was_written(since: float) -> None:
     ``since``)."""
     homes = {user: Path(pwd.getpwnam(user).pw_dir) for user in hub_harness.DEMO_USERS}
     for user, path in sorted(WRITTEN, key=lambda written: -len(written[1])):  # files first
-        _remove(homes[user] / path)
-        _remove(homes[user] / Path(path).parent / ".ipynb_checkpoints")
+        written = homes[user] / path
+        _remove(written)
+        checkpoints = written.parent / ".ipynb_checkpoints"  # (the server's copy of a file)
+        _remove(checkpoints / f"{written.stem}-checkpoint{written.suffix}")
+        with contextlib.suppress(OSError):
+            checkpoints.rmdir()  # once empty
     WRITTEN.clear()
     for home in homes.values():
         payloads = home / ".gpusched"

@@ -30,8 +30,8 @@ def write_notebook(hub, user: str, path: str, cells: list[str]) -> None:
         headers={"Authorization": f"token {hub.token(user)}"},
         timeout=30,
     )
-    assert response.status_code in (200, 201), response.text
     WRITTEN.add((user, path))  # removed when the module's hub stops (journey.demo)
+    assert response.status_code in (200, 201), response.text
 
 
 def write_file(hub, user: str, path: str, text: str | None) -> None:
@@ -44,8 +44,8 @@ def write_file(hub, user: str, path: str, text: str | None) -> None:
         headers={"Authorization": f"token {hub.token(user)}"},
         timeout=30,
     )
-    assert response.status_code in (200, 201), response.text
     WRITTEN.add((user, path))
+    assert response.status_code in (200, 201), response.text
 
 
 def open_notebook(page, hub, user: str, path: str):

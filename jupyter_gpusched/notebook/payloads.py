@@ -180,7 +180,7 @@ def prune(directory: Path, now: float | None = None) -> None:
 
 
 def remove(path: Path | None) -> None:
-    """Remove a payload whose submission failed (a file or a function's directory)."""
+    """Remove a payload (a file or a function's directory; a link itself, not what it names)."""
     if path is None:
         return
     if path.is_dir() and not path.is_symlink():

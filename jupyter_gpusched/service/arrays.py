@@ -38,12 +38,9 @@ def cancel_array(live, jobs: list[Job], actor: str) -> None:
     changes, events = [], []
     for job in pending:
         live.engine.cancel(job.id, now)
-        live.submissions.count_pending(job, -1)
-        extra = live.extras.get(job.id)
-        if extra is not None:  # the job's message, as its running elements' stop gives theirs
-            extra.message = f"cancelled by {actor}"
-        changes.append((job.id, live._fields(job)))
-        events.append(live._event("cancelled", job, actor, f"cancelled by {actor}"))
+        fields, event = live.pending_cancelled(job, actor)
+        changes.append((job.id, fields))
+        events.append(event)
     if changes:
         live.store.apply(changes, [], [], events)
     for job in jobs:

@@ -149,17 +149,22 @@ class LiveScheduler:
             self._stop_reasons[job_id] = message
             self.store.add_event(self._event("cancelling", job, actor, message))
         if was_pending:
-            self.submissions.count_pending(job, -1)
-            extra = self.extras.get(job_id)
-            message = reason or f"cancelled by {actor}"
-            if extra is not None:  # the job's message too, not only its event's (as a running
-                extra.message = message  # job's stop gives it)
-            event = self._event("cancelled", job, actor, message)
-            self.store.update_job(job.id, self._fields(job), event)
+            self.store.update_job(job.id, *self.pending_cancelled(job, actor, reason))
         self.run_pass()
         if was_pending:  # after the pass: a job that was pre-empting is due to be looked at
             self._forget(job)  # again (core/claims.py _drop_claim), and must still be there
         return job
+
+    def pending_cancelled(self, job: Job, actor: str, reason: str | None = None):
+        """The bookkeeping of a pending job the engine has just cancelled: its message (as a
+        running job's stop gives one) and the pending count; its row's fields and the event
+        to store."""
+        self.submissions.count_pending(job, -1)
+        message = reason or f"cancelled by {actor}"
+        extra = self.extras.get(job.id)
+        if extra is not None:
+            extra.message = message
+        return self._fields(job), self._event("cancelled", job, actor, message)
 
     def close(self) -> None:
         """Stop the timers of its own (the reaper's); the poll loop is the caller's."""

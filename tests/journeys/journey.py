@@ -19,7 +19,6 @@ import contextlib
 import os
 import pwd
 import re
-import shutil
 import time
 from pathlib import Path
 
@@ -27,6 +26,8 @@ import hub_harness
 import pytest
 import requests
 import test_spawner as ts
+
+from jupyter_gpusched.notebook.payloads import remove  # (a file, or a folder, not followed)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -121,9 +122,9 @@ def remove_what_was_written(since: float) -> None:
     homes = {user: Path(pwd.getpwnam(user).pw_dir) for user in hub_harness.DEMO_USERS}
     for user, path in sorted(WRITTEN, key=lambda written: -len(written[1])):  # files first
         written = homes[user] / path
-        _remove(written)
+        remove(written)
         checkpoints = written.parent / ".ipynb_checkpoints"  # (the server's copy of a file)
-        _remove(checkpoints / f"{written.stem}-checkpoint{written.suffix}")
+        remove(checkpoints / f"{written.stem}-checkpoint{written.suffix}")
         with contextlib.suppress(OSError):
             checkpoints.rmdir()  # once empty
     WRITTEN.clear()
@@ -131,14 +132,7 @@ def remove_what_was_written(since: float) -> None:
         payloads = home / ".gpusched"
         for entry in payloads.glob("*") if payloads.is_dir() else ():
             if entry.stat().st_mtime >= since:
-                _remove(entry)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+                remove(entry)
 
 
 @pytest.fixture(scope="module")

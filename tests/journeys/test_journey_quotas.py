@@ -215,3 +215,40 @@ def test_the_shorter_job_takes_the_hole_and_the_big_job_says_why_it_waits(demo, 
     first = ts.service_job(hub, "alice", planned_1m)
     assert first["start_time"] < done["start_time"], (first, done)
     stop_everything(hub)
+
+
+def test_a_job_that_will_reclaim_says_when_and_admin_sees_the_borrowing(demo, people):
+    """The cluster full of hour-long jobs: alice's 2 GPUs and bob's 4 and 2, so research holds
+    8 on a guarantee of 6 and nlp 6 on 3. carol's 1-GPU job in ops (idle, 2 guaranteed) waits.
+    Its reservation is at the first end (1 h), but the engine reclaims bob's 2-GPU job once its
+    minimum run time (10 min) and grace (5 min) are over: her page says about 15 min, not about
+    1 h. admin's queue table shows the borrowing as api/quotas gives it."""
+    hub = demo
+    fills = [("alice", 2), ("bob", 4), ("bob", 2)]
+    jobs = [(u, _submit(hub, u, command="sleep 3600", gpus=n, walltime="1h")) for u, n in fills]
+    started = [ts.wait_job(hub, user, job_id, {"running"})["start_time"] for user, job_id in jobs]
+    assert ts.free_gpus(hub) == 0
+    carols = _submit(hub, "carol", command="sleep 60", gpus=1, queue="ops", walltime="10m")
+    reclaim = started[2] + 600 + 300  # bob's 2-GPU job: what the reclaim may take
+
+    def expected():
+        eta = (ts.service_job(hub, "carol", carols)["reason"] or {}).get("eta")
+        return eta if eta is not None and abs(eta - reclaim) < 2 else None
+
+    _wait(expected, 30, "carol's expected start is not the reclaim's")
+    carol = people("carol")
+    carol.goto(f"{hub.url}/services/gpusched/")
+    row = carol.locator(f"#my-jobs tr.job[data-id='{carols}']")
+    expect(row.locator("td").nth(8)).to_have_text(
+        re.compile(r"^about 1[45] min \(\d\d:\d\d\)$"), timeout=TIMEOUT_MS
+    )
+    shot(carol, TEST, "8-carol-expected-at-the-reclaim")
+    admin = people("admin")
+    admin.goto(f"{hub.url}/services/gpusched/")
+    nlp = admin.locator("#queues-admin tr[data-queue='research/nlp'] td.num")
+    expect(nlp.nth(0)).to_have_text("6", timeout=TIMEOUT_MS)  # in use
+    expect(nlp.nth(3)).to_have_text("3")  # borrowing: 6 on a guarantee of 3
+    queues = service(hub, "GET", "api/quotas", "admin").json()["queues"]
+    assert {q["path"]: q["borrowed"] for q in queues}["research/nlp"] == 3
+    shot(admin, TEST, "9-admin-nlp-borrowing")
+    stop_everything(hub)

@@ -54,7 +54,7 @@ STATE_DEPENDENT = {
         # and a notebook it may read there
         "notebook": "^the notebook .* is not a file .* may read",
         # an array's ranges upwards, its size and %MAX_RUNNING within bounds (core/arrays.py)
-        "array": "must go upwards|must be at least 1|elements$|indices go up to",
+        "array": "must go upwards|must be from 1 to|elements$|indices go up to",
         # after now (the clock's), and one the engine can meet (its queue, its walltime)
         "deadline": "^'deadline' must be a time with its zone .*later than now|cannot be met: ",
     },

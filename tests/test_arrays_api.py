@@ -52,7 +52,10 @@ async def test_an_array_is_created_in_one_request_with_its_ids_and_indices(servi
     ("array", "says"),
     [
         ("5-2", "must go upwards"),
-        ("0-9%0", "at least 1"),
+        ("0-9%0", "from 1 to"),
+        # beyond what a database integer holds: once a 500 that left the started elements
+        # running in the engine, with no rows, for nobody to cancel
+        ("0-3%99999999999999999999999", f"from 1 to {MAX_ARRAY_ELEMENTS}"),
         ("x", "Slurm's syntax"),
         ("0-", "Slurm's syntax"),
         (7, "Slurm's syntax"),
@@ -65,7 +68,28 @@ async def test_a_bad_array_is_a_400_naming_the_field_and_stores_nothing(service,
     status, error = await alice.post("api/jobs", body(array))
     assert status == 400, error
     assert error["field"] == "array" and says in error["error"]
-    assert service.app.store.jobs() == []
+    assert service.app.store.jobs() == [] and not service.live.engine.jobs
+
+
+async def test_elements_the_database_refuses_are_taken_back_though_the_pass_started_them(
+    service, monkeypatch
+):
+    """The pass after a submission runs before its group commit: elements it started must not
+    stay in the engine, holding GPUs with no row, when the commit fails (a 503 to retry)."""
+    alice, engine, store = service.client("alice"), service.live.engine, service.live.store
+
+    def refused(rows, events):
+        raise OSError("disk full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store, "add_jobs", refused)
+        status, error = await alice.post("api/jobs", body("0-3"))
+    assert status == 503 and "disk full" in error["error"]
+    assert not engine.jobs and not engine.running and store.jobs() == []
+    assert engine.state.free_total == 24 and not service.live.extras
+    status, answer = await alice.post("api/jobs", body("0-3"))  # and the next one is whole
+    assert status == 201 and [job["state"] for job in answer["jobs"]] == ["running"] * 4
+    assert engine.state.free_total == 20
 
 
 async def test_an_array_of_notebook_servers_is_refused(service):

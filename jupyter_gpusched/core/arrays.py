@@ -50,9 +50,10 @@ def parse_array(text) -> ArraySpec:
     max_running = None
     if cap:
         max_running = int(cap)
-        if max_running < 1:
+        if not 1 <= max_running <= MAX_ARRAY_ELEMENTS:  # (more than runs at once is no cap)
             raise ConfigError(
-                f"'array': the %MAX_RUNNING of {text!r} must be at least 1", field="array"
+                f"'array': the %MAX_RUNNING of {text!r} must be from 1 to {MAX_ARRAY_ELEMENTS}",
+                field="array",
             )
     indices: set[int] = set()
     for part in ranges.split(","):

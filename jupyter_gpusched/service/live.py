@@ -224,7 +224,10 @@ class LiveScheduler:
         decisions = self.engine.schedule(now)
         if not decisions:
             return
-        self.submissions.save()  # rows about these jobs follow
+        lost = self.submissions.save()  # rows about these jobs follow
+        if lost:  # submissions the database refused: taken back, GPUs they got free again
+            decisions = [decision for decision in decisions if decision.job_id not in lost]
+            self._again = True
         self.decisions += len(decisions)
         changes, opened, closed, events, launches, stops = [], [], [], [], [], []
         for decision in decisions:

@@ -219,15 +219,18 @@ class Submissions:
         for job in jobs:
             await self.saved(job.id)
 
-    def save(self) -> None:
-        """Commit the pending submissions (before anything else is written about them)."""
+    def save(self) -> set[str]:
+        """Commit the pending submissions (before anything else is written about them); the
+        ids of those the database did not take (none, normally), taken back from the engine:
+        the callers get an error, not a 201, and the pass being carried out (live.py), which
+        may have started some, must carry out nothing about them."""
         live = self.live
         batch, self._unsaved = self._unsaved, []
         future, self._saved = self._saved, None
         if not batch:
             if future is not None and not future.done():
                 future.set_result(None)
-            return
+            return set()
         try:
             live.store.add_jobs(
                 [row_for(job, live.extras[job.id]) for job, _ in batch],
@@ -235,16 +238,20 @@ class Submissions:
             )
         except Exception as exc:
             log.exception("the database did not take %d submissions", len(batch))
-            for job, _ in batch:  # undo: the callers get an error, not a 201
+            now = live.clock()
+            for job, _ in batch:
                 if job.state == JobState.PENDING:
-                    live.engine.cancel(job.id, live.clock())
-                    self.count_pending(job, -1)
-                    live._forget(job)
+                    live.engine.cancel(job.id, now)
+                elif job.state == JobState.RUNNING:  # started by that pass: nothing launched
+                    live.engine.job_ended(job.id, now, "failed", "the database refused it")
+                self.count_pending(job, -1)
+                live._forget(job)
             if future is not None and not future.done():
                 future.set_exception(exc)
-            return
+            return {job.id for job, _ in batch}
         if future is not None and not future.done():
             future.set_result(None)
+        return set()
 
 
 def _never_runs(job: Job) -> RequestError:

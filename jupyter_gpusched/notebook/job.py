@@ -8,6 +8,7 @@ its client for its latest view and its log, and the widgets (:mod:`.widgets`) bu
 from __future__ import annotations
 
 import html
+import os
 import pickle
 import sys
 import time
@@ -119,6 +120,8 @@ class Job:
                 f"job {self.id} ended {state} without a result; see job.logs()"
                 + (f": {self.data.get('message')}" if self.data.get("message") else "")
             )
+        if path.lstat().st_uid != os.geteuid():  # unpickling runs code: only the job's own
+            raise JobFailedError(f"job {self.id}'s result {path} is not your file; not read")
         with path.open("rb") as f:
             outcome = pickle.load(f)
         if outcome["ok"]:

@@ -15,6 +15,12 @@ if the submission fails)``.
 * a **cell**: ``cell-<stamp>.py``, the cell's text, run as ``__main__`` with the working
   directory first on ``sys.path``.
 
+The folder is the user's own: made 0700, and its files 0600, whatever the umask (a cell's text
+and a function's arguments are nobody else's to read). One that is a link, another user's, or
+one that others may write to is refused (a PermissionError, so the client falls back to the
+home directory): in a shared ``/tmp`` another user could make ``.gpusched`` first and replace
+what the job runs, which runs as its user.
+
 Each new payload first removes those of the folder not changed for :data:`KEEP_DAYS` days (a
 function's folder changes when its result is written), so that a notebook that submits jobs
 every day does not fill its folder for good: a function's result is read within a month.
@@ -22,11 +28,13 @@ every day does not fill its folder for good: a function's result is read within 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
 import shlex
 import shutil
+import stat
 import sys
 import time
 import uuid
@@ -134,15 +142,16 @@ def pickled_call(function: Callable, args: tuple, kwargs: dict) -> bytes:
 def function_payload(call: bytes, cwd: str) -> tuple[str, str, Path]:
     """Write a pickled call (:func:`pickled_call`) to ``<cwd>/.gpusched/fn-<stamp>/``; OSError
     when it cannot be written there."""
-    prune(Path(cwd) / PAYLOAD_DIR)
-    directory = Path(cwd) / PAYLOAD_DIR / f"fn-{_stamp()}"
+    folder = private_folder(cwd)
+    prune(folder)
+    directory = folder / f"fn-{_stamp()}"
     try:
-        directory.mkdir(parents=True, exist_ok=False)
-        (directory / "call.pkl").write_bytes(call)
+        directory.mkdir(mode=0o700)
+        _write_new(directory / "call.pkl", call)
         paths = [p for p in sys.path if p and os.path.isdir(p)]
-        (directory / "path.json").write_text(json.dumps(paths))
+        _write_new(directory / "path.json", json.dumps(paths).encode())
         runner = directory / "run.py"
-        runner.write_text(_RUNNER)
+        _write_new(runner, _RUNNER.encode())
     except OSError:
         remove(directory)
         raise
@@ -152,13 +161,40 @@ def function_payload(call: bytes, cwd: str) -> tuple[str, str, Path]:
 
 def cell_payload(cell: str, cwd: str) -> tuple[str, None, Path]:
     """Write a cell's text to ``<cwd>/.gpusched/cell-<stamp>.py``; OSError when it cannot."""
-    directory = Path(cwd) / PAYLOAD_DIR
-    prune(directory)
-    directory.mkdir(exist_ok=True)
-    path = directory / f"cell-{_stamp()}.py"
-    path.write_text(cell)
+    folder = private_folder(cwd)
+    prune(folder)
+    path = folder / f"cell-{_stamp()}.py"
+    _write_new(path, cell.encode())
     command = f"{JOB_PYTHON} -u -c " + shlex.quote(_RUN_CELL.format(path=str(path)))
     return command, None, path
+
+
+def private_folder(cwd: str) -> Path:
+    """``<cwd>/.gpusched``, made 0700 where missing (and made 0700 where it is ours but others
+    may read it); a PermissionError saying why where it is a link, is not this user's, or
+    others may write to it (see the module docstring)."""
+    folder = Path(cwd) / PAYLOAD_DIR
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise PermissionError(
+            f"{folder} is not a folder of yours that only you may write to, so a job's code "
+            "left there could be replaced by another user: remove it, or submit from another "
+            "folder"
+        )
+    if info.st_mode & 0o077:
+        os.chmod(folder, 0o700)  # one made before payloads were private
+    return folder
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new file at ``path``, readable by this user only (never through a
+    link, never over a file that is there)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
 
 
 def prune(directory: Path, now: float | None = None) -> None:

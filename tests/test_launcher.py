@@ -222,6 +222,39 @@ def test_background_processes_do_not_outlive_their_job(tmp_path):
     wait_for(lambda: gone(int((tmp_path / "bg.pid").read_text())))
 
 
+FORGER = """
+import os, sys, time
+if any(arg.startswith("--exit-fd=") for arg in sys.argv):  # in the runner, before it starts
+    fd = int(next(a for a in sys.argv if a.startswith("--exit-fd=")).split("=")[1])
+    if os.fork() == 0:  # the work goes on, in the job's group ...
+        script = 'echo $$ > "$WORK_PID.new"; mv "$WORK_PID.new" "$WORK_PID"; exec sleep 300'
+        os.execvp("sh", ["sh", "-c", script])
+    while not os.path.exists(os.environ["WORK_PID"]):
+        time.sleep(0.01)
+    run = next((a[6:] for a in sys.argv if a.startswith("--run=")), None)  # (if it has one)
+    os.write(fd, ('{"run": "%s", "code": 0}\\n' % run).encode())  # ... while it says it ended
+    os._exit(0)
+"""
+
+
+def test_a_job_cannot_say_it_ended_while_its_work_runs_on(tmp_path):
+    """Code of the user's runs in the runner (a sitecustomize.py on the job's PYTHONPATH; a
+    usercustomize.py or LD_PRELOAD does as well): it reports "exit code 0" and goes on working.
+    Once the job reads as ended its GPUs go to another job, so none of its work may be left."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FORGER)
+    launcher = own_launcher()
+    env = {"PYTHONPATH": str(site), "WORK_PID": str(tmp_path / "work.pid")}
+    job = spec(tmp_path, "sleep 300", env=env, cwd=str(tmp_path))
+    handle = launcher.start(job)
+    exit = wait_exit(launcher, handle)
+    assert exit.outcome == "completed"  # how it ended is the user's to say; when is not:
+    wait_for(lambda: (tmp_path / "work.pid").exists())
+    wait_for(lambda: gone(int((tmp_path / "work.pid").read_text())), timeout=5)
+    assert not group_members(handle["pgid"])
+
+
 async def test_a_job_killed_by_its_signal_is_killed(tmp_path):
     launcher = own_launcher()
     handle = launcher.start(spec(tmp_path, "echo ready; sleep 60"))
@@ -310,3 +343,16 @@ def test_as_root_an_unknown_user_is_refused_not_run_as_root(tmp_path):
         LocalLauncher().start(job)
     time.sleep(0.2)
     assert not (tmp_path / "ran").exists()
+
+
+@root_only
+def test_as_root_a_job_cannot_kill_what_records_its_end(tmp_path):
+    """The job's user kills every process of the job's group it may: its record is still
+    written (by the supervisor, the service's), not "lost" with the work's fate unknown."""
+    launcher = LocalLauncher()
+    command = 'kill -9 -"$(ps -o pgid= -p $$ | tr -d " ")"; sleep 5'
+    handle = launcher.start(spec(tmp_path, command, user="nobody", cwd="/"))
+    exit = wait_exit(launcher, handle)
+    assert (exit.outcome, exit.message) == ("killed", "killed by SIGKILL"), read_log(
+        launcher, handle
+    )

@@ -4,14 +4,19 @@ implements, :class:`~jupyter_gpusched.backends.interface.Launcher`, with its han
 
 How it runs them:
 
-* Each job runs under :mod:`jupyter_gpusched.backends.local.runner` (``python -m ...``), which leads
-  a process group of its own, so ``signal`` and ``stop`` reach every process of the job. The
-  runner writes how the job ended to an *exit record* (``<log_dir>/<job_id>.exit``) through a
-  file descriptor the launcher opened; ``poll`` reads that record, which works even when the job
-  is no longer the service's child (after a restart). If the runner vanished without a record,
-  the outcome is ``"killed"`` when the launcher had sent SIGKILL, ``"lost"`` otherwise. A job
-  ends with its main process: the runner then SIGKILLs what is left of its group, and ``stop``
-  returns only once the group is empty (or ``kill_wait`` has passed), so its GPUs are free.
+* Each job runs under :mod:`jupyter_gpusched.backends.local.supervisor`, started as the
+  service's own user (root, where jobs run as their users) to lead a process group of its own,
+  so ``signal`` and ``stop`` reach every process of the job. The supervisor starts
+  :mod:`jupyter_gpusched.backends.local.runner` in that group as the job's user (the runner
+  runs the command or notebook) and, once the runner is gone, writes how the job ended to an
+  *exit record* (``<log_dir>/<job_id>.exit``) through a file descriptor the launcher opened;
+  ``poll`` reads that record, which works even when the job is no longer the service's child
+  (after a restart). The job's user can neither write the record nor kill the supervisor, so a
+  job cannot say it ended while it runs on. If the supervisor vanished without a record, the
+  outcome is ``"killed"`` when the launcher had sent SIGKILL, ``"lost"`` otherwise (what is
+  left of its group is then killed). A job ends with its main process: the supervisor then
+  SIGKILLs what is left of its group, and ``stop`` returns only once the group is empty (or
+  ``kill_wait`` has passed), so its GPUs are free.
 * stdout and stderr go to ``<log_dir>/<job_id>.log``, appended to (a requeued job's runs follow
   one another), each run starting with a header line. A notebook job's executed copy is saved
   as ``<log_dir>/<job_id>.out.ipynb``.
@@ -58,6 +63,7 @@ import signal as _signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -90,6 +96,26 @@ def _open(path: str, flags: int, owner: pwd.struct_passwd | None) -> int:
     if owner is not None:
         os.fchown(fd, owner.pw_uid, owner.pw_gid)
     return fd
+
+
+def _unnamed_file(data: bytes) -> int:
+    """A descriptor of a file with no name (no other process can open it), holding ``data``,
+    at its start."""
+    with tempfile.TemporaryFile() as file:
+        file.write(data)
+        file.flush()
+        fd = os.dup(file.fileno())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _supervisor_environment() -> dict:
+    """The supervisor's environment: none of the job's (it runs as the service's user), and of
+    the service's only what finds Python and this package."""
+    env = {"PATH": os.defpath, "LANG": "C.UTF-8"}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
 
 
 def _can_import_runner(account: pwd.struct_passwd, python: str, env: dict) -> bool:
@@ -236,7 +262,7 @@ class LocalLauncher(Launcher):
         log, record = base + ".log", base + ".exit"
         output = base + ".out.ipynb" if spec.notebook is not None else None
         run = uuid.uuid4().hex
-        log_fd = record_fd = output_fd = -1
+        log_fd = record_fd = output_fd = spec_fd = -1
         try:
             os.makedirs(spec.log_dir, mode=0o700, exist_ok=True)
             log_fd = _open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, account)
@@ -244,35 +270,38 @@ class LocalLauncher(Launcher):
             python, extra_env = self._interpreter(account)
             env.update(extra_env)
             env[JOB_PYTHON_ENV] = python  # what the client's commands run (accounts.py)
-            argv = [python, "-m", "jupyter_gpusched.backends.local.runner"]
-            argv += [f"--exit-fd={record_fd}", f"--run={run}", f"--cwd={cwd}"]
+            runner = [python, "-m", "jupyter_gpusched.backends.local.runner", f"--cwd={cwd}"]
             if spec.command is not None:
-                argv.append(f"--command={spec.command}")
+                runner.append(f"--command={spec.command}")
             else:
                 # Opened here and passed on: the user writes it, in a directory they cannot.
                 output_fd = _open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, account)
-                argv += [f"--notebook={spec.notebook}", f"--output-fd={output_fd}"]
+                runner += [f"--notebook={spec.notebook}", f"--output-fd={output_fd}"]
+            what = {"run": run, "argv": runner, "env": env, "ids": run_as_ids(account)}
+            what["output_fd"] = output_fd if output_fd >= 0 else None
+            spec_fd = _unnamed_file(json.dumps(what).encode())
             stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             header = f"===== {stamp} job {spec.job_id} on {socket.gethostname()} as {run_as}"
             cvd = env["CUDA_VISIBLE_DEVICES"]
             os.write(log_fd, f"{header}: CUDA_VISIBLE_DEVICES={cvd!r}\n".encode())
+            argv = [sys.executable, "-m", "jupyter_gpusched.backends.local.supervisor"]
+            argv += [f"--exit-fd={record_fd}", f"--spec-fd={spec_fd}"]
             process = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=log_fd,
-                cwd="/",  # the runner enters the job's directory as the user (see above)
-                env=env,
+                cwd="/",
+                env=_supervisor_environment(),
                 start_new_session=True,
-                pass_fds=tuple(fd for fd in (record_fd, output_fd) if fd >= 0),
-                **run_as_ids(account),
+                pass_fds=tuple(fd for fd in (record_fd, output_fd, spec_fd) if fd >= 0),
             )
         except OSError as exc:
             if log_fd >= 0:
                 os.write(log_fd, f"===== could not start: {exc}\n".encode())
             raise LaunchError(f"could not start job {spec.job_id}: {exc}") from exc
         finally:
-            for fd in (log_fd, record_fd, output_fd):
+            for fd in (log_fd, record_fd, output_fd, spec_fd):
                 if fd >= 0:
                     os.close(fd)
         create_time = psutil.Process(process.pid).create_time()  # a zombie still has one
@@ -333,20 +362,26 @@ class LocalLauncher(Launcher):
         if exit is None:
             if ended is None and (child is not None or self.alive(handle)):
                 return None
-            exit = self._read_record(handle)  # written just before the runner vanished?
+            exit = self._read_record(handle)  # written just before the supervisor vanished?
         if ended is not None:
             del self._ended[pid]
         elif child is not None:
-            self._forget.add(pid)  # the runner exits right after writing its record
+            self._forget.add(pid)  # the supervisor exits right after writing its record
+        if exit is None and ended is not None and group_alive(handle["pgid"]):
+            # our supervisor was killed, not its group: what is left of the job must not run on
+            # GPUs that now go to another job (only ours: after a restart the group's id may
+            # since have become another's)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(handle["pgid"], _signal.SIGKILL)
         return exit or self._without_record(handle, ended[1] if ended else None)
 
     def _without_record(self, handle: dict, status: int | None) -> Exit:
-        """The runner is gone and wrote nothing; ``status`` is its wait status if ours."""
+        """The supervisor is gone and wrote nothing; ``status`` is its wait status if ours."""
         pid = handle["pid"]
         sent = self._sent.get((pid, handle["create_time"]), set())
         if handle.get("sigkill_sent") or _signal.SIGKILL in sent:
             return Exit(None, "killed", "killed by SIGKILL")
-        if status is not None and -status in sent:  # e.g. SIGTERM before the runner was ready
+        if status is not None and -status in sent:  # e.g. SIGTERM before it was ready
             return Exit(None, "killed", f"killed by {signal_name(-status)}")
         if status is None:
             return Exit(None, "lost", f"process {pid} vanished while the service was down")
@@ -395,7 +430,7 @@ class LocalLauncher(Launcher):
             handle["sigkill_sent"] = True  # for whoever polls this handle later, too
             self.signal(handle, "SIGKILL")
             exit = await self._wait(handle, self.kill_wait)
-        # The job's other processes die with the runner (it SIGKILLs them, or we did), but
+        # The job's other processes die with the supervisor (it SIGKILLs them, or we did), but
         # not at once: return when they are gone, and their GPUs free.
         deadline = time.monotonic() + self.kill_wait
         while group_alive(handle["pgid"]) and time.monotonic() < deadline:

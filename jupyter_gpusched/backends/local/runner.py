@@ -1,32 +1,31 @@
-"""The wrapper every locally launched job runs under.
+"""The wrapper every locally launched job runs under, as the job's user.
 
-:class:`~jupyter_gpusched.backends.local.launcher.LocalLauncher` never starts a job's work directly;
-it starts ``python -m jupyter_gpusched.backends.local.runner`` as the leader of a new process group,
-and this module then
+:class:`~jupyter_gpusched.backends.local.launcher.LocalLauncher` never starts a job's work
+directly: it starts :mod:`.supervisor` (as the service's user) to lead a new process group, and
+the supervisor starts ``python -m jupyter_gpusched.backends.local.runner`` in that group as the
+job's user. This module then
 
-0. enters the job's working directory (``--cwd``). The launcher starts the runner in ``/``
-   with the job's uid and groups already in place, so the directory is entered with the
-   user's rights only (``Popen(cwd=...)`` would enter it as root, before the privileges are
-   dropped). If it cannot, nothing of the job runs and the exit record says why
-   (``{"run": ..., "code": 1, "message": "could not enter ..."}``);
+0. enters the job's working directory (``--cwd``). The runner starts in ``/`` with the job's
+   uid and groups already in place, so the directory is entered with the user's rights only
+   (``Popen(cwd=...)`` would enter it as root, before the privileges are dropped). If it
+   cannot, nothing of the job runs and its report says why
+   (``{"code": 1, "message": "could not enter ..."}``);
 1. runs the job: a shell command (``/bin/sh -c COMMAND``) or a notebook (executed with nbclient,
-   the executed copy written to the file descriptor ``--output-fd``); both run in the runner's
+   the executed copy written to the file descriptor ``--output-fd``); both run in the job's
    process group, so a signal to the group reaches every process of the job, the notebook's
    kernel included;
 2. waits for it, and ignores the polite signals itself (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1,
    SIGUSR2, SIGALRM). The launcher signals the whole group, so the job has already had the signal;
    the runner only has to live long enough to see how the job ended;
-3. writes the exit record, one JSON object such as ``{"run": "...", "code": 3}`` or
-   ``{"run": "...", "signal": 15}``, to the file descriptor ``--exit-fd`` inherited from the
-   launcher. The launcher opened that file itself, so the record can be read later by a launcher
-   that is not this process's parent (after a service restart) and cannot be written by the job's
-   user through the file system; ``run`` ties the record to one start of the job;
-4. SIGKILLs whatever is left of its process group (background processes the job left behind),
-   itself included: a job ends when its main process ends. (A process that moved to a session
-   of its own, like a daemon, escapes this and the launcher's signals alike.)
+3. reports how it ended, one JSON object such as ``{"code": 3}`` or ``{"signal": 15}``, to the
+   file descriptor ``--exit-fd`` (a pipe to the supervisor), and exits. The supervisor then
+   writes the exit record the launcher reads and SIGKILLs whatever is left of the group
+   (background processes the job left behind). A job ends when its main process ends. (A
+   process that moved to a session of its own, like a daemon, escapes this and the launcher's
+   signals alike.)
 
-If the group is SIGKILLed, the runner dies with it and no record is written; the launcher then
-knows the job was killed (or, if not by the launcher, that it was lost).
+Run on its own as the leader of its group (``--exit-fd`` a file), it does the supervisor's last
+step itself.
 
 Output (stdout and stderr of the runner, the job and the kernel) goes to whatever the launcher
 gave as stdout, normally the job's log file.
@@ -35,7 +34,6 @@ gave as stdout, normally the job's log file.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
@@ -57,7 +55,7 @@ def _note(text: str) -> None:
     print(f"[gpusched-runner {stamp}] {text}", file=sys.stderr, flush=True)
 
 
-def _ignore_polite_signals() -> None:
+def ignore_polite_signals() -> None:
     """Catch (rather than ``SIG_IGN``) the polite signals: a caught signal is reset to its default
     action in the job at ``exec``, an ignored one would be inherited and the job would never see
     it."""
@@ -142,6 +140,8 @@ def run_notebook(path: str, output) -> dict:
     failure: list[BaseException] = []
 
     def execute() -> None:
+        import asyncio
+
         try:
             asyncio.run(client.async_execute())
         except BaseException as exc:  # reported below, in the main thread
@@ -184,7 +184,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Run one job, record how it ended (used by LocalLauncher).",
     )
     parser.add_argument("--exit-fd", type=int, required=True, help="where to write the record")
-    parser.add_argument("--run", required=True, help="token copied into the exit record")
+    parser.add_argument("--run", help="token copied into the exit record (run alone)")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--command", help="shell command, run with /bin/sh -c")
     what.add_argument("--notebook", help="notebook to execute with nbclient")
@@ -207,7 +207,7 @@ def enter(directory: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _ignore_polite_signals()
+    ignore_polite_signals()
     args = parse_args(argv)
     os.set_inheritable(args.exit_fd, False)  # the job must not get (and write) the record's fd
     if args.output_fd is not None:
@@ -233,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if runtime_dir is not None:
             shutil.rmtree(runtime_dir, ignore_errors=True)
-    os.write(args.exit_fd, json.dumps({"run": args.run, **result}).encode() + b"\n")
+    record = result if args.run is None else {"run": args.run, **result}
+    os.write(args.exit_fd, json.dumps(record).encode() + b"\n")
     os.close(args.exit_fd)
     _note(f"job ended: {_describe(result)}")
     sys.stdout.flush()

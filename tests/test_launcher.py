@@ -300,6 +300,16 @@ def test_a_runner_killed_behind_the_launchers_back_is_lost(tmp_path):
     assert "SIGKILL" in exit.message
 
 
+def test_what_is_left_of_a_job_whose_supervisor_was_killed_is_killed(tmp_path):
+    launcher = own_launcher()
+    handle = launcher.start(spec(tmp_path, "echo ready; sleep 60"))
+    wait_for(lambda: "ready" in read_log(launcher, handle))
+    os.kill(handle["pid"], signal.SIGKILL)  # the supervisor alone (by an admin, the OOM killer)
+    exit = wait_exit(launcher, handle)
+    assert (exit.code, exit.outcome) == (None, "lost")
+    wait_for(lambda: not group_members(handle["pgid"]), timeout=5)  # no work on its GPUs
+
+
 def test_bad_specs_are_refused(tmp_path):
     launcher = own_launcher()
     with pytest.raises(LaunchError, match="exactly one"):

@@ -140,6 +140,7 @@ BAD_REQUESTS = [
     ("NaN", b'{"gpus": 1, "command": "true", "cpus": NaN}', None),
     ("deeply nested", b'{"gpus": 1, "command": "true", "labels": ' + b"[" * 100_000, None),
     ("a lone surrogate", b'{"gpus": 1, "command": "echo \\ud800"}', None),
+    ("a key given twice", b'{"gpus": 1, "command": "true", "gpus": 8}', None),
     ("an unknown field", {**JOB, "colour": "red"}, "colour"),
     ("user in the body", {**JOB, "user": "bob"}, "user"),
     ("no gpus", {"command": "true"}, "gpus"),
@@ -203,6 +204,12 @@ async def test_bad_requests_get_400_naming_the_field_and_change_nothing(service_
         assert error["error"], what
     status, error = await alice.post("api/jobs", {**JOB, "tier": 4})  # says what to fix
     assert error["error"].startswith("'tier' must be 1 (") and error["error"].endswith("got 4")
+    status, error = await alice.post("api/jobs", raw=b'{"gpus": 1, "gpus": 8, "command": "x"}')
+    assert error["error"] == "the body is not valid JSON: 'gpus' is given twice: keep one"
+    for number in ("1_000", "\uff11", "0x10"):  # float() takes the first two
+        status, error = await alice.get("api/jobs", params={"limit": number})
+        assert (status, error["field"]) == (400, "limit"), (number, error)
+    assert (await alice.get("api/jobs", params={"limit": "1e3"}))[0] == 200
     assert await snapshot() == before
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from functools import wraps
 
 from tornado import web
@@ -32,6 +33,8 @@ from .expected_starts import with_expected_start
 from .records import placement_view, public_job, reason_dict, utilization_view
 from .requests import MAX_BODY_BYTES, MAX_WHOLE, RequestError, parse_body
 
+#: A number in a query argument, written as JSON writes one (float() also takes '1_000' and '１')
+NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 MAX_MESSAGE = 1000  # characters of an error message, whatever raised it (a last safety net)
 DRAIN_FACTOR = 64  # bodies up to this many times max_body_bytes are read (and dropped) for a 413
 HTTP_METHODS = ("get", "head", "post", "put", "patch", "delete")
@@ -208,7 +211,7 @@ class APIHandler(web.RequestHandler):
         if value is None:
             return default
         try:
-            number = float(value)
+            number = float(value) if NUMBER.fullmatch(value) else math.nan
         except ValueError:
             number = math.nan
         if not math.isfinite(number):

@@ -89,11 +89,23 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+def _no_repeats(pairs: list) -> dict:
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"{key!r} is given twice: keep one")
+        seen[key] = value
+    return seen
+
+
 def parse_body(body: bytes) -> dict:
     """The JSON object in ``body``, or RequestError. Strict JSON: no NaN or Infinity, no lone
-    surrogates (``"\\ud800"``: not text, and no database could store it)."""
+    surrogates (``"\\ud800"``: not text, and no database could store it), no key given twice
+    in an object (which one counts would be a guess)."""
     try:
-        data = json.loads(body or b"null", parse_constant=_no_constant)
+        data = json.loads(
+            body or b"null", parse_constant=_no_constant, object_pairs_hook=_no_repeats
+        )
         json.dumps(data, ensure_ascii=False).encode()
     except (ValueError, UnicodeError) as exc:
         raise RequestError(f"the body is not valid JSON: {exc}") from None

@@ -233,15 +233,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if runtime_dir is not None:
             shutil.rmtree(runtime_dir, ignore_errors=True)
-    record = result if args.run is None else {"run": args.run, **result}
-    os.write(args.exit_fd, json.dumps(record).encode() + b"\n")
-    os.close(args.exit_fd)
     _note(f"job ended: {_describe(result)}")
+    record_and_end(args.exit_fd, result if args.run is None else {"run": args.run, **result})
+    return 0
+
+
+def record_and_end(exit_fd: int, record: dict) -> None:
+    """Write ``record`` to ``exit_fd``; then, as the leader of the job's process group, SIGKILL
+    what is left of it (background processes the job left behind), this process included."""
+    os.write(exit_fd, json.dumps(record).encode() + b"\n")
+    os.close(exit_fd)
     sys.stdout.flush()
     sys.stderr.flush()
-    if os.getpgid(0) == os.getpid():  # as started by the launcher: the group is the job's
-        os.killpg(os.getpid(), signal.SIGKILL)  # leftovers, and this process
-    return 0
+    if os.getpgid(0) == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":

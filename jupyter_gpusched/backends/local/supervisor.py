@@ -29,11 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 
-from .runner import ignore_polite_signals
+from .runner import ignore_polite_signals, record_and_end
 
 MAX_REPORT = 4096  # bytes of the runner's report read
 MAX_MESSAGE = 1000  # characters of its message kept
@@ -104,13 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     os.set_inheritable(args.exit_fd, False)
     with os.fdopen(args.spec_fd, encoding="utf-8") as file:
         spec = json.load(file)
-    result = supervise(spec)
-    os.write(args.exit_fd, json.dumps({"run": spec["run"], **result}).encode() + b"\n")
-    os.close(args.exit_fd)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if os.getpgid(0) == os.getpid():  # as started by the launcher: the group is the job's
-        os.killpg(os.getpid(), signal.SIGKILL)  # leftovers, and this process
+    record_and_end(args.exit_fd, {"run": spec["run"], **supervise(spec)})
     return 0
 
 

@@ -498,3 +498,57 @@ def test_the_core_rules_name_the_field_in_a_config_error():
         rules.validate({"warning_lead": "soon"})
     assert raised.value.field == "warning_lead"
     assert raised.value.message == "'warning_lead' must be a duration (seconds, or 30m, 1h)"
+
+
+def test_a_reading_of_its_gpu_from_before_the_server_started_is_not_its_measurement():
+    """A server allocated a GPU that an earlier job left idle: the sampler's last reading of
+    that GPU is the earlier job's. Taken as the server's, it made the server idle since before
+    it existed, warned as it started and stopped a minute later (seen in make demo)."""
+    from jupyter_gpusched.service.gpu_sampling import GPUReading
+    from jupyter_gpusched.service.reaper_measure import take_readings
+
+    server = session(started=NOW, last_measured=None)
+    before = GPUReading("gpu1", 1, 0.0, 0.0, "simulated", NOW - 80)
+    assert not take_readings(server, [before], 1, 5.0, "sampler")
+    assert server.first_measured is None and server.idle_since == NOW
+    after = GPUReading("gpu1", 1, 0.0, 0.0, "simulated", NOW + 10)
+    assert take_readings(server, [after], 1, 5.0, "sampler")
+    assert server.idle_since == NOW + 10
+    settings = {**DEFAULTS, "timeout_tier_2": 120, "warning_lead": 60}
+    (warn,) = decide([server], settings, NOW + 70)
+    assert isinstance(warn, Warn) and warn.deadline == NOW + 130  # the whole timeout from then
+
+
+async def test_a_warning_that_did_not_reach_the_server_is_posted_again_while_it_stands():
+    """The warning of a server not up yet (its notice answered 403 by the hub) was never posted
+    again: the Lab then saw the server stopped without one. The stop does not wait for it."""
+    from jupyter_gpusched.service.reaper_actions import ReaperActions
+
+    posted, answers, tasks = [], [False, True], []
+
+    class Hub:
+        async def post_notice(self, user, server_name, notice):
+            posted.append(notice["kind"])
+            return answers.pop(0)
+
+    class Live:
+        hub = Hub()
+
+        def _spawn(self, coroutine):
+            tasks.append(asyncio.ensure_future(coroutine))
+
+    actions = ReaperActions(Live())
+    server = session(warned=NOW, warn_deadline=NOW + 60)
+    await actions._deliver(server, server.warned, {"kind": "idle", "deadline": NOW + 60})
+    assert posted == ["idle"] and "j-000001" in actions.undelivered
+    actions.resend(server)
+    await asyncio.gather(*tasks)
+    assert posted == ["idle", "idle"] and not actions.undelivered
+    actions.resend(server)  # delivered: nothing more
+    assert posted == ["idle", "idle"] and len(tasks) == 1
+    # a warning that use has called off is not posted again
+    answers.append(False)
+    await actions._deliver(server, server.warned, {"kind": "idle", "deadline": NOW + 60})
+    server.warned = None
+    actions.resend(server)
+    assert len(tasks) == 1 and not actions.undelivered

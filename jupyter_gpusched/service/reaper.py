@@ -282,6 +282,7 @@ class Reaper:
             job = engine.jobs.get(job_id)
             if job is None or job.state != JobState.RUNNING:
                 del self.sessions[job_id]
+                self.actions.undelivered.pop(job_id, None)
                 if self.recorder is not None:
                     self.recorder.close(job_id)
         for job in engine.running.values():
@@ -302,6 +303,8 @@ class Reaper:
         if self.unmonitored_gauge is not None:
             lost = sum(unmonitored(s, settings, now) for s in self.sessions.values())
             self.unmonitored_gauge.set(lost)
+        for session in candidates:
+            self.actions.resend(session)
         for action in actions:
             self.actions.carry_out(self.sessions[action.job_id], action, settings, now)
         return actions

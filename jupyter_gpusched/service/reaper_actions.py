@@ -30,6 +30,9 @@ class ReaperActions:
         self.metrics = metrics  # the service's metrics (culls counted), or None
         self.reclaimed = reclaimed  # the reclaimed GPU-hours counter, or None
         self.culling: dict[str, str] = {}  # job id -> why the reaper is stopping its server
+        # job id -> (when the warning went out, its notice): a warning's notice that did not
+        # reach the server (not up yet), posted again at the next ticks while it stands
+        self.undelivered: dict[str, tuple[float | None, dict]] = {}
 
     def carry_out(self, session: Session, action, settings: dict, now: float) -> None:
         """Do what ``action`` (decided at ``now`` under ``settings``) says about ``session``."""
@@ -124,10 +127,25 @@ class ReaperActions:
         event = self.live._event(event_kind, job, "reaper", message)
         event["time"], event["data"] = now, data
         self.live.store.add_event(event)
-        hub = self.live.hub
-        if hub is not None and notice is not None:
+        if self.live.hub is not None and notice is not None:
             notice = {**notice, "job_id": session.job_id, "message": message}
-            self.live._spawn(hub.post_notice(session.user, session.server_name, notice))
+            self.live._spawn(self._deliver(session, session.warned, notice))
+
+    async def _deliver(self, session: Session, warned: float | None, notice: dict) -> None:
+        """Post a warning's ``notice`` to the server; kept to post again (:meth:`resend`) when
+        it did not arrive. The stop does not wait for it (the server's owner could keep it from
+        arriving): the warning counts from when it was decided, as its audit event says."""
+        if await self.live.hub.post_notice(session.user, session.server_name, notice):
+            self.undelivered.pop(session.job_id, None)
+        else:
+            self.undelivered[session.job_id] = (warned, notice)
+
+    def resend(self, session: Session) -> None:
+        """At each tick: post again the notice of a warning that still stands and has not
+        reached the server yet."""
+        held = self.undelivered.pop(session.job_id, None)
+        if held is not None and held[0] == session.warned and session.warned is not None:
+            self.live._spawn(self._deliver(session, *held))
 
     def _cull(self, session: Session, action: Cull, settings: dict, now: float) -> None:
         job = self.live.engine.jobs[session.job_id]

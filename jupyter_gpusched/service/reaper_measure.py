@@ -25,8 +25,11 @@ def take_readings(
     session: Session, readings, allocated: int, threshold: float, measured_by: str | None
 ) -> bool:
     """Take the trusted ``readings`` of the session's ``allocated`` GPUs if they are newer than
-    its last measurement; True when they made one."""
-    known = [r for r in readings if r.utilization is not None]
+    its last measurement and not older than the session (a reading of its GPU from before it
+    was allocated tells of the job that held it then: a server started on a GPU idle since an
+    earlier job left was once counted idle since then, and stopped a minute after it started);
+    True when they made one."""
+    known = [r for r in readings if r.utilization is not None and r.time >= session.started]
     if not known:
         return False
     when = max(r.time for r in known)

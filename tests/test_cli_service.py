@@ -72,6 +72,8 @@ async def test_submit_queue_jobs_log_cancel_as_a_user_in_a_server(service, tmp_p
     await wait_job(alice, running, "running")
     rc, out, err = await cli(env, "submit", "--gpus", "16", "--gpu-model", "H100", "sleep", "60")
     waiting = out.strip()
+    rc, out, err = await cli(env, "submit", "--walltime", "120", "true")  # Slurm's minutes?
+    assert rc == 2 and "'120' has no unit: write 120m for minutes" in err, err
     rc, out, err = await cli(env, "submit", "--hold", "--json", "true")
     assert rc == 0 and json.loads(out)["held"] is True, err
     held = json.loads(out)["id"]

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from ..notebook.job import MAX_LOG_BYTES, Job
+from ..notebook.typed_options import duration_with_unit
 from .service import OK, UsageError, add_command, print_json
 
 
@@ -71,7 +72,12 @@ def _job_options(parser) -> None:
     parser.add_argument("--gpus", type=int, default=1, help="how many GPUs (default 1)")
     parser.add_argument("--queue", help="queue path, e.g. research/vision (default: yours)")
     parser.add_argument("--tier", type=int, choices=(1, 2, 3), help="1, 2 (default) or 3")
-    parser.add_argument("--walltime", help="the longest it runs: 30m, 2h, 1d or seconds")
+    parser.add_argument(
+        "--walltime",
+        type=duration_with_unit,
+        help="how long it runs, which the scheduler plans with (not a limit it enforces): 90s, "
+        "30m, 2h, 1d",
+    )
     parser.add_argument(
         "--deadline",
         help="when it must have finished: a duration from now (6h, 2d) or a time with its zone "

@@ -280,8 +280,23 @@ def test_gpujob_without_wait_and_status(shell, service, capsys):
     assert re.search(rf"{job.id}  pending +8x H100  tier 2", out), out  # GPUs in words
     run(shell, "%gpusched cluster")
     assert "16 of 24 GPUs allocated" in capsys.readouterr().out
+    run(shell, f"%gpusched logs {job.id}")
+    assert capsys.readouterr().out == f"{job.id}: no output yet\n"  # (it printed nothing)
     run(shell, f"%gpusched cancel {job.id}")
     assert f"{job.id}: cancelled" in capsys.readouterr().out
+    # a running job is stopping, not "running" as if the cancel had failed; once it is gone,
+    # the list says who ended it
+    busy = run(shell, "%%gpujob --gpus 1 --walltime 1h\nimport time\ntime.sleep(60)\n")
+    deadline = time.monotonic() + 30
+    while busy.status() != "running":
+        assert time.monotonic() < deadline, busy.data
+        time.sleep(0.1)
+    capsys.readouterr()
+    run(shell, f"%gpusched cancel {busy.id}")
+    assert f"{busy.id}: running (stopping: cancelled)" in capsys.readouterr().out
+    busy.wait(timeout=30)
+    run(shell, "%gpusched jobs")
+    assert re.search(rf"{busy.id}  cancelled .* gpujob +cancelled by alice", capsys.readouterr().out)
 
 
 def test_gpujob_bad_options_are_one_line_usage_errors(shell, workdir, capsys):
@@ -292,6 +307,8 @@ def test_gpujob_bad_options_are_one_line_usage_errors(shell, workdir, capsys):
         ("--gpus 0", "%%gpujob --cpus: a job with 'gpus' 0 must ask for 'cpus' or 'memory_gb'"),
         ("--tier 9", "%%gpujob --tier: 'tier' must be 1 (never pre-empted"),
         ("--walltime soon", "%%gpujob --walltime: "),
+        # 120 seconds to the API, 120 minutes to a Slurm user: the unit must be said
+        ("--walltime 120", "argument --walltime: '120' has no unit: write 120m for minutes"),
         ("--gpus two", "argument --gpus: invalid int value: 'two'"),  # IPython's parser
         ("--gpus 1 --nodes 2", "unrecognized arguments: --nodes 2"),
     ]

@@ -9,10 +9,10 @@ added when a listed job has a deadline: its time, and ``missed`` once it was unf
 
 from __future__ import annotations
 
+from ..notebook.job import how_it_ended
 from .service import OK, add_command, gpus_text, print_json, table, when
 
 QUEUE_HEADERS = ["ID", "USER", "QUEUE", "TIER", "GPUS", "STATE", "POS", "ETA", "REASON"]
-ACTIVE = ("pending", "running")  # a job not yet finished: no ending to tell
 JOBS_HEADERS = ["ID", "NAME", "QUEUE", "TIER", "GPUS", "STATE", "SUBMITTED", "ENDED", "EXIT"]
 
 
@@ -139,20 +139,11 @@ def run_jobs(args, client) -> int:
     return OK
 
 
-def _ending(view: dict) -> str | None:
-    """A finished job's message, unless it only gives the exit code (EXIT has it)."""
-    message = view.get("message")
-    if view["state"] in ACTIVE or message == f"exit code {view.get('exit_code')}":
-        return None
-    return message
-
-
 def with_endings(headers: list[str], rows: list[list], views: list[dict]):
     """``headers`` and ``rows``, and a last column, HOW IT ENDED, where a finished job of
-    ``views`` (the rows' jobs, in order) has a message beyond its exit code: "culled by the
-    reaper: GPUs idle for ...", "cancelled by alice" (a server culled for idleness is
-    ``completed`` with exit code 0, which alone does not say so)."""
-    cells = [_ending(view) for view in views]
+    ``views`` (the rows' jobs, in order) has a message beyond its exit code
+    (:func:`..notebook.job.how_it_ended`)."""
+    cells = [how_it_ended(view) for view in views]
     if not any(cells):
         return headers, rows
     return [*headers, "HOW IT ENDED"], [[*row, cell] for row, cell in zip(rows, cells, strict=True)]

@@ -23,6 +23,18 @@ from .errors import GPUSchedError, JobFailedError
 
 FINISHED = frozenset({"completed", "failed", "cancelled", "preempted", "rejected"})
 ACTIVE = ("pending", "running")
+
+
+def how_it_ended(view: dict) -> str | None:
+    """A finished job's message (its view's), unless it only gives the exit code: "culled by
+    the reaper: GPUs idle for ...", "cancelled by alice" (a server culled for idleness is
+    ``completed`` with exit code 0, which alone does not say so)."""
+    message = view.get("message")
+    if view.get("state") in ACTIVE or message == f"exit code {view.get('exit_code')}":
+        return None
+    return message or None
+
+
 MAX_LOG_BYTES = 1 << 20  # the most the service returns in one log request
 
 

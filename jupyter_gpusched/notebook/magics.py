@@ -39,8 +39,9 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .client import Client, GPUSchedError, Job
-from .job import ACTIVE, gpus_words
+from .job import ACTIVE, gpus_words, how_it_ended
 from .payloads import cell_payload
+from .typed_options import duration_with_unit
 
 #: The request fields the options of %%gpujob set: a 400 naming one is a usage error.
 OPTIONS = {
@@ -76,7 +77,12 @@ class GPUSchedMagics(Magics):
     @argument("--tier", type=int, default=None, help="1, 2 (default) or 3")
     @argument("--queue", default=None, help="queue path, e.g. research/vision")
     @argument("--gpu-model", dest="gpu_model", default=None, help="e.g. H100 or 'A100|H100'")
-    @argument("--walltime", default=None, help="the longest it runs: 30m, 2h, 1d or seconds")
+    @argument(
+        "--walltime",
+        default=None,
+        type=duration_with_unit,
+        help="how long it runs, which the scheduler plans with (not a limit): 90s, 30m, 2h, 1d",
+    )
     @argument(
         "--deadline",
         default=None,
@@ -135,10 +141,12 @@ class GPUSchedMagics(Magics):
                 print(cluster_text(self.client.cluster()))
             elif command in ("cancel", "logs") and len(words) == 2:
                 if command == "cancel":
-                    state = self.client.job(words[1]).cancel()
-                    print(f"{words[1]}: {state}")
+                    job = self.client.job(words[1])
+                    job.cancel()  # a running job: "running (stopping: cancelled by ...)"
+                    print(f"{words[1]}: {job.summary()['state']}")
                 else:
-                    print(self.client.log(words[1], 1 << 20), end="")
+                    text = self.client.log(words[1], 1 << 20)
+                    print(text or f"{words[1]}: no output yet", end="" if text else "\n")
             else:
                 print("usage: %gpusched status | jobs | cluster | cancel ID | logs ID")
         except GPUSchedError as exc:
@@ -161,6 +169,9 @@ def jobs_text(jobs: list[Job]) -> str:
             extra = f"on {s['where']}"
         if s.get("deadline"):
             extra = f"{extra} · deadline {s['deadline']}".lstrip(" ·")
+        ended = how_it_ended(job.data)
+        if ended:  # (a culled server is 'completed': its message says by whom)
+            extra = f"{extra} · {ended}".lstrip(" ·")
         lines.append(
             f"{job.id}  {s['state']:<9} {gpus_words(job.data):>10}  tier {s['tier']}  "
             f"{s['queue']:<12} {s['name'][:20]:<20} {extra}".rstrip()

@@ -129,7 +129,8 @@ REAPER_ROWS = """() => {
     event('reaper-warning', null),
   ]);
   return [...document.querySelectorAll('#reaper-events tr.event')].map((row) => ({
-    kind: row.cells[1].innerText, evidence: row.querySelector('pre')?.textContent || ''}));
+    when: row.cells[0].innerText, kind: row.cells[1].innerText,
+    evidence: row.querySelector('pre')?.textContent || ''}));
 }"""
 
 
@@ -462,6 +463,8 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
     shown = page.evaluate(REAPER_ROWS)
     assert len(shown) == 2 and shown[0]["kind"] == "cull" and shown[1]["kind"] == "warning"
     assert '"utilization": 0.5' in shown[0]["evidence"]
+    # when, as the messages beside it say times (the service's: UTC, to the second)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", shown[0]["when"]), shown[0]
     # drain and resume, through the API by the browser's cookie and the page's XSRF token
     node = page.locator("#nodes-admin tr[data-node='l40s2']")
     questions = []

@@ -484,8 +484,8 @@ def test_the_hub_home_page_says_a_cpu_only_server_had_no_activity():
     cpu = sentence({"cpu_only": True, "gpus": "gpu1", "idle_seconds": 6, "timeout": 6})
     assert "it had no activity for 6 s, and the idle timeout is 6 s" in cpu, cpu
     assert "GPU" not in cpu, cpu
-    gpu = sentence({"cpu_only": False, "gpus": "gpu1: 0", "idle_seconds": 6, "timeout": 6})
-    assert "its GPUs (gpu1: 0) were idle for 6 s" in gpu, gpu
+    gpu = sentence({"cpu_only": False, "gpus": "gpu1:0", "idle_seconds": 6, "timeout": 6})
+    assert "its GPUs (gpu1:0) were idle for 6 s" in gpu, gpu
 
 
 def test_the_core_rules_name_the_field_in_a_config_error():

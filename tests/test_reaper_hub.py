@@ -591,9 +591,19 @@ def test_a_server_that_outlived_a_hub_restart_keeps_reporting_and_is_culled(reap
 
 def test_the_profiles_idle_timeout_is_the_one_the_reaper_applies(hub):
     configure(hub, timeout_tier_2=60, warning_lead=2, exempt_users=[], profile_timeouts={})
-    page = logged_in(hub, "alice").get(hub.url + "/hub/spawn/alice", timeout=10)
+    form = logged_in(hub, "alice")
+    try:  # the form promises the timeout in force: an admin's change for the profile, ...
+        configure(hub, profile_timeouts={"t2-idle": "20m"})
+        page = form.get(hub.url + "/hub/spawn/alice", timeout=10)
+        assert "stops after 20 min idle" in page.text, page.text[-3000:]
+        configure(hub, exempt_users=["alice"])  # ... an exemption
+        assert "not stopped when idle" in form.get(hub.url + "/hub/spawn/alice", timeout=10).text
+    finally:
+        configure(hub, profile_timeouts={}, exempt_users=[])
+    page = form.get(hub.url + "/hub/spawn/alice", timeout=10)
     assert page.status_code == 200 and 'value="t2-idle"' in page.text, page.text[-3000:]
-    assert "stops after 2 h idle" in page.text  # the form's promise
+    assert "stops after 2 h idle" in page.text  # the form's promise: the profile's own, ...
+    assert "stops after 1 min idle" in page.text  # ... and where it has none, its tier's
     ts.start_server(hub, "alice", "t2-idle")
     found = wait_reported(hub, "alice")
     assert found["alice"]["profile"] == "t2-idle"
@@ -634,7 +644,7 @@ def test_after_a_cull_the_hub_pages_say_why(hub):
     idle = re.escape(describe_duration(cull["data"]["idle_seconds"]))
     expected = re.compile(
         r"The idle reaper stopped your server 'work' at \d\d:\d\d:\d\d UTC \(\d{4}-\d\d-\d\d\): "
-        rf"its GPUs \(\w+: \d+\) were idle for {idle}, and the idle timeout is 1 s\."
+        rf"its GPUs \(\w+:\d+\) were idle for {idle}, and the idle timeout is 1 s\."
     )
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(

@@ -203,6 +203,22 @@ def timeout_for(session: Session, settings: dict) -> float | None:
     return settings.get(f"timeout_tier_{session.tier}")
 
 
+def timeout_in_force(session: Session, settings: dict) -> float | None:
+    """:func:`timeout_for`, or None where the reaper is off or exempts the server."""
+    timeout = timeout_for(session, settings)
+    if timeout is None or not settings["enabled"] or exempt(session, settings):
+        return None
+    return timeout
+
+
+def promised_timeout(user: str, groups, profile: str, tier: int, settings: dict) -> float | None:
+    """The idle timeout a new server of ``profile`` (at ``tier``) of ``user`` would have now
+    (None: never stopped for idleness): what the spawn form promises, the admin's changes
+    included."""
+    session = Session("", user, 0, tier, 0.0, groups=frozenset(groups), profile=profile)
+    return timeout_in_force(session, settings)
+
+
 def lifetime_end(session: Session, settings: dict) -> float | None:
     """When the reaper culls ``session`` for its age: ``max_lifetime`` after its allocation
     (None: no cap). Its profile's own ``max_lifetime`` is the hub's to enforce (module doc)."""
@@ -222,8 +238,8 @@ def stop_due(session: Session, timeout: float, settings: dict) -> float:
 def stop_at(session: Session, settings: dict, now: float) -> float | None:
     """When this server will be stopped if its GPUs stay idle (None: never, as things stand):
     what the warning says, and the Lab's status shows."""
-    timeout = timeout_for(session, settings)
-    if timeout is None or not settings["enabled"] or exempt(session, settings):
+    timeout = timeout_in_force(session, settings)
+    if timeout is None:
         return None
     due = stop_due(session, timeout, settings)
     if session.warned is None:  # the warning is still to come: a whole lead from it

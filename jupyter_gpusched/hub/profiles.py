@@ -250,13 +250,17 @@ def render_options_form(
     queues: list[dict] | str | None = None,
     chosen_queue: str | None = None,
     estimates: dict[str, str] | None = None,
+    idle_timeouts: dict | None = None,
 ) -> str:
     """The HTML of the options form (JupyterHub adds the <form> and the start button).
     ``queues``: the user's queues as ``GET api/me`` lists them (a list to choose from below the
     profiles), or why they could not be listed (a string), or None (no queue section);
     ``estimates``: when a server of each profile would start, in words, by slug (a profile
-    without one shows none)."""
-    estimates = estimates or {}
+    without one shows none); ``idle_timeouts``: the idle timeout a new server of each profile
+    would have now, as the service says (``api/me``: the admin's changes and exemptions
+    included; None: never stopped for idleness), by slug; a profile it does not name shows its
+    own ``idle_timeout``."""
+    estimates, idle_timeouts = estimates or {}, idle_timeouts or {}
     if not profiles:
         return (
             '<p class="alert alert-warning">No GPU profile is available to you: ask the hub '
@@ -279,8 +283,11 @@ def render_options_form(
             *([f"{profile['memory_gb']:g} GB memory"] if profile.get("memory_gb") else []),
             f"tier {profile['tier']}" + (" (pre-emptible)" if profile["tier"] == 3 else ""),
         ]
-        if profile["idle_timeout"]:
-            facts.append(f"stops after {describe_duration(profile['idle_timeout'])} idle")
+        idle_timeout = idle_timeouts.get(profile["slug"], profile["idle_timeout"])
+        if idle_timeout:
+            facts.append(f"stops after {describe_duration(idle_timeout)} idle")
+        elif profile["slug"] in idle_timeouts:
+            facts.append("not stopped when idle")
         if profile["max_lifetime"]:
             facts.append(f"runs at most {describe_duration(profile['max_lifetime'])}")
         if profile["queue"]:

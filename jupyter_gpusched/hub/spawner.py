@@ -198,11 +198,14 @@ class GPUSchedSpawner(SchedulerClient, AllocationState):
         # the queues first: that request makes (or renews) the spawner's token, which the
         # estimates then share (asked together, a revoked token would be renewed by each); a
         # service that did not answer it is not asked again
-        queues, estimates = await self.my_queues(), {}
-        if self.estimate_timeout > 0 and not isinstance(queues, str):
+        me, estimates = await self.about_me(), {}
+        if isinstance(me, str):  # why the service did not say
+            return render_options_form(mine, previous, me, chosen)
+        if self.estimate_timeout > 0:
             queue = chosen if isinstance(chosen, str) and valid_queue_path(chosen) else None
             estimates = await self.estimates(mine, queue)
-        return render_options_form(mine, previous, queues, chosen, estimates)
+        timeouts = me.get("idle_timeouts") if isinstance(me.get("idle_timeouts"), dict) else {}
+        return render_options_form(mine, previous, me["queues"], chosen, estimates, timeouts)
 
     def run_pre_spawn_hook(self):
         self.server_account()  # before the profile: a refused account gets nothing at all

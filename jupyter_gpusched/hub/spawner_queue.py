@@ -183,17 +183,19 @@ class SchedulerClient:
             body["walltime"] = profile["max_lifetime"]
         return body
 
-    async def my_queues(self) -> list[dict] | str:
-        """The user's queues as the service lists them (``GET api/me``: path, GPUs in use,
-        guaranteed, limit, default) for the options form; a string saying why not when the
-        service does not answer (the form then says so, and the start uses the default)."""
+    async def about_me(self) -> dict | str:
+        """What the service says of the user (``GET api/me``) for the options form: ``queues``
+        (path, GPUs in use, guaranteed, limit, default) and ``idle_timeouts`` (by profile, a
+        new server's idle timeout now, the admin's changes included); a string saying why not
+        when the service does not answer (the form then says so, and the start uses the
+        default queue)."""
         try:
             status, data = await self.api("GET", "api/me")
         except (ServiceUnavailable, GPUSchedSpawnError) as exc:
             return f"the GPU scheduler is not reachable ({exc})"
         if status != 200 or not isinstance(data, dict) or "queues" not in data:
             return f"the GPU scheduler answered {status}"
-        return data["queues"]
+        return data
 
     async def estimates(self, profiles: list[dict], queue: str | None) -> dict[str, str]:
         """When a server of each profile would start, in words ("starts now", "about 25 min",

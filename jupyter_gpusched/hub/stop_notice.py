@@ -28,12 +28,13 @@ STATE_KEY = "gpusched_last_stop"  # in the spawner's state
 
 
 def gpus_text(allocation) -> str:
-    """``gpu1: 0, 1`` (one node), ``gpu1: 0-3; gpu2: 0-3`` (several)."""
+    """``gpu1:0,1`` (one node), ``gpu1:0,1; gpu2:0,1`` (several): as the scheduler's pages
+    write a placement ("on gpu1:0,1")."""
     parts = []
     for piece in allocation or []:
         if isinstance(piece, dict) and piece.get("node"):
-            gpus = ", ".join(str(g) for g in piece.get("gpus") or [])
-            parts.append(f"{piece['node']}: {gpus}" if gpus else str(piece["node"]))
+            gpus = ",".join(str(g) for g in piece.get("gpus") or [])
+            parts.append(f"{piece['node']}:{gpus}" if gpus else str(piece["node"]))
     return "; ".join(parts)
 
 
@@ -62,7 +63,7 @@ async def stop_record(spawner, job_id: str, allocation) -> dict:
 
 
 def sentence(record: dict, server_name: str = "") -> str:
-    """``The idle reaper stopped your server at 14:05:03 UTC (2025-01-02): its GPUs (gpu1: 0)
+    """``The idle reaper stopped your server at 14:05:03 UTC (2025-01-02): its GPUs (gpu1:0)
     were idle for 2 min 6 s, and the idle timeout is 2 min.``"""
     when = record.get("time")
     moment = ""

@@ -43,7 +43,10 @@ class MeHandler(APIHandler):
     ``queues``: the leaf queues the caller may submit to, with the GPUs in use there, the
     guarantee and the limit, ``default`` marking the one a job without a queue goes to (the
     spawn form lists them), and ``fair_share``: where the queue stands in the fair-share order
-    (``rank`` 1 goes first, ``of`` ranks, its ``factor``; the web page shows it)."""
+    (``rank`` 1 goes first, ``of`` ranks, its ``factor``; the web page shows it);
+    ``idle_timeouts``: by hub profile, the idle timeout a new server of the caller's would have
+    now, the admin's changes and exemptions included (null: never stopped for idleness), which
+    the spawn form shows."""
 
     @api
     def get(self):
@@ -62,9 +65,10 @@ class MeHandler(APIHandler):
             }
             for queue in sorted(tree.queues_for(who.name, who.groups), key=lambda q: q.path)
         ]
-        self.send(
-            {"name": who.name, "admin": who.admin, "groups": sorted(who.groups), "queues": queues}
-        )
+        me = {"name": who.name, "admin": who.admin, "groups": sorted(who.groups), "queues": queues}
+        if self.live.reaper is not None:
+            me["idle_timeouts"] = self.live.reaper.promised_timeouts(who.name, who.groups)
+        self.send(me)
 
 
 def _fair_share(factors: dict, path: str) -> dict | None:

@@ -310,7 +310,10 @@ SCHEMAS = {
                     }
                 ),
             },
-        }
+            # by hub profile: a new server's idle timeout now, in seconds (null: never)
+            "idle_timeouts": {"type": "object", "additionalProperties": nullable("number")},
+        },
+        required=["name", "admin", "groups", "queues"],
     ),
     "QueueEntry": QUEUE_ENTRY,
     "Queue": strict(

@@ -61,6 +61,7 @@ from ..core.reaper import (  # noqa: F401 (the policy's names are importable fro
     exempt,
     idle_kernels_holding_memory,
     next_moment,
+    promised_timeout,
     stop_at,
     stop_phrase,
     timeout_for,
@@ -131,6 +132,15 @@ class Reaper:
         except RequestError:  # a stored value no longer valid: the defaults
             log.exception("stored reaper settings are invalid; using the policy file's")
             return dict(self.defaults)
+
+    def promised_timeouts(self, user: str, groups) -> dict[str, float | None]:
+        """By hub profile: the idle timeout a new server of ``user``'s would have now (None:
+        never stopped for idleness), for the spawn form (``api/me``)."""
+        settings = self.settings()
+        return {
+            slug: promised_timeout(user, groups, slug, tier, settings)
+            for slug, (_gpus, tier) in self.profile_shapes.items()
+        }
 
     def update(self, changes: dict, actor: str) -> dict:
         validate(changes, self.settings())  # 400 naming the field

@@ -201,7 +201,8 @@ function drawReaperEvents(events) {
           el(
             'tr',
             { class: `event ${e.kind}` },
-            el('td', { text: new Date(e.time * 1000).toLocaleString() }),
+            // in UTC, to the second: as the messages beside it say their times
+            el('td', { text: new Date(e.time * 1000).toISOString().slice(0, 19).replace('T', ' ') + ' UTC' }),
             el('td', { text: e.kind.replace('reaper-', '') }),
             el('td', { text: e.job_id || '' }),
             el('td', { text: e.user || '' }),

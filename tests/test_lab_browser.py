@@ -238,7 +238,15 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
     _shot(page, "2-panel-queued")
     panel.screenshot(path=str(SHOTS / "panel.png"))  # docs/panel.png is a copy of it
 
+    # a cancel is asked first, in the page's words; kept, nothing happens
     row.locator(".jp-gpusched-cancel").click()
+    dialog = page.locator(".jp-Dialog")
+    sync_api.expect(dialog).to_contain_text(f"Cancel {job['id']} (big-run)? It leaves the queue.")
+    dialog.get_by_role("button", name="Keep it").click()
+    sync_api.expect(dialog).to_have_count(0)
+    assert hub.service("GET", f"api/jobs/{job['id']}", token).json()["state"] == "pending"
+    row.locator(".jp-gpusched-cancel").click()
+    page.locator(".jp-Dialog").get_by_role("button", name="Cancel it").click()
     sync_api.expect(row).to_have_count(0)
     assert hub.service("GET", f"api/jobs/{job['id']}", token).json()["state"] == "cancelled"
     _shot(page, "3-panel-cancelled")
@@ -260,11 +268,20 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
     )
     reason = queue["jobs"][0]["reason"]
     sync_api.expect(block.locator(".jp-gpusched-reason-message")).to_have_text(reason["message"])
+    # the next element to start, first in line (api/jobs lists the newest first)
+    first = min(j["position"] for j in queue["jobs"] if j.get("array_id") == array_id)
+    sync_api.expect(block).to_contain_text(f"first waiting queued #{first + 1}")
     sync_api.expect(panel.locator(".jp-gpusched-job", has_text="sweep")).to_have_count(1)
     entry = panel.locator(f'[data-queue-array="{array_id}"]')
     sync_api.expect(entry).to_contain_text(f"{name}, 2 waiting")
     _assert_nothing_clipped(panel)
     block.locator(".jp-gpusched-cancel").click()
+    dialog = page.locator(".jp-Dialog")
+    sync_api.expect(dialog).to_contain_text(
+        f"Cancel {name}? Its 2 pending jobs leave the queue; its 1 running job gets the stop "
+        "signal."
+    )
+    dialog.get_by_role("button", name="Cancel it").click()
     sync_api.expect(block).to_have_count(0, timeout=TIMEOUT_MS)
     states = {
         j["state"]
@@ -395,6 +412,18 @@ def test_an_admin_edits_the_reaper_timeouts_in_the_panel(lab_hub, browser):
     assert panel.locator(f'.jp-gpusched-jobs [data-job-id="{other["id"]}"]').count() == 0
     sync_api.expect(item).not_to_contain_text("queued")
     assert hub.service("DELETE", f"api/jobs/{other['id']}", hub.token(USER)).status_code == 200
+    # a profile's own timeout wins over its tier's: the editor names those it does not reach
+    profiles = reaper.locator(".jp-gpusched-reaper-profiles")
+    before_profiles = before["profile_timeouts"]
+    try:
+        changed = {"profile_timeouts": {**before_profiles, "t2-short": 600}}
+        assert hub.service("PUT", "api/reaper", token, json=changed).status_code == 200
+        sync_api.expect(profiles).to_contain_text(
+            "A profile's own timeout wins over its tier's:", timeout=TIMEOUT_MS
+        )
+        sync_api.expect(profiles).to_contain_text("t2-short 10 min")
+    finally:
+        hub.service("PUT", "api/reaper", token, json={"profile_timeouts": before_profiles})
     tier3 = reaper.locator('input[data-setting="timeout_tier_3"]')
     sync_api.expect(tier3).to_have_value("30")  # minutes
     sync_api.expect(reaper.locator('input[data-setting="timeout_tier_1"]')).to_have_value("off")

@@ -61,6 +61,7 @@ def test_a_long_warning_is_shown_whole(lab_hub, browser):  # noqa: F811
     text = toast.inner_text()
     assert not text.rstrip().endswith("\u2026"), text  # not cut by JupyterLab
     assert len(text) <= 140 and "will be stopped at" in text and "See Details" in text, text
+    assert re.search(r"stopped at \d\d:\d\d:\d\d unless", text), text  # to the second
     page.get_by_role("button", name="Details").click()
     dialog = page.locator(".jp-gpusched-notice-dialog")
     sync_api.expect(dialog).to_contain_text(WARNING)

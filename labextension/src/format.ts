@@ -47,6 +47,16 @@ export function clock(epoch: number): string {
   });
 }
 
+/** "18:05:30": a moment a server will be stopped (a minute's rounding is too much there). */
+export function secondsClock(epoch: number): string {
+  return new Date(epoch * 1000).toLocaleTimeString([], {
+    hour: '2-digit',
+    minute: '2-digit',
+    second: '2-digit',
+    hour12: false
+  });
+}
+
 /** "18:00" today, else "2026-12-07 18:00" (as the notebook widget says a time). */
 export function dayAndClock(epoch: number): string {
   const moment = new Date(epoch * 1000);

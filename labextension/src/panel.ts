@@ -10,7 +10,7 @@
  * settings, Refresh) it refreshes itself and the status bar at once (`onChange`), and each of its
  * refreshes hands the status it read to the status bar too (`onStatus`).
  */
-import { Notification } from '@jupyterlab/apputils';
+import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
@@ -209,7 +209,9 @@ export class GPUPanel extends Widget {
   private jobBlock(job: any, status: IStatus): HTMLElement {
     const thisServer = job.id === status.job_id;
     const cancel = el('button', { class: 'jp-gpusched-cancel jp-mod-styled jp-mod-warn' }, 'Cancel');
-    cancel.addEventListener('click', () => void this.cancel('job', job.id, cancel));
+    const label = job.name ? `${job.id} (${job.name})` : job.id;
+    const counts = job.state === 'running' ? { running: 1, pending: 0 } : { running: 0, pending: 1 };
+    cancel.addEventListener('click', () => void this.cancel('job', job.id, cancel, cancelQuestion(label, counts)));
     const log = el('button', { class: 'jp-gpusched-showlog jp-mod-styled' }, 'Log');
     log.addEventListener('click', () => void this.show_log(job.id));
     // this server's own job is stopped through the hub, not cancelled from inside it
@@ -260,9 +262,17 @@ export class GPUPanel extends Widget {
    */
   private arrayBlock(elements: any[], names: Record<string, string>): HTMLElement {
     const first = elements[0];
-    const waiting = elements.filter(e => e.state === 'pending');
+    // the next to start: first in line (api/jobs lists the newest first)
+    const waiting = elements
+      .filter(e => e.state === 'pending')
+      .sort((a, b) => (a.position ?? Infinity) - (b.position ?? Infinity));
     const cancel = el('button', { class: 'jp-gpusched-cancel jp-mod-styled jp-mod-warn' }, 'Cancel array');
-    cancel.addEventListener('click', () => void this.cancel('array', first.array_id, cancel));
+    const counts = {
+      running: elements.filter(e => e.state === 'running').length,
+      pending: elements.filter(e => e.state === 'pending').length
+    };
+    const question = cancelQuestion(names[first.array_id] ?? first.array_id, counts);
+    cancel.addEventListener('click', () => void this.cancel('array', first.array_id, cancel, question));
     const cap = first.array_max_running ? ` · at most ${first.array_max_running} running` : '';
     return el(
       'div',
@@ -378,7 +388,16 @@ export class GPUPanel extends Widget {
   }
 
   /** Cancel a job (`what` "job", `jobs/<id>`) or a job array ("array", `arrays/<id>`). */
-  private async cancel(what: 'job' | 'array', id: string, button: HTMLButtonElement): Promise<void> {
+  private async cancel(what: 'job' | 'array', id: string, button: HTMLButtonElement, question: string): Promise<void> {
+    // a cancel cannot be taken back: asked first, in the page's words
+    const answer = await showDialog({
+      title: what === 'job' ? 'Cancel the job?' : 'Cancel the array?',
+      body: question,
+      buttons: [Dialog.cancelButton({ label: 'Keep it' }), Dialog.warnButton({ label: 'Cancel it' })]
+    });
+    if (!answer.button.accept) {
+      return;
+    }
     button.disabled = true;
     try {
       await request(`${what}s/${encodeURIComponent(id)}`, { method: 'DELETE' });
@@ -400,4 +419,21 @@ export class GPUPanel extends Widget {
       this.logView.textContent = `== log of ${jobId}: ${(error as Error).message}`;
     }
   }
+}
+
+/**
+ * "Cancel a-000005_[0-5]? Its 4 pending jobs leave the queue; its 1 running job gets the stop
+ * signal." (the scheduler's page asks the same; what is not there, not said)
+ */
+export function cancelQuestion(label: string, count: { pending: number; running: number }): string {
+  const parts: string[] = [];
+  const single = count.pending + count.running === 1;
+  if (count.pending) {
+    parts.push(single ? 'it leaves the queue' : `its ${count.pending} pending job${count.pending === 1 ? ' leaves' : 's leave'} the queue`);
+  }
+  if (count.running) {
+    parts.push(single ? 'it gets the stop signal' : `its ${count.running} running job${count.running === 1 ? ' gets' : 's get'} the stop signal`);
+  }
+  const said = parts.join('; ');
+  return `Cancel ${label}? ${said.charAt(0).toUpperCase()}${said.slice(1)}.`;
 }

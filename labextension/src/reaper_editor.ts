@@ -33,6 +33,8 @@ export class ReaperEditor {
   private readonly inputs = new Map<string, HTMLInputElement>();
   private readonly dirty = new Set<string>();
   private readonly message = el('div', { class: 'jp-gpusched-reaper-message' });
+  // the profiles whose own timeout wins over these (set on the scheduler's page)
+  private readonly profiles = el('p', { class: 'jp-gpusched-reaper-profiles' });
   private readonly save = el('button', { class: 'jp-gpusched-reaper-save jp-mod-styled jp-mod-accept' }, 'Save');
   private readonly reset = el('button', { class: 'jp-gpusched-reaper-reset jp-mod-styled' }, 'Reset');
   private settings: any = null;
@@ -68,6 +70,7 @@ export class ReaperEditor {
     this.node.append(
       el('h3', {}, 'Idle reaper (admin)'),
       ...rows,
+      this.profiles,
       el('div', { class: 'jp-gpusched-actions' }, this.save, this.reset),
       this.message
     );
@@ -84,6 +87,7 @@ export class ReaperEditor {
         input.value = timeoutText(settings[field]);
       }
     }
+    this.profiles.textContent = profilesText(settings);
   }
 
   async submit(): Promise<void> {
@@ -113,4 +117,25 @@ export class ReaperEditor {
       this.save.disabled = false;
     }
   }
+}
+
+/**
+ * The profiles whose own timeout wins over the tiers' above (the hub's idle_timeout of a
+ * profile, or the admin's profile_timeouts), in minutes: a tier's timeout changed here does not
+ * reach their servers.
+ */
+export function profilesText(settings: any): string {
+  const own = { ...(settings.profile_idle_timeouts ?? {}), ...(settings.profile_timeouts ?? {}) };
+  const names = Object.keys(own).sort();
+  if (!names.length) {
+    return '';
+  }
+  const each = names.map(name => {
+    const value = timeoutText(own[name]);
+    return value === 'off' ? `${name} off` : `${name} ${value} min`;
+  });
+  return (
+    `A profile's own timeout wins over its tier's: ${each.join(', ')}. ` +
+    "Change those on the scheduler's page."
+  );
 }

@@ -257,6 +257,20 @@ def test_gpujob_runs_the_cell_in_the_working_directory(shell, workdir, capsys):
     assert "no pending or running jobs" in capsys.readouterr().out
 
 
+def test_gpujob_help_and_a_job_array(shell, workdir, capsys):
+    assert run(shell, "%%gpujob --help\nprint(1)\n") is None  # not "unrecognized arguments"
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--array ARRAY a job array" in out and "(not a limit)" in out, out
+    assert not list(workdir.glob(".gpusched/cell-*.py"))  # nothing written, nothing submitted
+    cell = "import os\nprint('index', os.environ['GPUSCHED_ARRAY_INDEX'])\n"
+    array = run(shell, "%%gpujob --gpus 1 --walltime 5m --array 0-2%1 --wait\n" + cell)
+    out = capsys.readouterr().out
+    assert f"Submitted array {array.id}: 3 jobs (" in out, out
+    assert [job.state for job in array] == ["completed"] * 3
+    assert all(f"{job.id}: completed" in out for job in array), out
+    assert "index 2" in array[2].logs()
+
+
 def test_gpujob_runs_a_cpu_only_cell_without_gpus(shell, workdir, capsys):
     cell = 'import os\nprint("cvd:", repr(os.environ["CUDA_VISIBLE_DEVICES"]))\n'
     job = run(shell, "%%gpujob --gpus 0 --cpus 2 --memory-gb 1 --wait\n" + cell)
@@ -296,7 +310,8 @@ def test_gpujob_without_wait_and_status(shell, service, capsys):
     assert f"{busy.id}: running (stopping: cancelled)" in capsys.readouterr().out
     busy.wait(timeout=30)
     run(shell, "%gpusched jobs")
-    assert re.search(rf"{busy.id}  cancelled .* gpujob +cancelled by alice", capsys.readouterr().out)
+    listed = capsys.readouterr().out
+    assert re.search(rf"{busy.id}  cancelled .* gpujob +cancelled by alice", listed), listed
 
 
 def test_gpujob_bad_options_are_one_line_usage_errors(shell, workdir, capsys):

@@ -1,8 +1,9 @@
 """IPython magics: ``%load_ext jupyter_gpusched``, then
 
 ``%%gpujob --gpus 2 --tier 2 [--queue Q] [--gpu-model M] [--walltime 2h] [--deadline 6h]``
-``[--name N] [--wait] [--estimate]``
-    (``--gpus 0 --cpus 4 [--memory-gb 16]``: a CPU-only job)
+``[--name N] [--array 0-9%2] [--wait] [--estimate] [--help]``
+    (``--gpus 0 --cpus 4 [--memory-gb 16]``: a CPU-only job; ``--array``: a job array, each
+    element with ``$GPUSCHED_ARRAY_INDEX``, returned as a ``JobArray``)
     ``--deadline``: when it must have finished, a duration from now (``6h``) or a time with
     its zone (``2026-12-24T18:00Z``); one the scheduler cannot meet is a ``UsageError`` that
     gives the earliest finish (give a walltime: without one it plans with the default).
@@ -38,7 +39,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .client import Client, GPUSchedError, Job
+from .client import Client, GPUSchedError, Job, JobArray
 from .job import ACTIVE, gpus_words, how_it_ended
 from .payloads import cell_payload
 from .typed_options import duration_with_unit
@@ -54,6 +55,7 @@ OPTIONS = {
     "name": "--name",
     "cpus": "--cpus",
     "memory_gb": "--memory-gb",
+    "array": "--array",
 }
 
 
@@ -91,14 +93,24 @@ class GPUSchedMagics(Magics):
     @argument("--cpus", type=float, default=None, help="CPUs for the job (needed with --gpus 0)")
     @argument("--memory-gb", dest="memory_gb", type=float, default=None, help="memory in GB")
     @argument("--name", default=None, help="a label (default: gpujob)")
+    @argument(
+        "--array",
+        default=None,
+        help="a job array, Slurm's syntax: 0-99%%8 (each element gets $GPUSCHED_ARRAY_INDEX)",
+    )
+    @argument("-h", "--help", action="store_true", help="print this help; submit nothing")
     @argument("--wait", action="store_true", help="print the output as it comes, until the end")
     @argument("--estimate", action="store_true", help="print when it would start; submit nothing")
     @cell_magic
     def gpujob(self, line, cell):
         """Run this cell as a batch job on the GPU scheduler (see the module's docstring)."""
         args = parse_argstring(self.gpujob, line)
+        if args.help:
+            print(self.gpujob.parser.format_help())
+            return None
         fields = {"gpus": args.gpus, "name": args.name or "gpujob"}
-        for key in ("tier", "queue", "gpu_model", "walltime", "deadline", "cpus", "memory_gb"):
+        options = ("tier", "queue", "gpu_model", "walltime", "deadline", "cpus", "memory_gb")
+        for key in (*options, "array"):
             if getattr(args, key) is not None:
                 fields[key] = getattr(args, key)
         written = []
@@ -119,6 +131,16 @@ class GPUSchedMagics(Magics):
             if exc.status == 400 and option:  # a bad option: one line, no traceback
                 raise UsageError(f"%%gpujob {option}: {exc.message}") from None
             raise
+        if isinstance(job, JobArray):
+            states = ", ".join(f"{n} {state}" for state, n in _counts(job))
+            print(
+                f"Submitted array {job.id}: {len(job)} jobs ({states}); the cell is in {written[0]}"
+            )
+            if args.wait:  # each element's end, in index order (their logs: %gpusched logs ID)
+                for element in job:
+                    element.wait()
+                    print(f"{element.id}: {element.state}")
+            return job
         position = job.data.get("position")
         where = f" · queued #{position + 1}" if position is not None else ""
         print(f"Submitted {job.id} ({job.state}{where}); the cell is in {written[0]}")
@@ -151,6 +173,14 @@ class GPUSchedMagics(Magics):
                 print("usage: %gpusched status | jobs | cluster | cancel ID | logs ID")
         except GPUSchedError as exc:
             print(f"gpusched: {exc}", file=sys.stderr)
+
+
+def _counts(array: JobArray) -> list[tuple[str, int]]:
+    """How many of ``array``'s jobs are in each state, in the order of their first element."""
+    counts: dict[str, int] = {}
+    for job in array:
+        counts[job.state] = counts.get(job.state, 0) + 1
+    return list(counts.items())
 
 
 # -- text views --------------------------------------------------------------------------------

@@ -421,7 +421,7 @@ def test_an_admin_edits_the_reaper_timeouts_in_the_panel(lab_hub, browser):
         sync_api.expect(profiles).to_contain_text(
             "A profile's own timeout wins over its tier's:", timeout=TIMEOUT_MS
         )
-        sync_api.expect(profiles).to_contain_text("t2-short 10 min")
+        sync_api.expect(profiles).to_contain_text("t2-short 10 min", timeout=TIMEOUT_MS)
     finally:
         hub.service("PUT", "api/reaper", token, json={"profile_timeouts": before_profiles})
     tier3 = reaper.locator('input[data-setting="timeout_tier_3"]')

@@ -59,6 +59,23 @@ def test_team_at_its_limit_waits_on_policy_while_gpus_stand_free():
     assert scheduler.state.free_total == 20
 
 
+def test_a_parent_queues_limit_names_the_jobs_own_queue_too():
+    """The demo's case: alice's 1-GPU job in research/vision waits on research's limit, and her
+    queues (api/me, the spawn form, the Lab) list research/vision, not research."""
+    c = cluster(("n[1-2]", 8, "leaf"))
+    tree = queues(
+        {"research": {"guaranteed": 4, "limit": 8, "children": {"vision": {}, "nlp": {}}}}, c
+    )
+    scheduler = Scheduler(c, tree)
+    scheduler.submit(job("nlp-run", 8, queue="research/nlp"), 0)
+    scheduler.submit(job("vision", 1, queue="research/vision", t=1), 1)
+    scheduler.schedule(1)
+    assert scheduler.jobs["vision"].reason.message == (
+        "queue research, above research/vision, is at its limit of 8 GPUs (8 in use, the job "
+        "asks for 1)"
+    )
+
+
 def test_jobs_that_can_never_run_are_rejected_with_a_reason():
     c = cluster(("n[1-2]", 8, "leaf", {"gpu_model": "A100"}))
     tree = queues({"team": {"guaranteed": 4, "limit": 8}, "other": {"guaranteed": 4}}, c)
@@ -129,6 +146,12 @@ MESSAGES = [
         reasons.QUEUE_LIMIT,
         {"queue": "vision", "limit": 12, "used": 10.5, "asks": 2},
         "queue vision is at its limit of 12 GPUs (10.5 in use, the job asks for 2)",
+    ),
+    (  # an ancestor's: named with the job's own queue, which alone the user sees listed
+        reasons.QUEUE_ABOVE_LIMIT,
+        {"queue": "research", "leaf": "research/vision", "limit": 8, "used": 8, "asks": 1},
+        "queue research, above research/vision, is at its limit of 8 GPUs (8 in use, the job "
+        "asks for 1)",
     ),
     (
         reasons.QUEUE_LIMIT,

@@ -182,15 +182,20 @@ def policy_block(
         return block, None
     for node in queue.chain():
         if node.running + node.claimed + job.amount > node.limit + 1e-9:
-            return (
-                reasons.QUEUE_LIMIT.reason(
+            used = node.running + node.claimed
+            if node is queue:
+                reason = reasons.QUEUE_LIMIT.reason(
+                    queue=node.label(), limit=node.limit, used=used, asks=job.amount
+                )
+            else:  # an ancestor the user may not see listed among their queues: say which
+                reason = reasons.QUEUE_ABOVE_LIMIT.reason(
                     queue=node.label(),
+                    leaf=queue.label(),
                     limit=node.limit,
-                    used=node.running + node.claimed,
+                    used=used,
                     asks=job.amount,
-                ),
-                node,
-            )
+                )
+            return reason, node
     return None
 
 

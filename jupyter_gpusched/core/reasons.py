@@ -94,6 +94,14 @@ QUEUE_LIMIT = Entry(
     "its queue or an ancestor would go over its GPU `limit`",
     gpus=("limit",),
 )
+QUEUE_ABOVE_LIMIT = Entry(
+    "policy",
+    "queue-limit",
+    "queue {queue}, above {leaf}, is at its limit of {limit} ({used:g} in use, the job asks for "
+    "{asks:g})",
+    "its queue or an ancestor would go over its GPU `limit`",
+    gpus=("limit",),
+)
 QUEUE_CPU_LIMIT = Entry(
     "policy",
     "queue-cpu-limit",

@@ -255,6 +255,35 @@ def test_a_job_cannot_say_it_ended_while_its_work_runs_on(tmp_path):
     assert not group_members(handle["pgid"])
 
 
+ESCAPE = (  # a process in a session of its own, out of the job's group, as a daemon makes one
+    "setsid sh -c 'echo $$ > \"$ESCAPED\"; exec sleep 300' </dev/null >/dev/null 2>&1 & "
+    'while [ ! -s "$ESCAPED" ]; do sleep 0.05; done'
+)
+
+
+def test_a_process_that_left_the_jobs_group_does_not_outlive_the_job(tmp_path):
+    """Its GPUs go to the next job once this one has ended: what left the process group (the
+    group's signals do not reach it) ends with the job too (the supervisor adopts it)."""
+    launcher = own_launcher()
+    escaped = tmp_path / "escaped.pid"
+    handle = launcher.start(spec(tmp_path, ESCAPE, env={"ESCAPED": str(escaped)}))
+    assert wait_exit(launcher, handle).outcome == "completed", read_log(launcher, handle)
+    wait_for(lambda: gone(int(escaped.read_text())), timeout=5)
+
+
+async def test_stop_reaches_a_process_that_left_the_jobs_group(tmp_path):
+    launcher = own_launcher()
+    escaped = tmp_path / "escaped.pid"
+    command = ESCAPE + "; sleep 300"
+    handle = launcher.start(spec(tmp_path, command, env={"ESCAPED": str(escaped)}))
+    wait_for(lambda: escaped.exists() and escaped.read_text().strip())
+    pid = int(escaped.read_text())
+    assert os.getpgid(pid) != handle["pgid"]
+    exit = await launcher.stop(handle, "SIGTERM", grace=2)
+    assert exit.outcome == "killed", exit
+    wait_for(lambda: gone(pid), timeout=5)
+
+
 async def test_a_job_killed_by_its_signal_is_killed(tmp_path):
     launcher = own_launcher()
     handle = launcher.start(spec(tmp_path, "echo ready; sleep 60"))

@@ -63,7 +63,6 @@ import signal as _signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
@@ -82,7 +81,8 @@ from ..accounts import (
 
 # The interface, also importable from here (the service and Slurm's launcher import it so)
 from ..interface import Exit, Launcher, LaunchError, LaunchSpec
-from .exits import exit_from_record, group_alive, signal_name, signal_number
+from .exits import exit_from_record, group_alive, kill_descendants, signal_name, signal_number
+from .supervisor import spec_file, supervisor_command, supervisor_environment
 
 #: A handle's create_time and the process's may differ by this much and still be the same process.
 CREATE_TIME_TOLERANCE = 1e-2
@@ -96,26 +96,6 @@ def _open(path: str, flags: int, owner: pwd.struct_passwd | None) -> int:
     if owner is not None:
         os.fchown(fd, owner.pw_uid, owner.pw_gid)
     return fd
-
-
-def _unnamed_file(data: bytes) -> int:
-    """A descriptor of a file with no name (no other process can open it), holding ``data``,
-    at its start."""
-    with tempfile.TemporaryFile() as file:
-        file.write(data)
-        file.flush()
-        fd = os.dup(file.fileno())
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
-def _supervisor_environment() -> dict:
-    """The supervisor's environment: none of the job's (it runs as the service's user), and of
-    the service's only what finds Python and this package."""
-    env = {"PATH": os.defpath, "LANG": "C.UTF-8"}
-    if "PYTHONPATH" in os.environ:
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    return env
 
 
 def _can_import_runner(account: pwd.struct_passwd, python: str, env: dict) -> bool:
@@ -279,20 +259,18 @@ class LocalLauncher(Launcher):
                 runner += [f"--notebook={spec.notebook}", f"--output-fd={output_fd}"]
             what = {"run": run, "argv": runner, "env": env, "ids": run_as_ids(account)}
             what["output_fd"] = output_fd if output_fd >= 0 else None
-            spec_fd = _unnamed_file(json.dumps(what).encode())
+            spec_fd = spec_file(what)
             stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             header = f"===== {stamp} job {spec.job_id} on {socket.gethostname()} as {run_as}"
             cvd = env["CUDA_VISIBLE_DEVICES"]
             os.write(log_fd, f"{header}: CUDA_VISIBLE_DEVICES={cvd!r}\n".encode())
-            argv = [sys.executable, "-m", "jupyter_gpusched.backends.local.supervisor"]
-            argv += [f"--exit-fd={record_fd}", f"--spec-fd={spec_fd}"]
             process = subprocess.Popen(
-                argv,
+                supervisor_command(record_fd, spec_fd),
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=log_fd,
                 cwd="/",
-                env=_supervisor_environment(),
+                env=supervisor_environment(),
                 start_new_session=True,
                 pass_fds=tuple(fd for fd in (record_fd, output_fd, spec_fd) if fd >= 0),
             )
@@ -428,6 +406,7 @@ class LocalLauncher(Launcher):
         exit = await self._wait(handle, grace)
         if exit is None:
             handle["sigkill_sent"] = True  # for whoever polls this handle later, too
+            kill_descendants(handle["pid"], handle["create_time"], CREATE_TIME_TOLERANCE)
             self.signal(handle, "SIGKILL")
             exit = await self._wait(handle, self.kill_wait)
         # The job's other processes die with the supervisor (it SIGKILLs them, or we did), but

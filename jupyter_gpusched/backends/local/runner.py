@@ -19,10 +19,10 @@ job's user. This module then
    the runner only has to live long enough to see how the job ended;
 3. reports how it ended, one JSON object such as ``{"code": 3}`` or ``{"signal": 15}``, to the
    file descriptor ``--exit-fd`` (a pipe to the supervisor), and exits. The supervisor then
-   writes the exit record the launcher reads and SIGKILLs whatever is left of the group
-   (background processes the job left behind). A job ends when its main process ends. (A
-   process that moved to a session of its own, like a daemon, escapes this and the launcher's
-   signals alike.)
+   SIGKILLs whatever is left of the job (background processes it left behind, those in a
+   session of their own included: it adopts them) and writes the exit record the launcher
+   reads. A job ends when its main process ends. (A process in a session of its own does not
+   get the launcher's polite signals, only the end.)
 
 Run on its own as the leader of its group (``--exit-fd`` a file), it does the supervisor's last
 step itself.

@@ -9,8 +9,10 @@ where jobs run as their users, as the leader of the job's process group. It
    job is on this process's command line or in its environment;
 2. starts the runner (:mod:`.runner`) as the job's user, in the same process group, and waits
    for it to end (the runner enters the working directory and runs the job as before);
-3. writes the exit record to ``--exit-fd`` and SIGKILLs what is left of the group, itself
-   included.
+3. SIGKILLs what is left of the job, every process it is an ancestor of: it is the job's
+   *child subreaper*, so a process that left the group (``setsid``, a daemon's double fork)
+   is still its descendant; then it writes the exit record to ``--exit-fd`` and SIGKILLs its
+   group, itself included.
 
 Why not the user's: whatever runs as the job's user can be changed by the job. Its environment
 (``LD_PRELOAD``), its Python's site directories (a ``usercustomize.py``), its memory (a debugger
@@ -27,17 +29,53 @@ to say: when the runner is gone, and then nothing of its group is left running.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
+
+import psutil
 
 from .runner import ignore_polite_signals, record_and_end
 
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 MAX_REPORT = 4096  # bytes of the runner's report read
 MAX_MESSAGE = 1000  # characters of its message kept
 
 
+# -- the launcher's side: how a supervisor is started ---------------------------------------
+def supervisor_command(exit_fd: int, spec_fd: int) -> list[str]:
+    """The supervisor's command line: this interpreter, the service's (it runs as the service's
+    user), and two descriptors, nothing of the job."""
+    module = "jupyter_gpusched.backends.local.supervisor"
+    return [sys.executable, "-m", module, f"--exit-fd={exit_fd}", f"--spec-fd={spec_fd}"]
+
+
+def supervisor_environment() -> dict:
+    """The supervisor's environment: none of the job's, and of the service's only what finds
+    Python and this package."""
+    env = {"PATH": os.defpath, "LANG": "C.UTF-8"}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
+def spec_file(what: dict) -> int:
+    """A descriptor of a file with no name (no other process can open it) holding ``what``, as
+    JSON, at its start: the supervisor's ``--spec-fd``."""
+    with tempfile.TemporaryFile() as file:
+        file.write(json.dumps(what).encode())
+        file.flush()
+        fd = os.dup(file.fileno())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+# -- the supervisor ----------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m jupyter_gpusched.backends.local.supervisor",
@@ -89,16 +127,60 @@ def supervise(spec: dict) -> dict:
         return {"code": 1, "message": f"could not start the job's runner: {exc}"[:MAX_MESSAGE]}
     finally:
         os.close(write_end)
-    status = runner.wait()
+    status = runner.returncode = wait_for(runner.pid)
     try:
         data = os.read(read_end, MAX_REPORT)
     except BlockingIOError:  # nothing written, and a process of the job keeps it open
         data = b""
+    end_descendants()
     return report(data, status)
+
+
+def become_subreaper() -> bool:
+    """Make this process the one the job's orphans are handed to (Linux's child subreaper), so
+    that no process of the job leaves its tree: not one that moved to a session of its own
+    (``setsid``, a daemon's double fork), which the group's signals no longer reach."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        return False
+
+
+def wait_for(pid: int) -> int:
+    """Wait for ``pid``, reaping the orphans handed to this process meanwhile; its end as
+    ``Popen.returncode`` gives it (negative: killed by that signal)."""
+    while True:
+        done, status = os.waitpid(-1, 0)
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
+
+
+def end_descendants(patience: float = 10.0) -> None:
+    """SIGKILL every process this one is an ancestor of (adopted orphans included) and reap
+    them, until none is left: the job has ended, and nothing of it may run on its GPUs."""
+    me = psutil.Process()
+    deadline = time.monotonic() + patience
+    while True:
+        left = me.children(recursive=True)
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        while True:  # reap what died
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
 
 
 def main(argv: list[str] | None = None) -> int:
     ignore_polite_signals()
+    become_subreaper()
     args = parse_args(argv)
     os.set_inheritable(args.exit_fd, False)
     with os.fdopen(args.spec_fd, encoding="utf-8") as file:

@@ -261,6 +261,7 @@ def test_gpujob_help_and_a_job_array(shell, workdir, capsys):
     assert run(shell, "%%gpujob --help\nprint(1)\n") is None  # not "unrecognized arguments"
     out = " ".join(capsys.readouterr().out.split())
     assert "--array ARRAY a job array" in out and "(not a limit)" in out, out
+    assert "%%gpujob [--gpus GPUS]" in out, out  # the cell magic's name
     assert not list(workdir.glob(".gpusched/cell-*.py"))  # nothing written, nothing submitted
     cell = "import os\nprint('index', os.environ['GPUSCHED_ARRAY_INDEX'])\n"
     array = run(shell, "%%gpujob --gpus 1 --walltime 5m --array 0-2%1 --wait\n" + cell)
@@ -294,6 +295,8 @@ def test_gpujob_without_wait_and_status(shell, service, capsys):
     assert re.search(rf"{job.id}  pending +8x H100  tier 2", out), out  # GPUs in words
     run(shell, "%gpusched cluster")
     assert "16 of 24 GPUs allocated" in capsys.readouterr().out
+    run(shell, f"%gpusched status {job.id}")  # not the general status, as if it were his
+    assert capsys.readouterr().out.startswith("usage: %gpusched status | jobs")
     run(shell, f"%gpusched logs {job.id}")
     assert capsys.readouterr().out == f"{job.id}: no output yet\n"  # (it printed nothing)
     run(shell, f"%gpusched cancel {job.id}")

@@ -483,11 +483,17 @@ def test_an_admin_sees_history_showback_the_reaper_and_changes_nodes_and_setting
     expect(node).to_have_attribute("data-state", "up")
     # the reaper's settings
     before = hub.service("GET", "api/reaper", token).json()["settings"]["idle_threshold"]
+    overridden_before = set(hub.service("GET", "api/reaper", token).json()["overrides"])
     page.fill("#reaper-form input[name=idle_threshold]", "7")
     page.click("#reaper-form button[type=submit]")
     expect(page.locator("#reaper-answer")).to_have_text("Saved.")
     expect(page.locator("#reaper-form input[name=idle_threshold]")).to_have_value("7")
-    assert hub.service("GET", "api/reaper", token).json()["settings"]["idle_threshold"] == 7
+    reaper = hub.service("GET", "api/reaper", token).json()
+    assert reaper["settings"]["idle_threshold"] == 7
+    # only what was changed is sent: the other fields keep following the policy file
+    assert set(reaper["overrides"]) <= overridden_before | {"idle_threshold"}, reaper["overrides"]
+    page.click("#reaper-form button[type=submit]")
+    expect(page.locator("#reaper-answer")).to_have_text("Nothing changed.")
     restore = hub.service("PUT", "api/reaper", token, json={"idle_threshold": before})
     assert restore.status_code == 200, restore.text
     # each hub profile's timeout, which wins over its tier's: empty, the hub's applies

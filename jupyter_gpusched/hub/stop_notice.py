@@ -45,7 +45,8 @@ async def stop_record(spawner, job_id: str, allocation) -> dict:
     try:
         code, data = await spawner.api("GET", f"api/events?{query}")
     except Exception as exc:  # the service is away: nothing to say, the stop goes on
-        spawner.log.warning("%s: could not read why job %s ended: %s", spawner.name, job_id, exc)
+        who = getattr(spawner, "_log_name", spawner.name)  # ("user's server", not "")
+        spawner.log.warning("%s: could not read why job %s ended: %s", who, job_id, exc)
         return {}
     events = data.get("events") if code == 200 and isinstance(data, dict) else None
     if not events:

@@ -99,14 +99,18 @@ class GPUSchedMagics(Magics):
         help="a job array, Slurm's syntax: 0-99%%8 (each element gets $GPUSCHED_ARRAY_INDEX)",
     )
     @argument("-h", "--help", action="store_true", help="print this help; submit nothing")
-    @argument("--wait", action="store_true", help="print the output as it comes, until the end")
+    @argument(
+        "--wait",
+        action="store_true",
+        help="print the output as it comes, until the end (an array: each element's end)",
+    )
     @argument("--estimate", action="store_true", help="print when it would start; submit nothing")
     @cell_magic
     def gpujob(self, line, cell):
         """Run this cell as a batch job on the GPU scheduler (see the module's docstring)."""
         args = parse_argstring(self.gpujob, line)
-        if args.help:
-            print(self.gpujob.parser.format_help())
+        if args.help:  # (IPython names it %gpujob: it is a cell magic)
+            print(self.gpujob.parser.format_help().replace("%gpujob", "%%gpujob"))
             return None
         fields = {"gpus": args.gpus, "name": args.name or "gpujob"}
         options = ("tier", "queue", "gpu_model", "walltime", "deadline", "cpus", "memory_gb")
@@ -155,7 +159,9 @@ class GPUSchedMagics(Magics):
         words = line.split()
         command = words[0] if words else "status"
         try:
-            if command == "status":
+            if command in ("status", "jobs", "cluster") and len(words) > 1:
+                print("usage: %gpusched status | jobs | cluster | cancel ID | logs ID")
+            elif command == "status":
                 print(status_text(self.client))
             elif command == "jobs":
                 print(jobs_text(self.client.jobs(limit=20)))

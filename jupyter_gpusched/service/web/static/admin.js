@@ -270,6 +270,7 @@ function drawReaperForm(reaper) {
       const input = el('input', { name, type, size: 8 });
       if (type === 'checkbox') input.checked = Boolean(value);
       else input.value = value === null || value === undefined ? '' : value;
+      input.dataset.drawn = shownValue(input);
       return el('label', {}, label, input);
     }),
     ...profileTimeoutFields(settings),
@@ -294,8 +295,19 @@ function profileTimeoutFields(settings) {
     const placeholder = slug in hubs ? `hub: ${hubs[slug]} s` : 'its tier\'s';
     const input = el('input', { name: `profile:${slug}`, type: 'text', size: 8, placeholder });
     input.value = own === undefined ? '' : own === null ? 'off' : own;
+    input.dataset.drawn = shownValue(input);
     return el('label', {}, `timeout, profile ${slug}`, input);
   })];
+}
+
+function shownValue(input) {
+  return input.type === 'checkbox' ? String(input.checked) : input.value;
+}
+
+function edited(input) {
+  // changed since the form showed the settings in force: only those are sent, so that a save
+  // does not pin the others (they keep following the policy file)
+  return shownValue(input) !== input.dataset.drawn;
 }
 
 async function saveReaper(event) {
@@ -305,6 +317,7 @@ async function saveReaper(event) {
   const changes = {};
   for (const [name, type] of REAPER_FIELDS) {
     const input = form.elements[name];
+    if (!edited(input)) continue;
     if (type === 'checkbox') changes[name] = input.checked;
     else if (input.value.trim() === '') changes[name] = name.startsWith('timeout') || name === 'max_lifetime' ? null : undefined;
     else changes[name] = Number.isFinite(Number(input.value)) ? Number(input.value) : input.value.trim();
@@ -315,7 +328,12 @@ async function saveReaper(event) {
     const text = input.value.trim();
     if (text !== '') profiles[input.name.slice('profile:'.length)] = Number.isFinite(Number(text)) ? Number(text) : text;
   }
-  if (form.querySelector('input[name^="profile:"]')) changes.profile_timeouts = profiles;
+  if ([...form.querySelectorAll('input[name^="profile:"]')].some(edited)) changes.profile_timeouts = profiles;
+  if (!Object.keys(changes).length) {
+    answer.className = 'answer';
+    answer.textContent = 'Nothing changed.';
+    return;
+  }
   try {
     const saved = await api('api/reaper', { method: 'PUT', json: changes });
     reaperFormFilled = false;

@@ -15,7 +15,8 @@ How it runs them:
   job cannot say it ended while it runs on. If the supervisor vanished without a record, the
   outcome is ``"killed"`` when the launcher had sent SIGKILL, ``"lost"`` otherwise (what is
   left of its group is then killed). A job ends with its main process: the supervisor then
-  SIGKILLs what is left of its group, and ``stop`` returns only once the group is empty (or
+  SIGKILLs what is left of it (every descendant: those that left its group too, since it
+  adopts the job's orphans), and ``stop`` returns only once the group is empty (or
   ``kill_wait`` has passed), so its GPUs are free.
 * stdout and stderr go to ``<log_dir>/<job_id>.log``, appended to (a requeued job's runs follow
   one another), each run starting with a header line. A notebook job's executed copy is saved

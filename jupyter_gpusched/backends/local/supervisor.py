@@ -23,7 +23,7 @@ user can neither signal, trace nor change it.
 
 What the runner reports (an exit code, a signal, a message) is the user's to say: it is how
 their job ended, read from a pipe, bounded and checked. *When* the job ended is this process's
-to say: when the runner is gone, and then nothing of its group is left running.
+to say: when the runner is gone and nothing of the job is left running.
 """
 
 from __future__ import annotations

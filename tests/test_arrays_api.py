@@ -193,8 +193,8 @@ def conforms(schema_name: str, value) -> bool:
 )
 def test_the_schemas_pattern_admits_what_the_parser_reads(text):
     """The document's pattern lets through every array the parser reads; what it lets through
-    that the parser refuses is what JSON Schema cannot say (ranges upwards, the size, a cap of
-    at least 1: the field's description says so, and the 400 names 'array')."""
+    that the parser refuses is what JSON Schema cannot say (ranges upwards, the size, a cap
+    from 1 to 10,000: the field's description says so, and the 400 names 'array')."""
     pattern_ok = jsonschema.Draft202012Validator(ARRAY_FIELD).is_valid(text)
     try:
         parse_array(text)

@@ -42,7 +42,8 @@ def test_slurms_array_syntax(text, indices, cap):
         (["0-9"], "Slurm's syntax"),
         ("9-0", "must go upwards"),
         ("0-9:0", "step of at least 1"),
-        ("0-9%0", "at least 1"),
+        ("0-9%0", f"from 1 to {MAX_ARRAY_ELEMENTS}"),
+        ("0-9%99999999999999999999999", f"from 1 to {MAX_ARRAY_ELEMENTS}"),  # (no database int)
         (f"0-{MAX_ARRAY_ELEMENTS}", "more than"),
         (f"0-{MAX_ARRAY_ELEMENTS // 2},{MAX_ARRAY_ELEMENTS}-{2 * MAX_ARRAY_ELEMENTS}", "more than"),
     ],

@@ -25,7 +25,8 @@ ARRAY_FIELD = {
     "description": "a job array, in Slurm's --array syntax: indices and ranges separated by "
     "commas (N, N-M, N-M:STEP), then optionally %MAX_RUNNING, e.g. '0-99%8'; at most "
     f"{MAX_ARRAY_ELEMENTS} elements, indices up to {MAX_ARRAY_INDEX}, ranges upwards, "
-    "MAX_RUNNING at least 1 (a 400 naming 'array' otherwise); batch jobs only. Answered with "
+    f"MAX_RUNNING from 1 to {MAX_ARRAY_ELEMENTS} (a 400 naming 'array' otherwise); batch jobs "
+    "only. Answered with "
     "a JobArray: one job per index, each with GPUSCHED_ARRAY_INDEX and GPUSCHED_ARRAY_ID",
 }
 

@@ -1,7 +1,6 @@
 """How a local job ended, as the launcher tells it: the supervisor's exit record read back
-(:func:`exit_from_record`; ``supervisor.py`` writes it), signal names and numbers, whether any
-process of a job's process group still runs (:func:`group_alive`), and the end of every process
-of a job (:func:`kill_descendants`).
+(:func:`exit_from_record`; ``supervisor.py`` writes it), signal names and numbers and whether any
+process of a job's process group still runs (:func:`group_alive`).
 
 Apart from :mod:`.launcher` (starting, polling and stopping jobs): these are the small facts about
 processes and records it reasons with, none of which needs the launcher's state.
@@ -46,30 +45,6 @@ def group_alive(pgid: int) -> bool:
             if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
                 return True
     return False
-
-
-def kill_descendants(pid: int, create_time: float, tolerance: float) -> None:
-    """SIGKILL every live descendant of the supervisor ``pid`` (started at ``create_time``,
-    give or take ``tolerance``), those that left its process group included (it adopts the
-    job's orphans: ``supervisor.py``), until none is left: done before its group is killed,
-    since once it is gone they would be init's, out of reach."""
-    try:
-        supervisor = psutil.Process(pid)
-        if abs(supervisor.create_time() - create_time) > tolerance:
-            return  # not the supervisor any more
-        for _ in range(100):  # (one may fork as the others die)
-            left = []
-            for process in supervisor.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    if process.status() != psutil.STATUS_ZOMBIE:
-                        left.append(process)
-            if not left:
-                return
-            for process in left:
-                with contextlib.suppress(psutil.Error):
-                    process.kill()
-    except psutil.Error:  # the supervisor is gone
-        return
 
 
 def exit_from_record(record: dict) -> Exit:

@@ -82,8 +82,8 @@ from ..accounts import (
 
 # The interface, also importable from here (the service and Slurm's launcher import it so)
 from ..interface import Exit, Launcher, LaunchError, LaunchSpec
-from .exits import exit_from_record, group_alive, kill_descendants, signal_name, signal_number
-from .supervisor import spec_file, supervisor_command, supervisor_environment
+from .exits import exit_from_record, group_alive, signal_name, signal_number
+from .supervisor import kill_descendants, spec_file, supervisor_command, supervisor_environment
 
 #: A handle's create_time and the process's may differ by this much and still be the same process.
 CREATE_TIME_TOLERANCE = 1e-2
@@ -390,6 +390,13 @@ class LocalLauncher(Launcher):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(handle["pgid"], signum)
 
+    def _kill_descendants(self, handle: dict) -> None:
+        """Those of the job's processes that left its group, before the group (supervisor.py)."""
+        with contextlib.suppress(psutil.Error):
+            supervisor = psutil.Process(handle["pid"])
+            if self._same(supervisor.create_time(), handle):
+                kill_descendants(supervisor, patience=1.0)
+
     async def _wait(self, handle: dict, seconds: float) -> Exit | None:
         deadline = time.monotonic() + seconds
         while (exit := self.poll(handle)) is None:
@@ -407,7 +414,7 @@ class LocalLauncher(Launcher):
         exit = await self._wait(handle, grace)
         if exit is None:
             handle["sigkill_sent"] = True  # for whoever polls this handle later, too
-            kill_descendants(handle["pid"], handle["create_time"], CREATE_TIME_TOLERANCE)
+            self._kill_descendants(handle)
             self.signal(handle, "SIGKILL")
             exit = await self._wait(handle, self.kill_wait)
         # The job's other processes die with the supervisor (it SIGKILLs them, or we did), but

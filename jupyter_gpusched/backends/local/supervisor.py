@@ -156,26 +156,38 @@ def wait_for(pid: int) -> int:
             return os.waitstatus_to_exitcode(status)
 
 
-def end_descendants(patience: float = 10.0) -> None:
-    """SIGKILL every process this one is an ancestor of (adopted orphans included) and reap
-    them, until none is left: the job has ended, and nothing of it may run on its GPUs."""
-    me = psutil.Process()
+def kill_descendants(process: psutil.Process, patience: float) -> None:
+    """SIGKILL every live descendant of ``process`` (those that left its process group
+    included, once it adopts the job's orphans) until none is left, or ``patience`` seconds
+    have passed: one may fork as the others die. The supervisor's at the job's end, and the
+    launcher's before it kills the supervisor's group (once the supervisor is gone, they would
+    be init's, out of reach)."""
     deadline = time.monotonic() + patience
     while True:
-        left = me.children(recursive=True)
-        for process in left:
+        left = []
+        for child in process.children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                process.kill()
-        while True:  # reap what died
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    left.append(child)
         if not left or time.monotonic() > deadline:
             return
+        for child in left:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
         time.sleep(0.01)
+
+
+def end_descendants(patience: float = 10.0) -> None:
+    """The job has ended: nothing of it may run on its GPUs. Kill what is left, then reap it
+    (its zombies are this process's, an adopter's)."""
+    kill_descendants(psutil.Process(), patience)
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,21 +39,14 @@ export function num(value: number): string {
   return Number.isInteger(value) ? String(value) : value.toFixed(2).replace(/0+$/, '');
 }
 
-export function clock(epoch: number): string {
+export function clock(epoch: number, seconds = false): string {
+  // "14:06" (24-hour, local time); with seconds, "14:06:30": a moment a server will be stopped
+  // (a minute's rounding is too much there). The page's draw.js says times the same way.
   return new Date(epoch * 1000).toLocaleTimeString([], {
     hour: '2-digit',
     minute: '2-digit',
-    hour12: false
-  });
-}
-
-/** "18:05:30": a moment a server will be stopped (a minute's rounding is too much there). */
-export function secondsClock(epoch: number): string {
-  return new Date(epoch * 1000).toLocaleTimeString([], {
-    hour: '2-digit',
-    minute: '2-digit',
-    second: '2-digit',
-    hour12: false
+    hour12: false,
+    ...(seconds ? { second: '2-digit' } : {})
   });
 }
 

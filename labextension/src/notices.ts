@@ -19,7 +19,7 @@ import { ServerConnection } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
 import { Poller, request } from './api';
-import { el, secondsClock } from './format';
+import { clock, el } from './format';
 
 /** JupyterLab's toasts show at most this many characters (apputils' Notification). */
 export const TOAST_LIMIT = 140;
@@ -57,7 +57,7 @@ function title(kind: string): string {
 
 /** The whole text of a notice, as the Details dialog and the panel show it. */
 export function noticeText(notice: INotice): string {
-  const deadline = notice.deadline ? ` (by ${secondsClock(notice.deadline)})` : '';
+  const deadline = notice.deadline ? ` (by ${clock(notice.deadline, true)})` : '';
   return `${title(notice.kind)}: ${notice.message}${deadline}`;
 }
 
@@ -67,7 +67,7 @@ export function toastText(notice: INotice): string {
   if (whole.length <= TOAST_LIMIT) {
     return whole;
   }
-  const when = notice.deadline ? `at ${secondsClock(notice.deadline)}` : 'soon';
+  const when = notice.deadline ? `at ${clock(notice.deadline, true)}` : 'soon';
   const what =
     notice.kind === 'idle'
       ? `this server will be stopped ${when} unless its GPUs are used.`

@@ -34,6 +34,7 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -136,7 +137,8 @@ class GPUSchedMagics(Magics):
                 raise UsageError(f"%%gpujob {option}: {exc.message}") from None
             raise
         if isinstance(job, JobArray):
-            states = ", ".join(f"{n} {state}" for state, n in _counts(job))
+            counts = Counter(element.state for element in job)  # (in order of first seen)
+            states = ", ".join(f"{n} {state}" for state, n in counts.items())
             print(
                 f"Submitted array {job.id}: {len(job)} jobs ({states}); the cell is in {written[0]}"
             )
@@ -179,14 +181,6 @@ class GPUSchedMagics(Magics):
                 print("usage: %gpusched status | jobs | cluster | cancel ID | logs ID")
         except GPUSchedError as exc:
             print(f"gpusched: {exc}", file=sys.stderr)
-
-
-def _counts(array: JobArray) -> list[tuple[str, int]]:
-    """How many of ``array``'s jobs are in each state, in the order of their first element."""
-    counts: dict[str, int] = {}
-    for job in array:
-        counts[job.state] = counts.get(job.state, 0) + 1
-    return list(counts.items())
 
 
 # -- text views --------------------------------------------------------------------------------

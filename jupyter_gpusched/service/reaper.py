@@ -46,6 +46,7 @@ file's ``reaper:`` section, run-time overrides stored in the database (setting `
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 
 from prometheus_client import Counter, Gauge
@@ -103,6 +104,8 @@ class Reaper:
         self.trusted_backends = trusted_backends(gpu_backend)  # whose samples count
         self.profile_shapes = profile_shapes_of(profile_shapes or {})  # the hub's profiles
         self.sessions: dict[str, Session] = {}
+        self._overrides: dict | None = None  # (the store's, read once: overrides())
+        self._settings: dict | None = None  # (the settings they make: settings())
         self.since = live.clock()  # servers running before this (a restart): no history
         self.reclaimed = self.unmonitored_gauge = None
         if metrics is not None:
@@ -124,14 +127,21 @@ class Reaper:
 
     # -- settings ----------------------------------------------------------------------------
     def overrides(self) -> dict:
-        return dict(self.live.store.get_setting("reaper", {}) or {})
+        """The admin's changes, as stored (read once: only :meth:`update` changes them)."""
+        if self._overrides is None:
+            self._overrides = dict(self.live.store.get_setting("reaper", {}) or {})
+        return copy.deepcopy(self._overrides)
 
     def settings(self) -> dict:
-        try:
-            return validate(self.overrides(), self.defaults)
-        except RequestError:  # a stored value no longer valid: the defaults
-            log.exception("stored reaper settings are invalid; using the policy file's")
-            return dict(self.defaults)
+        """The settings in force (worked out once per change: each tick, each monitor report
+        and each ``api/me`` reads them)."""
+        if self._settings is None:
+            try:
+                self._settings = validate(self.overrides(), self.defaults)
+            except RequestError:  # a stored value no longer valid: the defaults
+                log.exception("stored reaper settings are invalid; using the policy file's")
+                self._settings = dict(self.defaults)
+        return copy.deepcopy(self._settings)
 
     def promised_timeouts(self, user: str, groups) -> dict[str, float | None]:
         """By hub profile: the idle timeout a new server of ``user``'s would have now (None:
@@ -149,7 +159,8 @@ class Reaper:
         event = self.live._event("reaper-settings", None, actor, f"reaper settings by {actor}")
         event["data"] = {"changes": changes, "settings": effective}
         self.live.store.set_setting("reaper", overrides, by=actor, event=event)
-        return effective
+        self._overrides, self._settings = overrides, effective
+        return copy.deepcopy(effective)
 
     # -- reports -----------------------------------------------------------------------------
     def report(self, who, report: dict) -> Session:

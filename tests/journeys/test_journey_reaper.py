@@ -66,6 +66,7 @@ def test_warned_first_then_culled_and_told_why(demo, people):
     expect(toast.first).to_be_visible(timeout=TIMEOUT_MS)
     summary = toast.first.inner_text()
     assert "will be stopped at" in summary and not summary.rstrip().endswith("\u2026"), summary
+    assert re.search(r"stopped at \d\d:\d\d:\d\d", summary), summary  # to the second
     toast.first.get_by_role("button", name="Details").click()
     details = alice.locator(".jp-gpusched-notice-dialog")
     expect(details).to_contain_text(re.compile(r"stopped in \d+ s \(at \d\d:\d\d:\d\d"))
@@ -96,7 +97,14 @@ def test_warned_first_then_culled_and_told_why(demo, people):
     expect(alice.locator("body")).to_contain_text(re.compile("reaper|stopped", re.I))
     shot(alice, TEST, "3-home-says-why")
 
+    # the spawn form promises the timeout in force: admin's now, the profile's once cleared
+    alice.goto(f"{hub.url}/hub/spawn")
+    gpu_1 = alice.locator("label[for=gpusched-profile-gpu-1]")
+    expect(gpu_1).to_contain_text("stops after 2 s idle")
+    shot(alice, TEST, "4-form-promises-the-admins-timeout")
     _set_reaper(hub, profile_timeouts={}, warning_lead=300)  # the demo's again
+    alice.reload()
+    expect(gpu_1).to_contain_text("stops after 1 h idle")
     stop_everything(hub)
 
 

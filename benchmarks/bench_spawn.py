@@ -124,16 +124,12 @@ def _start_hub(state_dir, server: str):
             )
             + EXTRA_CONFIG.format(plain=[PLAIN_USER], cmd=cmd)
         )
-    port = hub_harness.free_port()
+    ports = hub_harness.port_settings()
+    port = int(ports["GPUSCHED_HUB_PORT"])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "JPY_"))}
     env.pop("CONFIGPROXY_AUTH_TOKEN", None)
     env.update(
-        GPUSCHED_STATE_DIR=state_dir,
-        GPUSCHED_HUB_PORT=str(port),
-        GPUSCHED_HUB_API_PORT=str(hub_harness.free_port()),
-        GPUSCHED_PROXY_API_PORT=str(hub_harness.free_port()),
-        GPUSCHED_SERVICE_PORT=str(hub_harness.free_port()),
-        GPUSCHED_DEMO_PASSWORD=secrets.token_urlsafe(12),
+        ports, GPUSCHED_STATE_DIR=state_dir, GPUSCHED_DEMO_PASSWORD=secrets.token_urlsafe(12)
     )
     log_path = os.path.join(state_dir, "jupyterhub.log")
     with open(log_path, "wb") as log:

@@ -66,10 +66,25 @@ for _service in c.JupyterHub.services:  # the test module's own options of the s
 """
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: all are held while they are chosen (ports asked one at a
+    time may repeat: the kernel may give a port it just gave again once its socket is closed)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def port_settings() -> dict[str, str]:
+    """The hub config's four ports (the proxy's public and API ports, the hub's API, the
+    gpusched service), distinct and free."""
+    names = ("GPUSCHED_HUB_PORT", "GPUSCHED_HUB_API_PORT", "GPUSCHED_PROXY_API_PORT")
+    return dict(zip((*names, "GPUSCHED_SERVICE_PORT"), map(str, free_ports(4)), strict=True))
 
 
 @dataclass
@@ -288,7 +303,7 @@ def running_hub(
     if service_args:
         generated += SERVICE_ARGS_CONFIG.format(service=SERVICE, service_args=list(service_args))
     config.write_text(generated + extra_config)
-    port = free_port()
+    ports = port_settings()
     password = secrets.token_urlsafe(12)
     hub_env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTERHUB_", "JPY_"))}
     hub_env.pop("CONFIGPROXY_AUTH_TOKEN", None)
@@ -297,14 +312,7 @@ def running_hub(
     # GPUs are its own, beside its state directory, never the demo's (or another test hub's)
     hub_env.pop("GPUSCHED_SIM_GPU_DIR", None)
     hub_env.update(env or {})
-    hub_env.update(
-        GPUSCHED_STATE_DIR=str(state_dir),
-        GPUSCHED_HUB_PORT=str(port),
-        GPUSCHED_HUB_API_PORT=str(free_port()),
-        GPUSCHED_PROXY_API_PORT=str(free_port()),
-        GPUSCHED_SERVICE_PORT=str(service_port := free_port()),
-        GPUSCHED_DEMO_PASSWORD=password,
-    )
+    hub_env.update(ports, GPUSCHED_STATE_DIR=str(state_dir), GPUSCHED_DEMO_PASSWORD=password)
     log_path = state_dir / "jupyterhub.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -316,8 +324,15 @@ def running_hub(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    hub = Hub(f"http://127.0.0.1:{port}", state_dir, password, token, process, log_path)
-    hub.service_port = service_port
+    hub = Hub(
+        f"http://127.0.0.1:{ports['GPUSCHED_HUB_PORT']}",
+        state_dir,
+        password,
+        token,
+        process,
+        log_path,
+        service_port=int(ports["GPUSCHED_SERVICE_PORT"]),
+    )
     failed = True
     try:
         _wait_until_up(hub, time.monotonic() + START_TIMEOUT)

@@ -430,11 +430,8 @@ def _user_env(state_dir: Path) -> dict:
     for name, text in (("cluster", TEST_CLUSTER), ("queues", TEST_QUEUES), ("policy", TEST_POLICY)):
         files[name] = str(hub_harness.readable_file(state_dir, f"test-{name}.yaml", text))
     env.update(
+        hub_harness.port_settings(),
         GPUSCHED_STATE_DIR=str(state_dir),
-        GPUSCHED_HUB_PORT=str(hub_harness.free_port()),
-        GPUSCHED_HUB_API_PORT=str(hub_harness.free_port()),
-        GPUSCHED_PROXY_API_PORT=str(hub_harness.free_port()),
-        GPUSCHED_SERVICE_PORT=str(hub_harness.free_port()),
         GPUSCHED_DEMO_PASSWORD=secrets.token_urlsafe(12),
         GPUSCHED_CLUSTER_FILE=files["cluster"],
         GPUSCHED_QUEUE_FILE=files["queues"],

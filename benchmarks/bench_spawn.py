@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import secrets
-import shutil
 import statistics
 import subprocess
 import sys
@@ -109,13 +108,16 @@ c.JupyterHub.log_level = "INFO"
 def _start_hub(state_dir, server: str):
     import hub_harness
 
+    from jupyter_gpusched.hub.singleuser_command import singleuser_command
+
     token = secrets.token_hex(32)
     cmd = ""
     if server == "standin":
-        standin = os.path.join(state_dir, "standin.py")
-        with open(standin, "w") as f:
-            f.write(STANDIN)
-        cmd = f"c.Spawner.cmd = [{sys.executable!r}, {standin!r}]"
+        # beside the state directory, which the hub config makes its own (0700)
+        standin = str(hub_harness.readable_file(Path(state_dir), "standin.py", STANDIN))
+        # a python3 the users may run (a root hub's venv python may sit in root's home)
+        python = singleuser_command()[0][0]
+        cmd = f"c.Spawner.cmd = [{python!r}, {standin!r}]"
     config = os.path.join(state_dir, "jupyterhub_config.py")
     with open(config, "w") as f:
         f.write(
@@ -236,7 +238,7 @@ def main() -> int:
     finally:
         left = hub_harness._stop(hub)
         if not left:
-            shutil.rmtree(state_dir, ignore_errors=True)
+            hub_harness.remove_state(Path(state_dir))
     print(json.dumps(result, indent=2))
     if left:
         print("left running:", left, file=sys.stderr)

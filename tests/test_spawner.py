@@ -247,6 +247,42 @@ class FakeUser:
     groups = ()
 
 
+LATE_SERVER = """
+import http.server, sys, time
+time.sleep(float(sys.argv[2]))  # a server's start-up (imports), before it listens
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(404 if self.path != "/user/carol/api" else 200)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
+"""
+
+
+async def test_start_returns_once_the_new_server_answers_or_its_process_ended():
+    """JupyterHub's own wait for a started server backs off to seconds between tries: the
+    spawner tries every 50 ms first, where the hub will (``<base_url>api``), and returns once
+    it answers; a process that ends before it answers fails the start at once, saying so."""
+    from types import SimpleNamespace
+
+    from jupyter_gpusched.hub.spawner import GPUSchedSpawner
+
+    spawner = GPUSchedSpawner(user=FakeUser(), http_timeout=60)
+    spawner.server = SimpleNamespace(base_url="/user/carol/")
+    port = hub_harness.free_port()
+    spawner.proc = subprocess.Popen([sys.executable, "-c", LATE_SERVER, str(port), "1"])
+    try:
+        await asyncio.wait_for(spawner.server_answering(("127.0.0.1", port)), 30)
+        answer = requests.get(f"http://127.0.0.1:{port}/user/carol/api", timeout=5)
+        assert answer.status_code == 200 and spawner.proc.poll() is None
+    finally:
+        spawner.proc.kill()
+        spawner.proc.wait()
+    # a server that exits first: the start fails at its end, not after http_timeout (60 s)
+    spawner.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1); exit(3)"])
+    with pytest.raises(GPUSchedSpawnError, match=r"stopped while starting \(exit status 3\)"):
+        await asyncio.wait_for(spawner.server_answering(("127.0.0.1", port)), 30)
+
+
 def test_server_args_enable_the_extension_and_leave_idleness_to_the_reaper():
     from jupyter_gpusched.hub.spawner import GPUSchedSpawner
 

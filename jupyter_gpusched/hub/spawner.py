@@ -27,8 +27,9 @@ one placement logic:
    keep the job id beside the process id, so a hub restart keeps servers and allocations.
 
 The server process is LocalProcessSpawner's, run as the hub user's own OS account (never a
-system account; ``run_as_hub_user``: the hub's own), behind four methods a subclass may replace
-(``launch_server``, ``poll_server``, ``stop_server``, ``server_started``, with
+system account; ``run_as_hub_user``: the hub's own), behind five methods a subclass may replace
+(``launch_server``, ``server_answering``, ``poll_server``, ``stop_server``, ``server_started``,
+with
 ``get_state``/``load_state``/``clear_state``): ``GPUSchedSlurmSpawner``
 (``jupyter_gpusched/hub/slurm_spawner.py``, ``spawner_class = "gpusched-slurm"``) runs the server
 as a Slurm job on the allocated node instead. The class is built in layers, a module each:
@@ -258,8 +259,11 @@ class GPUSchedSpawner(SchedulerClient, AllocationState):
             )
             url = await self.launch_server()  # the hub saves the state when start() returns
             self._report("Server process started; waiting for it to answer", 80, job_id=job_id)
+            await self.server_answering(url)
             return url
         except BaseException as exc:  # CancelledError too: the spawn was cancelled
+            if self.server_started():  # cancelled while it came up: gone before its GPUs go
+                await asyncio.shield(self.stop_server(now=True))
             if job_id:
                 why = (
                     "the start was cancelled through the hub"

@@ -266,12 +266,12 @@ async def test_start_returns_once_the_new_server_answers_or_its_process_ended():
 
     from jupyter_gpusched.hub.spawner import GPUSchedSpawner
 
-    spawner = GPUSchedSpawner(user=FakeUser(), http_timeout=60)
+    spawner = GPUSchedSpawner(user=FakeUser())
     spawner.server = SimpleNamespace(base_url="/user/carol/")
     port = hub_harness.free_port()
     spawner.proc = subprocess.Popen([sys.executable, "-c", LATE_SERVER, str(port), "1"])
     try:
-        await asyncio.wait_for(spawner.server_answering(("127.0.0.1", port)), 30)
+        await asyncio.wait_for(spawner.server_answering(("127.0.0.1", port), 60), 30)
         answer = requests.get(f"http://127.0.0.1:{port}/user/carol/api", timeout=5)
         assert answer.status_code == 200 and spawner.proc.poll() is None
     finally:
@@ -280,7 +280,7 @@ async def test_start_returns_once_the_new_server_answers_or_its_process_ended():
     # a server that exits first: the start fails at its end, not after http_timeout (60 s)
     spawner.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1); exit(3)"])
     with pytest.raises(GPUSchedSpawnError, match=r"stopped while starting \(exit status 3\)"):
-        await asyncio.wait_for(spawner.server_answering(("127.0.0.1", port)), 30)
+        await asyncio.wait_for(spawner.server_answering(("127.0.0.1", port), 60), 30)
 
 
 def test_server_args_enable_the_extension_and_leave_idleness_to_the_reaper():

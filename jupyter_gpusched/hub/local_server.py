@@ -117,21 +117,21 @@ class LocalServerProcess(LocalProcessSpawner):
         self.pid_created = process_created(self.pid) or 0.0
         return url
 
-    async def server_answering(self, address) -> None:
+    async def server_answering(self, address, within: float) -> None:
         """Wait until the server just launched at ``address`` (``(ip, port)``) answers HTTP
         where the hub will ask it (``<base_url>api``; any status below 500 will do, as for the
         hub), trying every 50 ms. The hub's own wait, which starts when start() returns, backs
         off to seconds between its tries (up to 5 s): a server up 3 s after its launch was
         found about 1.5 s later, on average; now at the hub's first try. A process that ends
         first fails the start at once (a GPUSchedSpawnError), not after the hub's
-        ``http_timeout``; past ``http_timeout`` this returns, and the hub reports as it always
-        did."""
+        ``http_timeout``; after ``within`` seconds this returns, and the hub waits and reports
+        as it always did."""
         if self.internal_ssl or self.server is None or not isinstance(address, tuple):
             return
         ip, port = address
         url = f"http://{ip}:{port}{self.server.base_url}api"
         client = AsyncHTTPClient()
-        deadline = time.monotonic() + self.http_timeout
+        deadline = time.monotonic() + within
         while self.proc is not None and time.monotonic() < deadline:
             if (status := self.proc.poll()) is not None:
                 raise GPUSchedSpawnError(

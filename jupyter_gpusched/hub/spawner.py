@@ -224,6 +224,7 @@ class GPUSchedSpawner(SchedulerClient, AllocationState):
 
     # -- start -------------------------------------------------------------------------------
     async def start(self):
+        began = time.monotonic()
         self.server_account()  # also when start() is called without the pre-spawn hook
         if self._profile is None:
             self.choose_profile(self.user_options)
@@ -259,7 +260,9 @@ class GPUSchedSpawner(SchedulerClient, AllocationState):
             )
             url = await self.launch_server()  # the hub saves the state when start() returns
             self._report("Server process started; waiting for it to answer", 80, job_id=job_id)
-            await self.server_answering(url)
+            # at most http_timeout, and within start_timeout (which covers the queue too)
+            left = self.start_timeout - (time.monotonic() - began) - 1.0
+            await self.server_answering(url, within=min(self.http_timeout, left))
             return url
         except BaseException as exc:  # CancelledError too: the spawn was cancelled
             if self.server_started():  # cancelled while it came up: gone before its GPUs go

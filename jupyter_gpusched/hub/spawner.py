@@ -29,8 +29,7 @@ one placement logic:
 The server process is LocalProcessSpawner's, run as the hub user's own OS account (never a
 system account; ``run_as_hub_user``: the hub's own), behind five methods a subclass may replace
 (``launch_server``, ``server_answering``, ``poll_server``, ``stop_server``, ``server_started``,
-with
-``get_state``/``load_state``/``clear_state``): ``GPUSchedSlurmSpawner``
+with ``get_state``/``load_state``/``clear_state``): ``GPUSchedSlurmSpawner``
 (``jupyter_gpusched/hub/slurm_spawner.py``, ``spawner_class = "gpusched-slurm"``) runs the server
 as a Slurm job on the allocated node instead. The class is built in layers, a module each:
 ``local_server.py`` (:class:`~jupyter_gpusched.hub.local_server.LocalServerProcess`: the server
@@ -265,8 +264,11 @@ class GPUSchedSpawner(SchedulerClient, AllocationState):
             await self.server_answering(url, within=min(self.http_timeout, left))
             return url
         except BaseException as exc:  # CancelledError too: the spawn was cancelled
-            if self.server_started():  # cancelled while it came up: gone before its GPUs go
-                await asyncio.shield(self.stop_server(now=True))
+            if self.server_started():  # failed or cancelled as it came up: gone first
+                try:
+                    await asyncio.shield(self.stop_server(now=True))
+                except Exception as stop_error:  # the release below must still happen
+                    self.log.error("%s: stopping the server: %s", self._log_name, stop_error)
             if job_id:
                 why = (
                     "the start was cancelled through the hub"

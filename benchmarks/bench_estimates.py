@@ -5,9 +5,12 @@
     .venv/bin/python benchmarks/bench_estimates.py --part synthetic --seeds $(seq 1 30)
     .venv/bin/python benchmarks/bench_estimates.py --part philly --philly-jobs 20000 \
         --philly ../shared/traces/philly/philly_2017_sep_oct.csv   # (from a git worktree)
+    .venv/bin/python benchmarks/bench_estimates.py --part philly --philly-jobs 60000 \
+        --philly-cluster philly:512                                  # the whole split, heavier
 
-(a) ``philly``: the Philly Sep-Oct log on ``philly:768`` with ``philly:768`` queues, tier mix
-10/60/30, the gpusched policy (as README's replay), its first ``--philly-jobs`` jobs. The arms:
+(a) ``philly``: the Philly Sep-Oct log on ``philly:768`` (``--philly-cluster``) with its queues,
+tier mix 10/60/30, the gpusched policy (as README's replay), its first ``--philly-jobs`` jobs.
+The arms:
 ``walltime_2x`` (the trace's walltime model: every job gives 2x its real run time, as
 ``bench_replay.py``), ``no_walltime`` (no job gives one: the policy's 24 h default),
 ``learned`` (no job gives one; ``walltime.estimate: missing``) and ``learned_always`` (2x
@@ -104,11 +107,11 @@ def synthetic_summary(rows: list[dict]) -> dict:
     return out
 
 
-def bench_philly(jobs: int, path: Path = PHILLY) -> dict:
+def bench_philly(jobs: int, path: Path = PHILLY, spec: str = "philly:768") -> dict:
     loaded = load_trace(path, "philly", parse_tier_mix("10,60,30")).jobs[:jobs]
     twice = with_walltimes(loaded, WALLTIME_FACTORS["philly"])
-    cluster = load_cluster_spec("philly:768").cluster
-    queues = load_queue_spec("philly:768", cluster, loaded, path)
+    cluster = load_cluster_spec(spec).cluster
+    queues = load_queue_spec(spec, cluster, loaded, path)
     policy = get_policy("gpusched")
     arms = {
         "walltime_2x": (twice, "never"),
@@ -116,7 +119,7 @@ def bench_philly(jobs: int, path: Path = PHILLY) -> dict:
         "learned": (loaded, "missing"),
         "learned_always": (twice, "always"),
     }
-    out = {"jobs": len(loaded)}
+    out = {"jobs": len(loaded), "cluster": spec}
     for name, (trace, mode) in arms.items():
         out[name] = figures(replay(trace, cluster, queues, settings(mode), policy))
     return out
@@ -181,6 +184,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--philly-jobs", type=int, default=20_000)
     parser.add_argument("--philly", type=Path, default=PHILLY, help="the Philly Sep-Oct CSV")
+    parser.add_argument(
+        "--philly-cluster", default="philly:768", help="cluster and queues (philly:512: heavier)"
+    )
     parser.add_argument("--estimate-quantile", type=float, help="walltime.estimate_quantile")
     parser.add_argument("--estimate-margin", type=float, help="walltime.estimate_margin")
     args = parser.parse_args()
@@ -194,7 +200,7 @@ def main() -> None:
         out["synthetic"] = [bench_synthetic(seed) for seed in args.seeds]
         out["synthetic_summary"] = synthetic_summary(out["synthetic"])
     if args.part in ("philly", "both"):
-        out["philly"] = bench_philly(args.philly_jobs, args.philly)
+        out["philly"] = bench_philly(args.philly_jobs, args.philly, args.philly_cluster)
     out["wall_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(out, indent=1))
 

@@ -8,8 +8,9 @@ from helpers import cluster, job, started
 
 from jupyter_gpusched.core import PolicySettings, Scheduler
 from jupyter_gpusched.core.errors import ConfigError
-from jupyter_gpusched.core.estimate import snapshot
-from jupyter_gpusched.core.runtime_estimates import RuntimeEstimates, quantile
+from jupyter_gpusched.core.estimate import earliest_finish, snapshot
+from jupyter_gpusched.core.plan import expected_starts
+from jupyter_gpusched.core.runtime_estimates import RuntimeEstimates, expected_ends, quantile
 
 ALWAYS = PolicySettings().replace(estimate="always")
 MISSING = PolicySettings().replace(estimate="missing")
@@ -119,21 +120,31 @@ class _any:  # equal to any placement
         return True
 
 
-def test_a_job_without_walltime_is_planned_and_reserved_at_its_learned_estimate():
-    c = cluster(("n1", 8, "leaf"))
-    scheduler = Scheduler(c, settings=MISSING)
-    now = run_three(scheduler)
-    scheduler.submit(job("long", 8, t=now, user="ann"), now)  # no walltime: 3 runs of 100 s
-    scheduler.schedule(now)
-    assert scheduler.jobs["long"].planned_run_time == pytest.approx(120.0)
-    assert scheduler.jobs["long"].estimated
-    scheduler.submit(job("big", 8, t=now + 1, user="bob"), now + 1)  # waits for the node
-    scheduler.schedule(now + 1)
-    assert scheduler.reservation.job_id == "big"
-    assert scheduler.reservation.start == pytest.approx(now + 120.0)  # not now + 24 h
-    # bob has no history: his queue's 8-GPU batch jobs give his estimate
-    assert scheduler.planned_run_time(scheduler.jobs["big"]) == pytest.approx(120.0)
-    assert scheduler.jobs["big"].estimated
+def test_a_waiting_job_is_planned_with_its_estimate_and_the_reservation_with_limits():
+    """The estimate plans jobs that wait (backfill's "ends before the reservation"); the
+    reservation's start is planned from the running jobs' limits (here the 24 h default), so a
+    job estimated to end before it starts in front of it: planning the running job's end with
+    its estimate (120 s) instead would have kept the GPUs idle for 2 min."""
+    for settings, backfills in ((MISSING, True), (PolicySettings(), False)):
+        scheduler = Scheduler(cluster(("n1", 8, "leaf")), settings=settings)
+        now = run_three(scheduler, gpus=4)  # ann's 4-GPU jobs run 100 s: estimate 120 s
+        scheduler.submit(job("running", 4, t=now, user="cat"), now)  # no walltime
+        assert "running" in started(scheduler.schedule(now))
+        scheduler.submit(job("big", 8, t=now + 1, user="bob"), now + 1)  # waits for the node
+        scheduler.schedule(now + 1)
+        assert scheduler.reservation.job_id == "big"
+        assert scheduler.reservation.start == pytest.approx(now + 86_400.0)  # cat's limit
+        scheduler.submit(job("small", 4, t=now + 2, user="ann"), now + 2)
+        decisions = started(scheduler.schedule(now + 2))
+        assert ("small" in decisions) is backfills, settings.estimate
+        if backfills:  # planned 120 s: it ends before the reservation's start
+            assert scheduler.jobs["small"].planned_run_time == pytest.approx(120.0)
+            assert scheduler.jobs["small"].estimated
+            # cat's job is estimated too (her queue's 4-GPU batch jobs): the plan expects
+            # bob's job once both have ended, not at the reservation's 24 h
+            assert expected_starts(scheduler, now + 2)["big"] == pytest.approx(now + 122.0)
+        else:
+            assert scheduler.jobs["small"].reason.detail == "reservation"
 
 
 def test_a_walltime_caps_the_estimate_and_missing_mode_keeps_the_walltime():
@@ -183,7 +194,7 @@ def test_failed_cancelled_and_preempted_runs_are_not_learned():
     assert not scheduler.jobs["x"].estimated
 
 
-def test_an_overrun_is_planned_to_run_as_long_again_and_the_reservation_recomputed():
+def test_an_overrun_is_expected_to_run_as_long_again_within_its_limit():
     c = cluster(("n1", 8, "leaf"))
     scheduler = Scheduler(c, settings=MISSING)
     now = run_three(scheduler)  # ann's 8-GPU jobs: 120 s planned
@@ -191,19 +202,35 @@ def test_an_overrun_is_planned_to_run_as_long_again_and_the_reservation_recomput
     scheduler.schedule(now)
     scheduler.submit(job("next", 8, t=now, user="bob"), now)
     scheduler.schedule(now)
-    assert scheduler.reservation.start == pytest.approx(now + 120.0)
-    later = now + 500.0  # past its planned end, still running: planned to run 500 s more
-    scheduler.submit(job("nudge", 8, t=later, user="cat"), later)
-    scheduler.job_ended("nudge-missing", later)  # (nothing: no such running job)
-    scheduler.agenda.freed = True
-    scheduler.schedule(later)
-    assert scheduler.reservation.job_id == "next"
-    assert scheduler.reservation.start == pytest.approx(now + 1000.0)
-    assert "overrun" in scheduler.running  # nothing stops it at its estimate
-    much_later = now + 86400.0 + 10  # past the default walltime (24 h): taken to end now
+    assert scheduler.reservation.start == pytest.approx(now + 86_400.0)  # by its limit
+
+    def expected(at):
+        ends = expected_ends(scheduler.ledger.ends, scheduler.jobs, at, scheduler.settings)
+        return dict((job_id, end) for end, job_id in ends)["overrun"]
+
+    assert expected(now + 60.0) == pytest.approx(now + 120.0)  # at its estimate
+    later = now + 500.0  # past its estimate, still running: expected to run 500 s more
+    assert expected(later) == pytest.approx(now + 1000.0)
+    assert expected_starts(scheduler, later)["next"] == pytest.approx(now + 1000.0)
+    assert expected(now + 50_000.0) == pytest.approx(now + 86_400.0)  # within its limit
+    much_later = now + 86_400.0 + 10  # past the default walltime (24 h): taken to end now
+    assert expected(much_later) == pytest.approx(much_later)
     scheduler.agenda.freed = True
     scheduler.schedule(much_later)
     assert scheduler.reservation.start == pytest.approx(much_later)
+    assert "overrun" in scheduler.running  # nothing stops it at its estimate or limit
+
+
+def test_a_deadlines_earliest_finish_expects_running_jobs_to_end_at_their_estimates():
+    """The deadline check is an optimistic bound: the running job is expected at its estimate
+    (120 s), not at the 24 h default the reservation plans with."""
+    scheduler = Scheduler(cluster(("n1", 8, "leaf")), settings=MISSING)
+    now = run_three(scheduler)
+    scheduler.submit(job("running", 8, t=now, user="ann"), now)
+    scheduler.schedule(now)
+    asked = job("due", 8, t=now + 1, user="bob")  # his queue's 8-GPU jobs: 120 s too
+    assert earliest_finish(scheduler, asked, now + 1) == pytest.approx(now + 240.0)
+    assert "due" not in scheduler.jobs  # (tried on a copy)
 
 
 def test_the_estimate_api_snapshot_plans_with_the_same_model_and_leaves_it_alone():

@@ -30,6 +30,7 @@ from .copying import snapshot
 from .jobs import Job, JobState, Reason
 from .plan import HORIZON_S, play
 from .reservation import reserve
+from .runtime_estimates import expected_ends
 from .scheduler import Scheduler
 
 ESTIMATE_MAX_ENDS = 50  # job ends an estimate plays ahead at most (each costs about a pass)
@@ -93,15 +94,19 @@ def earliest_finish(sched, job: Job, now: float) -> float | None:
         return None
     if found.start_now:
         return now + run_time
-    start = found.eta
-    if start is None:  # behind another's reservation: the one it would have if it were first
-        start = _alone(found.job, sched, now)
+    # the reservation it would have were it first in line, with the running jobs ending as
+    # expected (their learned estimates, where the engine's reservation plans with limits)
+    start = _alone(found.job, sched, now)
+    if found.eta is not None:
+        start = min(start, found.eta)
     return max(start, now) + run_time
 
 
 def _alone(job: Job, sched, now: float) -> float:
-    """The start of the reservation ``job`` would get were it the first blocked job."""
+    """The start of the reservation ``job`` would get were it the first blocked job and the
+    running jobs ended as expected (:func:`.runtime_estimates.expected_ends`)."""
     if job.state != JobState.PENDING or not job.gpus:
         return now
-    reservation = reserve(sched.state, job, sched.ledger.ends, sched.jobs, now)
+    ends = expected_ends(sched.ledger.ends, sched.jobs, now, sched.settings)
+    reservation = reserve(sched.state, job, ends, sched.jobs, now)
     return now if reservation.start is None else reservation.start

@@ -1,7 +1,7 @@
 """What the running jobs hold, counted the ways the engine asks about them: GPUs by tier
 (what pre-emption could take), by node and tier (where), by user (per-user limits), by job
-array (its ``%max_running``), by
-estimated end (reservations) and the recent starts still inside their minimum run time.
+array (its ``%max_running``), by the end its walltime or the policy's default gives
+(reservations) and the recent starts still inside their minimum run time.
 
 The :class:`~.scheduler.Scheduler` records each start and end here; pre-emption
 (:mod:`.claims`) and the pass read it. Pure bookkeeping: it decides nothing.
@@ -26,7 +26,7 @@ class RunningLedger:
         self.tiers23_on_node = [0.0] * nodes
         self.by_user: dict[str, list] = {}  # user -> [running GPUs, running jobs]
         self.by_array: dict[str, int] = {}  # array id -> its running elements
-        self.ends: list[tuple[float, str]] = []  # (estimated end, job id), soonest first
+        self.ends: list[tuple[float, str]] = []  # (end by its limit, job id), soonest first
         # (start, job id) of the tier-2 and tier-3 jobs started inside their minimum run time
         self.recent_starts = {2: deque(), 3: deque()}
 
@@ -47,8 +47,8 @@ class RunningLedger:
         return self.tier_gpus[3] + (self.tier_gpus[2] if reclaim else 0)
 
     def started(self, job: Job, placement: Placement, end: float, protected: bool) -> None:
-        """``job`` runs on ``placement`` until about ``end``; ``protected``: it is still inside
-        its minimum run time (no pre-emption may take it yet)."""
+        """``job`` runs on ``placement``, planned to end at ``end`` (by its limit); ``protected``:
+        it is still inside its minimum run time (no pre-emption may take it yet)."""
         self._on_nodes(job, placement, +1)
         if protected:
             insort(self.recent_starts[job.tier], (job.start_time, job.id))
@@ -61,7 +61,7 @@ class RunningLedger:
             self.by_array[job.array_id] = self.by_array.get(job.array_id, 0) + 1
 
     def ended(self, job: Job, placement: Placement, end: float) -> None:
-        """``job`` has stopped (``end``: the estimated end it was recorded with)."""
+        """``job`` has stopped (``end``: the end it was recorded with)."""
         self._on_nodes(job, placement, -1)
         self.tier_gpus[job.tier] -= job.amount
         used = self.by_user[job.user]

@@ -28,7 +28,6 @@ from .one_leaf import hold_one_leaf
 from .placement import find_placement, placement_exists, shape_reason
 from .reservation import may_backfill, reserve
 from .resources import place_cpu_only_or_reason
-from .runtime_estimates import corrected_ends
 from .shapes import ShapeCache
 from .shortest_first import shortest_first_due, sweep
 from .state import Placement
@@ -128,7 +127,7 @@ def run_pass(sched, candidates, now, skip=None, deep=True, previous=None) -> boo
                     within = (
                         sched.settings.leaf_reservation_slack if sched._fits_one_leaf(job) else None
                     )
-                    ends = corrected_ends(sched.ledger.ends, sched.jobs, now, sched.settings)
+                    ends = sched.ledger.ends  # (the running jobs' limits: .runtime_estimates)
                     previous = reserve(sched.state, job, ends, sched.jobs, now, within)
                     hold_one_leaf(sched.cluster, job, previous, within)
                 sched.reservation = previous  # a quick pass keeps the last one's estimate

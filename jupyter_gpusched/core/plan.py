@@ -3,11 +3,12 @@
 The engine gives an estimated start to one pending job: the first blocked one, whose reservation
 says when the GPUs it needs free (:mod:`.reservation`). A job behind it has a reason ("needs 2
 GPUs; 0 free") and no time. :func:`expected_starts` gives every pending job one by playing the
-engine forward on a copy of its state (:func:`.copying.snapshot`): each running job ends at its
-planned end (its walltime, the policy default or a learned estimate: what reservations assume),
-no job arrives, and each job that starts in the play runs for its planned run time. Every pass in
-the play is the engine's own (priorities, quotas, reservations, backfill, pre-emption), so a
-job's expected start is when the engine would start it if the running jobs ran as planned.
+engine forward on a copy of its state (:func:`.copying.snapshot`): each running job ends when it
+is expected to (its learned estimate, else its walltime or the policy default:
+:func:`.runtime_estimates.expected_ends`), no job arrives, and each job that starts in the play
+runs for its planned run time. Every pass in the play is the engine's own (priorities, quotas,
+reservations, backfill, pre-emption), so a job's expected start is when the engine would start
+it if the running jobs ran as planned.
 
 It is an estimate, as Slurm's is: a job that ends before its walltime brings starts forward,
 new jobs of higher priority push them back, and the live engine's reasons and decisions are not
@@ -24,7 +25,7 @@ import heapq
 from .copying import snapshot
 from .decisions import Preempt, Start, Stop
 from .jobs import JobState
-from .runtime_estimates import corrected_ends
+from .runtime_estimates import expected_ends
 
 HORIZON_S = 30 * 86_400.0  # the play looks no further ahead than this
 MAX_ENDS = 5_000  # job ends played at most (each is about one pass)
@@ -48,7 +49,7 @@ def play(
     waiting = {job.id for job in trial.jobs.values() if trial._waiting_in_line(job)}
     events = [  # (time, END, KILL or WAKE, job id, the run it ends): a heap
         (played_end(trial.jobs[job_id], end, now), END, job_id, trial.jobs[job_id].runs)
-        for end, job_id in corrected_ends(trial.ledger.ends, trial.jobs, now, trial.settings)
+        for end, job_id in expected_ends(trial.ledger.ends, trial.jobs, now, trial.settings)
     ]
     for victim in trial.running.values():  # signalled to make room: gone after its grace
         if victim.preempted_by is not None:
@@ -87,11 +88,11 @@ def play(
 
 
 def played_end(job, end: float, now: float) -> float:
-    """When the play has a running job end: at ``end``, its planned end (corrected for a learned
-    estimate it outran), or now if that has passed; but a job past its planned end that has no
-    walltime (nothing stops it: a notebook server, a job planned with the policy's default)
-    runs as long again as it has run. The engine's reservation takes such a job to end now
-    (:func:`.runtime_estimates.corrected_ends`), so that GPUs it holds are reserved; a start
+    """When the play has a running job end: at ``end``, its expected end (corrected for a learned
+    estimate it outran: :func:`.runtime_estimates.expected_ends`), or now if that has passed;
+    but a job past its planned end that has no walltime (nothing stops it: a notebook server, a
+    job planned with the policy's default) runs as long again as it has run. The engine's
+    reservation takes such a job to end now, so that GPUs it holds are reserved; a start
     promised "now" for hours would not be an expected start."""
     planned = job.planned_run_time  # (frozen at submission: what ``end`` was planned from)
     overran = planned is not None and job.start_time + planned < now

@@ -206,7 +206,7 @@ class Scheduler:
         if outcome == "completed" and job_id not in self._stopping:
             self.runtime_estimates.completed(job, now)
             self.cadence.completed(now - job.start_time)
-        self.ledger.ended(job, self.state.release(job_id), self._estimated_end(job))
+        self.ledger.ended(job, self.state.release(job_id), self._end_by_limit(job))
         self._account(job, -1, now)
         job.end_time = now
         self.agenda.freed = True
@@ -384,7 +384,7 @@ class Scheduler:
         self.running[job.id] = job
         minimum = self.settings.tiers[job.tier].minimum_run_time if job.tier > 1 else 0
         protected = minimum > 0 and job.start_time + minimum > now
-        self.ledger.started(job, placement, self._estimated_end(job), protected)
+        self.ledger.started(job, placement, self._end_by_limit(job), protected)
         self._account(job, +1, now)
         if not restored:
             self.agenda.decisions.append(Start(job.id, placement))
@@ -407,8 +407,11 @@ class Scheduler:
         if job.tier == 1 and job.id not in self._claims:
             queue.tier1_running += sign * job.amount
 
-    def _estimated_end(self, job: Job) -> float:
-        return job.start_time + self._walltime(job)
+    def _end_by_limit(self, job: Job) -> float:
+        """When the reservation plans running ``job`` to end: at its walltime, else the policy's
+        default. Never at a learned estimate, which plans only jobs that wait
+        (:mod:`.runtime_estimates`)."""
+        return job.start_time + self.settings.walltime(job)
 
     def planned_run_time(self, job: Job) -> float:
         """How long the engine plans ``job`` to run: its walltime, the policy default or a

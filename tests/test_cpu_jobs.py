@@ -80,7 +80,9 @@ def test_a_cpu_only_job_waits_at_its_queue_cpu_limit_then_starts():
     # the parent's limit bounds its children together: b has no limit of its own
     scheduler.submit(job("b1", 1, cpus=7, queue="lab/b", t=2), 2)
     assert started(scheduler.schedule(2)) == {}
-    assert "queue lab is at its limit of 12 CPUs (6 in use" in scheduler.jobs["b1"].reason.message
+    assert scheduler.jobs["b1"].reason.message == (  # named with b1's own queue, as users see it
+        "queue lab, above lab/b, is at its limit of 12 CPUs (6 in use, the job asks for 7)"
+    )
     scheduler.job_ended("a1", 3)
     assert set(started(scheduler.schedule(3))) == {"a2", "b1"}
     assert scheduler.tree.get("lab").cpus_running == 11

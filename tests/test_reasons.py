@@ -169,6 +169,17 @@ MESSAGES = [
         "queue lab is at its limit of 64 GB of memory (60 in use, the job asks for 8.5)",
     ),
     (
+        reasons.QUEUE_ABOVE_CPU_LIMIT,
+        {"queue": "lab", "leaf": "lab/b", "limit": 12.0, "used": 6.0, "asks": 7.0},
+        "queue lab, above lab/b, is at its limit of 12 CPUs (6 in use, the job asks for 7)",
+    ),
+    (
+        reasons.QUEUE_ABOVE_MEMORY_LIMIT,
+        {"queue": "lab", "leaf": "lab/a", "limit": 64.0, "used": 60.0, "asks": 8.5},
+        "queue lab, above lab/a, is at its limit of 64 GB of memory (60 in use, the job asks "
+        "for 8.5)",
+    ),
+    (
         reasons.TIER1_GUARANTEE,
         {"queue": "a", "used": 4.0, "guaranteed": 4.0},
         "tier-1 jobs of a already use 4 of its 4 guaranteed GPUs",

@@ -115,6 +115,20 @@ QUEUE_MEMORY_LIMIT = Entry(
     "for {asks:g})",
     "its queue or an ancestor would go over its `memory_gb` limit",
 )
+QUEUE_ABOVE_CPU_LIMIT = Entry(
+    "policy",
+    "queue-cpu-limit",
+    "queue {queue}, above {leaf}, is at its limit of {limit:g} CPUs ({used:g} in use, the job "
+    "asks for {asks:g})",
+    "its queue or an ancestor would go over its `cpus` limit",
+)
+QUEUE_ABOVE_MEMORY_LIMIT = Entry(
+    "policy",
+    "queue-memory-limit",
+    "queue {queue}, above {leaf}, is at its limit of {limit:g} GB of memory ({used:g} in use, "
+    "the job asks for {asks:g})",
+    "its queue or an ancestor would go over its `memory_gb` limit",
+)
 TIER1_GUARANTEE = Entry(
     "policy",
     "tier1-guarantee",

@@ -87,9 +87,21 @@ def resource_block(job: Job, queue) -> Reason | None:
             else:
                 used = node.memory_running + node.memory_claimed
             if asks[key] and used + asks[key] > limit + 1e-9:
-                entry = reasons.QUEUE_CPU_LIMIT if key == "cpus" else reasons.QUEUE_MEMORY_LIMIT
-                return entry.reason(queue=node.label(), limit=limit, used=used, asks=asks[key])
+                figures = {"limit": limit, "used": used, "asks": asks[key]}
+                if node is queue:
+                    entry = _LIMIT_REASONS[key]
+                    return entry.reason(queue=node.label(), **figures)
+                # an ancestor the user may not see listed among their queues: say which
+                entry = _ANCESTOR_LIMIT_REASONS[key]
+                return entry.reason(queue=node.label(), leaf=queue.label(), **figures)
     return None
+
+
+_LIMIT_REASONS = {"cpus": reasons.QUEUE_CPU_LIMIT, "memory_gb": reasons.QUEUE_MEMORY_LIMIT}
+_ANCESTOR_LIMIT_REASONS = {
+    "cpus": reasons.QUEUE_ABOVE_CPU_LIMIT,
+    "memory_gb": reasons.QUEUE_ABOVE_MEMORY_LIMIT,
+}
 
 
 def place_cpu_only(state, job: Job, exclude, reserved=None):

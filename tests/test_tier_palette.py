@@ -1,6 +1,6 @@
 """One tier palette: the JupyterLab panel (labextension/style/index.css) and the service's web
 page (its style sheet and drawing script, service/web/static/) colour each tier as the notebook
-QueueWidget does (widgets.TIER_COLOURS), as docs/notebook.md writes down."""
+QueueWidget does (widget_lines.TIER_COLOURS), as docs/notebook.md writes down."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from jupyter_gpusched.notebook.job import STATE_COLOURS
-from jupyter_gpusched.notebook.widgets import TIER_COLOURS
+from jupyter_gpusched.notebook.widget_lines import TIER_COLOURS
 
 CSS = Path(__file__).resolve().parent.parent / "labextension" / "style" / "index.css"
 PAGE = Path(__file__).resolve().parent.parent / "jupyter_gpusched" / "service" / "web" / "static"

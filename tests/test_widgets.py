@@ -219,3 +219,33 @@ def test_a_cpu_only_job_shows_as_no_gpu(service):
     assert "no GPU · tier 2" in line and "0 GPU" not in line
     widget.close()
     alice.cancel(job.id)
+
+
+def test_a_job_array_is_one_row_with_one_cancel_for_all_its_elements(service):
+    """As the Lab panel and the page show an array: one line with its counts, the first
+    waiting element's place and reason, and a Cancel that ends the array, not one per element."""
+    from jupyter_gpusched.notebook.widgets import QueueWidget
+
+    alice = service.client("alice")
+    array = alice.submit(command="sleep 30", gpus=1, name="sweep", array="0-5%2")
+    single = alice.submit(command="sleep 30", gpus=1, name="single")
+    widget = QueueWidget(alice, interval=60, autostart=False)
+    widget.refresh()
+    assert set(widget.rows) == {("array", array.id), single.id}
+    row = widget.rows[("array", array.id)]
+    line = row["html"].value
+    assert f"<b>{array.id}_[2-5%2]</b> · sweep · array of 6 jobs, 2 running, 4 pending" in line
+    assert "1 GPU each · tier 2" in line and "at most 2 running" in line
+    # its first waiting element: the next to start, and why it waits
+    assert f"first waiting queued #1 · array {array.id} is at its limit of 2 running" in line
+    assert [type(c).__name__ for c in row["box"].children] == ["Button", "HTML"]
+    row["cancel"].click()  # one click: every element, and nothing else
+    assert {alice.job(job.id).state for job in array} <= {"cancelled", "running"}
+    assert all(alice.job(job.id).state == "cancelled" or alice.job(job.id).data["stopping"]
+               for job in array)  # fmt: skip
+    assert alice.job(single.id).state == "running"
+    assert ("array", array.id) not in widget.rows or (
+        widget.rows[("array", array.id)]["cancel"].layout.display == "none"
+    )
+    widget.close()
+    alice.cancel(single.id)

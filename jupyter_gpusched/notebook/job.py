@@ -315,7 +315,7 @@ def _clock(epoch: float | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M")
 
 
-# A job's state in colour (not the tier colours, which mean tiers only: widgets.TIER_COLOURS)
+# A job's state in colour (not the tier colours, which mean tiers only: widget_lines.TIER_COLOURS)
 STATE_COLOURS = {"running": "#00695c", "pending": "#6d4c41", "completed": "#455a64"}
 
 

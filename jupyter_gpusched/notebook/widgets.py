@@ -27,10 +27,8 @@ import ipywidgets as w
 
 from .client import Client, GPUSchedError
 from .environment import JobEnvironment
-from .job import ACTIVE, FINISHED, Job, gpus_words, state_colour
-from .magics import node_usage
-
-TIER_COLOURS = {1: "#1565c0", 2: "#2e7d32", 3: "#ef6c00"}
+from .job import ACTIVE, FINISHED, Job
+from .widget_lines import array_line, cluster_html, job_line
 
 
 class _Refresher:
@@ -166,15 +164,27 @@ class QueueWidget(w.VBox):
         self.refreshes += 1
         queue = data["queue"]
         positions = {e["id"]: e for e in queue["jobs"] if e.get("mine")}
-        rows = {}
+        rows: dict = {}
         for job in data["jobs"]:
             entry = positions.get(job.id)
             if entry is not None and job.data.get("position") is None:
                 job.data["position"] = entry["position"]
+            array_id = job.data.get("array_id")
+            if array_id:  # an array is one row, where its newest element stands (as the panel)
+                key = ("array", array_id)
+                row = rows.get(key) or self.rows.get(key) or self._make_array_row(array_id)
+                if key not in rows:
+                    row["jobs"], row["name"] = [], (queue.get("arrays") or {}).get(array_id)
+                    rows[key] = row
+                row["jobs"].append(job)
+                continue
             row = self.rows.get(job.id) or self._make_row(job)
             row["job"] = job
             self._show(row)
             rows[job.id] = row
+        for row in rows.values():
+            if "jobs" in row:
+                self._show_array(row)
         for job_id, row in self.rows.items():
             if job_id not in rows:
                 row["box"].close()
@@ -182,7 +192,7 @@ class QueueWidget(w.VBox):
         self.jobs_box.children = [row["box"] for row in rows.values()] or [
             w.HTML("<i>no pending or running jobs</i>")
         ]
-        self.cluster_html.value = _cluster_html(data["cluster"], queue)
+        self.cluster_html.value = cluster_html(data["cluster"], queue)
         stamp = time.strftime("%H:%M:%S", time.localtime(data["time"]))
         self.status_line.value = f"<small>updated {stamp} · every {self.interval:g} s</small>"
 
@@ -201,9 +211,39 @@ class QueueWidget(w.VBox):
         button.on_click(lambda _button, job_id=job.id: self.cancel(job_id))
         return row
 
+    def _make_array_row(self, array_id: str) -> dict:
+        """A job array's line, after one Cancel button for all its elements."""
+        button = w.Button(
+            description="Cancel array", button_style="danger", tooltip=f"cancel {array_id}"
+        )
+        button.layout.width = "110px"
+        row = {"array_id": array_id, "html": w.HTML(), "cancel": button, "jobs": []}
+        row["box"] = w.HBox([button, row["html"]])
+        button.on_click(lambda _button: self.cancel_array(array_id))
+        return row
+
+    @staticmethod
+    def _show_array(row: dict) -> None:
+        row["html"].value = array_line(row["array_id"], row["name"], row["jobs"])
+        active = any(_cancellable(job) for job in row["jobs"])
+        row["cancel"].layout.display = "" if active else "none"
+
+    def cancel_array(self, array_id: str) -> None:
+        """Cancel every pending and running element of my job array ``array_id``, and refresh."""
+        row = self.rows.get(("array", array_id))
+        if row is not None:
+            row["cancel"].disabled = True
+        try:
+            self.client.cancel_array(array_id)
+        except GPUSchedError as exc:
+            self.status_line.value = f"<span style='color:#c62828'>{html.escape(str(exc))}</span>"
+        if row is not None:
+            row["cancel"].disabled = False
+        self.refresh()
+
     @staticmethod
     def _show(row: dict) -> None:
-        row["html"].value = _job_line(row["job"])
+        row["html"].value = job_line(row["job"])
         if row["cancel"] is not None:
             row["cancel"].layout.display = "" if _cancellable(row["job"]) else "none"
 
@@ -245,74 +285,6 @@ def server_hint(job: Job) -> str:
         f"<small>{html.escape(what)}: stop it from the "
         f"<a href='{html.escape(home)}' target='_blank'>hub's home page</a></small>"
     )
-
-
-def _job_line(job: Job) -> str:
-    s = job.summary()
-    state = s["state"]
-    colour = state_colour(state)
-    parts = [f"<b>{html.escape(job.id)}</b>"]
-    if s["name"]:
-        parts.append(html.escape(s["name"]))
-    parts.append(f"<span style='color:{colour}'>{html.escape(state)}</span>")
-    parts.append(
-        f"{html.escape(gpus_words(job.data))} · tier {s['tier']} · {html.escape(s['queue'])}"
-    )
-    if job.data.get("deadline"):  # as the scheduler's page says it
-        missed = job.data.get("deadline_missed")
-        due = html.escape(s["deadline"].removesuffix(" (missed)"))
-        parts.append(
-            f"<span class='gpusched-deadline' style='color:{state_colour('failed')}'>"
-            f"missed its deadline {due}</span>"
-            if missed
-            else f"<span class='gpusched-deadline'>due by {due}</span>"
-        )
-    if state == "pending":
-        if s.get("position"):
-            parts.append(f"queued {s['position']}")
-        if s.get("reason"):
-            parts.append(html.escape(s["reason"]))
-        if s.get("eta"):
-            parts.append(f"ETA {s['eta']}")
-    else:
-        if s.get("where"):
-            parts.append(f"on {html.escape(s['where'])}")
-        if "utilization" in s:
-            parts.append(
-                f"<span class='gpusched-utilization' title='GPU utilization (mean over its "
-                f"GPUs), as its notebook server last reported it'>GPU util "
-                f"{html.escape(s['utilization'])}</span>"
-            )
-    return " · ".join(parts)
-
-
-def _cluster_html(cluster: dict, queue: dict) -> str:
-    total_tiers: dict[int, float] = {}
-    rows = []
-    for node, used, tiers in node_usage(cluster):
-        for tier, n in tiers.items():
-            total_tiers[tier] = total_tiers.get(tier, 0) + n
-        segments = "".join(
-            f"<div title='tier {t}: {n:g} GPU' style='width:{100 * n / node['gpus']:.1f}%;"
-            f"background:{TIER_COLOURS.get(t, '#757575')}'></div>"
-            for t, n in sorted(tiers.items())
-        )
-        bar = (
-            "<div style='display:flex;width:160px;height:10px;background:#e0e0e0;"
-            f"border-radius:2px;overflow:hidden'>{segments}</div>"
-        )
-        state = "" if node["state"] == "up" else f" ({html.escape(str(node['state']))})"
-        rows.append(
-            f"<tr><td>{html.escape(node['name'])}{state}</td>"
-            f"<td>{html.escape(node['gpu_model'] or '')}</td><td>{bar}</td>"
-            f"<td>{used:g}/{node['gpus']}</td></tr>"
-        )
-    summary = ", ".join(f"tier {t}: {n:g}" for t, n in sorted(total_tiers.items())) or "idle"
-    head = (
-        f"{cluster['allocated_gpus']:g} of {cluster['total_gpus']} GPUs allocated ({summary}); "
-        f"queue: {queue['pending']} pending, {queue['running']} running"
-    )
-    return f"<div>{head}</div><table style='font-size:90%'>{''.join(rows)}</table>"
 
 
 class JobWidget(w.HBox):

@@ -1,0 +1,109 @@
+"""What the notebook's widgets say, as HTML (:mod:`.widgets`): a job's line, a job array's line
+and the cluster's occupancy. Pure functions of the service's views."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections import Counter
+
+from .job import Job, gpus_words, state_colour
+from .magics import node_usage
+
+TIER_COLOURS = {1: "#1565c0", 2: "#2e7d32", 3: "#ef6c00"}
+
+
+def job_line(job: Job) -> str:
+    s = job.summary()
+    state = s["state"]
+    colour = state_colour(state)
+    parts = [f"<b>{html.escape(job.id)}</b>"]
+    if s["name"]:
+        parts.append(html.escape(s["name"]))
+    parts.append(f"<span style='color:{colour}'>{html.escape(state)}</span>")
+    parts.append(
+        f"{html.escape(gpus_words(job.data))} · tier {s['tier']} · {html.escape(s['queue'])}"
+    )
+    if job.data.get("deadline"):  # as the scheduler's page says it
+        missed = job.data.get("deadline_missed")
+        due = html.escape(s["deadline"].removesuffix(" (missed)"))
+        parts.append(
+            f"<span class='gpusched-deadline' style='color:{state_colour('failed')}'>"
+            f"missed its deadline {due}</span>"
+            if missed
+            else f"<span class='gpusched-deadline'>due by {due}</span>"
+        )
+    if state == "pending":
+        if s.get("position"):
+            parts.append(f"queued {s['position']}")
+        if s.get("reason"):
+            parts.append(html.escape(s["reason"]))
+        if s.get("eta"):
+            parts.append(f"ETA {s['eta']}")
+    else:
+        if s.get("where"):
+            parts.append(f"on {html.escape(s['where'])}")
+        if "utilization" in s:
+            parts.append(
+                f"<span class='gpusched-utilization' title='GPU utilization (mean over its "
+                f"GPUs), as its notebook server last reported it'>GPU util "
+                f"{html.escape(s['utilization'])}</span>"
+            )
+    return " · ".join(parts)
+
+
+def array_line(array_id: str, name: str | None, elements: list[Job]) -> str:
+    """ "a-000012_[0-7%2] · sweep · array of 8 jobs, 2 running, 6 pending · 1 GPU each · tier 2
+    · team · at most 2 running · first waiting queued #4 · its reason · ETA", as the panel."""
+    first = elements[0]
+    s, count = first.summary(), Counter(job.state for job in elements)
+    jobs = f"{len(elements)} job{'s' if len(elements) != 1 else ''}"
+    parts = [f"<b>{html.escape(name or array_id)}</b>"]
+    if s["name"]:
+        parts.append(html.escape(s["name"]))
+    parts.append(f"array of {jobs}, {count['running']} running, {count['pending']} pending")
+    parts.append(
+        f"{html.escape(gpus_words(first.data))} each · tier {s['tier']} · {html.escape(s['queue'])}"
+    )
+    if first.data.get("array_max_running"):
+        parts.append(f"at most {first.data['array_max_running']} running")
+    waiting = [job for job in elements if job.state == "pending"]
+    if waiting:  # the next to start: first in line (api/jobs lists the newest first)
+        next_up = min(waiting, key=lambda job: _or_inf(job.data.get("position")))
+        w_s = next_up.summary()
+        parts.append(f"first waiting queued {w_s['position']}" if w_s["position"] else "")
+        parts += [html.escape(w_s["reason"]), f"ETA {w_s['eta']}" if w_s["eta"] else ""]
+    return " · ".join(part for part in parts if part)
+
+
+def _or_inf(position: int | None) -> float:
+    return math.inf if position is None else position
+
+
+def cluster_html(cluster: dict, queue: dict) -> str:
+    total_tiers: dict[int, float] = {}
+    rows = []
+    for node, used, tiers in node_usage(cluster):
+        for tier, n in tiers.items():
+            total_tiers[tier] = total_tiers.get(tier, 0) + n
+        segments = "".join(
+            f"<div title='tier {t}: {n:g} GPU' style='width:{100 * n / node['gpus']:.1f}%;"
+            f"background:{TIER_COLOURS.get(t, '#757575')}'></div>"
+            for t, n in sorted(tiers.items())
+        )
+        bar = (
+            "<div style='display:flex;width:160px;height:10px;background:#e0e0e0;"
+            f"border-radius:2px;overflow:hidden'>{segments}</div>"
+        )
+        state = "" if node["state"] == "up" else f" ({html.escape(str(node['state']))})"
+        rows.append(
+            f"<tr><td>{html.escape(node['name'])}{state}</td>"
+            f"<td>{html.escape(node['gpu_model'] or '')}</td><td>{bar}</td>"
+            f"<td>{used:g}/{node['gpus']}</td></tr>"
+        )
+    summary = ", ".join(f"tier {t}: {n:g}" for t, n in sorted(total_tiers.items())) or "idle"
+    head = (
+        f"{cluster['allocated_gpus']:g} of {cluster['total_gpus']} GPUs allocated ({summary}); "
+        f"queue: {queue['pending']} pending, {queue['running']} running"
+    )
+    return f"<div>{head}</div><table style='font-size:90%'>{''.join(rows)}</table>"

@@ -81,10 +81,15 @@ def free_port() -> int:
 
 
 def port_settings() -> dict[str, str]:
-    """The hub config's four ports (the proxy's public and API ports, the hub's API, the
-    gpusched service), distinct and free."""
-    names = ("GPUSCHED_HUB_PORT", "GPUSCHED_HUB_API_PORT", "GPUSCHED_PROXY_API_PORT")
-    return dict(zip((*names, "GPUSCHED_SERVICE_PORT"), map(str, free_ports(4)), strict=True))
+    """The hub config's four ports (the proxy's public port, the hub's API, the proxy's API,
+    the gpusched service), distinct and free."""
+    names = (
+        "GPUSCHED_HUB_PORT",
+        "GPUSCHED_HUB_API_PORT",
+        "GPUSCHED_PROXY_API_PORT",
+        "GPUSCHED_SERVICE_PORT",
+    )
+    return dict(zip(names, map(str, free_ports(4)), strict=True))
 
 
 @dataclass

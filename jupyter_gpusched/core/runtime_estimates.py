@@ -32,10 +32,11 @@ a deadline's latest start. The reservation's start is not: it is planned from th
 jobs' limits (their walltimes, else the policy's default; :meth:`.scheduler.Scheduler.
 _end_by_limit`), as before estimates. Planning the reservation with the running jobs' estimates
 too, as the engine first did, made waits longer on the synthetic workload of
-``benchmarks/bench_estimates.py`` (mean 1.007x, p95 1.047x the walltimes' over 30 seeds): a
+``benchmarks/bench_estimates.py`` (mean 1.011x, p95 1.023x the walltimes' over 60 seeds): a
 reservation planned sooner lets fewer jobs in front of it, so GPUs wait idle for it (Mu'alem and
 Feitelson's finding for EASY backfill: overestimated running jobs leave holes that backfill
-fills). With estimates for the waiting jobs only: mean 0.96x, p95 0.94x, gangs 1.00x.
+fills). With estimates for the waiting jobs only: mean 0.972x, p95 0.965x, gangs 1.005x
+(docs/engine.md, "Learned run-time estimates").
 
 Where a running job is *expected* to end (the expected start of every pending job,
 :mod:`.plan`, and a deadline's earliest finish, :mod:`.estimate`), its estimate is used:

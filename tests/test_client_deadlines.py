@@ -130,7 +130,8 @@ def test_gpujob_estimate_with_a_deadline_prints_the_earliest_finish(shell, workd
 
 def test_the_queue_widget_says_when_a_job_is_due_and_when_it_missed(service, workdir):
     from jupyter_gpusched.notebook.job import Job
-    from jupyter_gpusched.notebook.widgets import QueueWidget, _job_line
+    from jupyter_gpusched.notebook.widget_lines import job_line
+    from jupyter_gpusched.notebook.widgets import QueueWidget
 
     alice = service.client()
     due = alice.submit(**L40S, deadline="6h")
@@ -143,5 +144,5 @@ def test_the_queue_widget_says_when_a_job_is_due_and_when_it_missed(service, wor
     widget.close()
     # a job the service marked as having missed its deadline (the engine's part: test_deadlines)
     missed = Job(alice, due.id, {**due.data, "deadline_missed": True})
-    line = _job_line(missed)
+    line = job_line(missed)
     assert f"missed its deadline {clock}" in line and "due by" not in line

@@ -16,14 +16,8 @@ TIER_COLOURS = {1: "#1565c0", 2: "#2e7d32", 3: "#ef6c00"}
 def job_line(job: Job) -> str:
     s = job.summary()
     state = s["state"]
-    colour = state_colour(state)
-    parts = [f"<b>{html.escape(job.id)}</b>"]
-    if s["name"]:
-        parts.append(html.escape(s["name"]))
-    parts.append(f"<span style='color:{colour}'>{html.escape(state)}</span>")
-    parts.append(
-        f"{html.escape(gpus_words(job.data))} · tier {s['tier']} · {html.escape(s['queue'])}"
-    )
+    status = f"<span style='color:{state_colour(state)}'>{html.escape(state)}</span>"
+    parts = _opening(job.id, s, status, job.data)
     if job.data.get("deadline"):  # as the scheduler's page says it
         missed = job.data.get("deadline_missed")
         due = html.escape(s["deadline"].removesuffix(" (missed)"))
@@ -34,12 +28,7 @@ def job_line(job: Job) -> str:
             else f"<span class='gpusched-deadline'>due by {due}</span>"
         )
     if state == "pending":
-        if s.get("position"):
-            parts.append(f"queued {s['position']}")
-        if s.get("reason"):
-            parts.append(html.escape(s["reason"]))
-        if s.get("eta"):
-            parts.append(f"ETA {s['eta']}")
+        parts += _waiting(s, "queued")
     else:
         if s.get("where"):
             parts.append(f"on {html.escape(s['where'])}")
@@ -53,27 +42,43 @@ def job_line(job: Job) -> str:
 
 
 def array_line(array_id: str, name: str | None, elements: list[Job]) -> str:
-    """ "a-000012_[0-7%2] · sweep · array of 8 jobs, 2 running, 6 pending · 1 GPU each · tier 2
-    · team · at most 2 running · first waiting queued #4 · its reason · ETA", as the panel."""
+    """A job array's line, as the Lab panel says it: its name as the queue gives it
+    (``a-000012_[2-7%2]``), the job's name, "array of 8 jobs, 2 running, 6 pending", "1 GPU
+    each", tier and queue, its cap, and its first waiting element's place, reason and ETA."""
     first = elements[0]
     s, count = first.summary(), Counter(job.state for job in elements)
     jobs = f"{len(elements)} job{'s' if len(elements) != 1 else ''}"
-    parts = [f"<b>{html.escape(name or array_id)}</b>"]
-    if s["name"]:
-        parts.append(html.escape(s["name"]))
-    parts.append(f"array of {jobs}, {count['running']} running, {count['pending']} pending")
-    parts.append(
-        f"{html.escape(gpus_words(first.data))} each · tier {s['tier']} · {html.escape(s['queue'])}"
-    )
+    status = f"array of {jobs}, {count['running']} running, {count['pending']} pending"
+    parts = _opening(name or array_id, s, status, first.data, each=" each")
     if first.data.get("array_max_running"):
         parts.append(f"at most {first.data['array_max_running']} running")
     waiting = [job for job in elements if job.state == "pending"]
     if waiting:  # the next to start: first in line (api/jobs lists the newest first)
         next_up = min(waiting, key=lambda job: _or_inf(job.data.get("position")))
-        w_s = next_up.summary()
-        parts.append(f"first waiting queued {w_s['position']}" if w_s["position"] else "")
-        parts += [html.escape(w_s["reason"]), f"ETA {w_s['eta']}" if w_s["eta"] else ""]
-    return " · ".join(part for part in parts if part)
+        parts += _waiting(next_up.summary(), "first waiting queued")
+    return " · ".join(parts)
+
+
+def _opening(title: str, s: dict, status: str, data: dict, each: str = "") -> list[str]:
+    """A line's first parts: its title in bold, its name, ``status`` (HTML), what it asks for,
+    its tier and queue."""
+    parts = [f"<b>{html.escape(title)}</b>"]
+    if s["name"]:
+        parts.append(html.escape(s["name"]))
+    parts.append(status)
+    gpus = html.escape(gpus_words(data))
+    parts.append(f"{gpus}{each} · tier {s['tier']} · {html.escape(s['queue'])}")
+    return parts
+
+
+def _waiting(s: dict, queued: str) -> list[str]:
+    """A pending job's place ("queued #3"), reason and ETA, those it has."""
+    parts = [f"{queued} {s['position']}"] if s.get("position") else []
+    if s.get("reason"):
+        parts.append(html.escape(s["reason"]))
+    if s.get("eta"):
+        parts.append(f"ETA {s['eta']}")
+    return parts
 
 
 def _or_inf(position: int | None) -> float:

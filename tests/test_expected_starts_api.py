@@ -123,6 +123,37 @@ async def test_a_job_that_will_reclaim_is_expected_when_its_victim_has_left(serv
     await until(expected)
 
 
+async def test_an_expected_start_that_passed_is_played_again(service_factory):
+    """With learned estimates (walltime.estimate: missing), bob's two day-long jobs are
+    expected to end within a second (his queue's 8-GPU jobs ran 0.2 s), and alice's second job
+    behind the reservation is expected then. Once they outrun that, nothing happens in the
+    engine (no event, no pass), but the expected start has passed: the next play gives it a
+    new one (bob's jobs run as long again as they have run), instead of none for as long as
+    they run."""
+    service = await service_factory(
+        expected_start_interval=0.2, policy={"walltime": {"estimate": "missing"}}
+    )
+    alice, bob = service.client("alice"), service.client("bob")
+    for _ in range(3):
+        done = await submit(alice, h100(8, command="sleep 0.2"))
+        await wait_job(alice, done["id"], "completed")
+    running = [await submit(bob, h100(8)) for _ in range(2)]  # sleep 60, no walltime
+    assert [job["state"] for job in running] == ["running", "running"]
+    started = max(job["start_time"] for job in running)
+    first = await submit(alice, h100(8))
+    second = await submit(alice, h100(8))
+
+    async def replayed():  # an expected start from a play after the estimates passed
+        found = await etas(alice, second["id"])
+        eta = found and found[second["id"]]
+        return eta if eta is not None and eta > started + 3 else None
+
+    eta = await until(replayed, timeout=20)
+    assert eta > time.time()
+    _, view = await alice.get(f"api/jobs/{first['id']}")
+    assert view["state"] == "pending"
+
+
 async def test_without_plays_only_the_reservation_has_a_time(service_factory):
     service = await service_factory(expected_start_interval=0)
     alice = service.client("alice")

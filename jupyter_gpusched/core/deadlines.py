@@ -116,7 +116,7 @@ def act(sched, now: float) -> None:
             continue
         if kind == URGENT:
             run_time = sched.planned_run_time(job)
-            queued = sched._waiting_in_line(job)  # in the pending lists: moves to its own
+            queued = sched.waiting_in_line(job)  # in the pending lists: moves to its own
             if queued:
                 sched.pending.remove(job, run_time)
             sched.priorities.make_urgent(job_id, latest_start(job, run_time))

@@ -46,7 +46,7 @@ def play(
     """:func:`expected_starts` on ``trial``, a copy of the live scheduler (:func:`.copying.
     snapshot`) that the play changes: the service copies on its event loop and plays in a
     thread. ``until``: a job id; the play stops once that job has started."""
-    waiting = {job.id for job in trial.jobs.values() if trial._waiting_in_line(job)}
+    waiting = {job.id for job in trial.jobs.values() if trial.waiting_in_line(job)}
     events = [  # (time, END, KILL or WAKE, job id, the run it ends): a heap
         (played_end(trial.jobs[job_id], end, now), END, job_id, trial.jobs[job_id].runs)
         for end, job_id in expected_ends(trial.ledger.ends, trial.jobs, now, trial.settings)

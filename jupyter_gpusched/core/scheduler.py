@@ -312,7 +312,7 @@ class Scheduler:
                     self.agenda.wake_at(self._last_deep + interval)
             # new jobs: all of them after submissions only; after a full pass, the ones it
             # stopped before reaching (so that every pending job has a reason)
-            fresh = [j for j in new if j in self.jobs and self._waiting_in_line(self.jobs[j])]
+            fresh = [j for j in new if j in self.jobs and self.waiting_in_line(self.jobs[j])]
             if full:
                 fresh = [j for j in fresh if self.jobs[j].reason is None]
             if fresh:
@@ -324,7 +324,7 @@ class Scheduler:
         return self.pending.list_of(self.jobs[job_id])
 
     @staticmethod
-    def _waiting_in_line(job: Job) -> bool:
+    def waiting_in_line(job: Job) -> bool:
         """Pending and neither held nor waiting out a refused launch's back-off."""
         return job.state == JobState.PENDING and not job.held and job.retry_at is None
 

@@ -3,17 +3,22 @@ the engine played forward on a copy of its state, taken at the service's poll an
 thread, so that requests are answered meanwhile.
 
 A play is due ``expected_start_interval`` seconds after the last one, if the engine has run a
-pass since (an idle cluster's plan stays as it was: its times are absolute). The reservation's
+pass since, or if one of the play's expected starts has passed with its job still waiting (a
+running job outran its walltime or its learned estimate: the plan went wrong, and nothing in
+the engine may happen for hours). Otherwise an idle cluster's plan stays as it was: its times
+are absolute. The reservation's
 holder keeps the reservation's start (its reason's ``eta``, the engine's own) unless the play
 starts it sooner (by pre-emption: a reclaim of GPUs other queues borrow); every other pending
 job the play reached gets the play's start, as its reason's ``eta``, while that is still ahead
-(one in the past means the plan went wrong: none is shown until the next play).
+(one in the past means the plan went wrong: none is shown until the next play, which that
+brings about).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 from traitlets import Float, HasTraits, Integer
 
@@ -34,7 +39,8 @@ class ExpectedStartSettings(HasTraits):
         "md, 'When a waiting job is expected to start'), shown as its reason's eta in "
         "api/queue, the job views, the "
         "page, the Lab and the spawn page. Only after the engine ran a pass since the last "
-        "play. 0: off (only the first blocked job has an estimated start, its reservation's).",
+        "play, or once an expected start has passed while its job still waits. 0: off (only "
+        "the first blocked job has an estimated start, its reservation's).",
     ).tag(config=True)
     expected_start_max_ends = Integer(
         2000,
@@ -51,6 +57,7 @@ class ExpectedStarts:
     def __init__(self, live, interval: float, max_ends: int):
         self.live, self.interval, self.max_ends = live, interval, max_ends
         self.starts: dict[str, float] = {}  # job id -> expected start (engine time)
+        self.earliest = math.inf  # the soonest of them
         self.last: float | None = None  # when the last play began
         self.passes = -1  # the engine's pass count then
         self.playing: asyncio.Task | None = None
@@ -58,17 +65,31 @@ class ExpectedStarts:
     def tick(self) -> None:
         """At each poll: a play in a thread when one is due and none is playing."""
         engine, now = self.live.engine, self.live.clock()
-        if not self.interval or self.playing is not None or engine.passes == self.passes:
+        if not self.interval or self.playing is not None:
             return
         if self.last is not None and now - self.last < self.interval:
+            return
+        if engine.passes == self.passes and not self._passed(now):
             return
         self.last, self.passes = now, engine.passes
         trial = snapshot(engine)  # here, on the event loop: the state between two passes
         self.playing = asyncio.ensure_future(self._play(trial, now))
 
+    def _passed(self, now: float) -> bool:
+        """Has an expected start passed while its job still waits in line?"""
+        if self.earliest >= now:
+            return False
+        jobs, waiting = self.live.engine.jobs, self.live.engine.waiting_in_line
+        passed = [job_id for job_id, start in self.starts.items() if start < now]
+        if any(job_id in jobs and waiting(jobs[job_id]) for job_id in passed):
+            return True
+        self.earliest = min((s for s in self.starts.values() if s >= now), default=math.inf)
+        return False
+
     async def _play(self, trial, now: float) -> None:
         try:
             self.starts = await asyncio.to_thread(play, trial, now, max_ends=self.max_ends)
+            self.earliest = min(self.starts.values(), default=math.inf)
         except Exception:
             log.exception("playing the engine forward for expected starts failed")
         finally:

@@ -216,7 +216,7 @@ class QueueWidget(w.VBox):
         button = w.Button(
             description="Cancel array", button_style="danger", tooltip=f"cancel {array_id}"
         )
-        button.layout.width = "110px"
+        button.layout.width, button.layout.flex = "auto", "0 0 auto"  # its whole label
         row = {"array_id": array_id, "html": w.HTML(), "cancel": button, "jobs": []}
         row["box"] = w.HBox([button, row["html"]])
         button.on_click(lambda _button: self.cancel_array(array_id))

@@ -95,8 +95,9 @@ class _Refresher:
 
 class QueueWidget(w.VBox):
     """My running and pending jobs (position, reason, ETA, GPUs; running: where, and the GPU
-    utilization its notebook server last reported, "—" when unknown; a cancel button each) and the
-    cluster's occupancy by node and tier, refreshed every ``interval`` seconds.
+    utilization its notebook server last reported, "—" when unknown; a cancel button each; a job
+    array: one row, one Cancel array) and the cluster's occupancy by node and tier, refreshed
+    every ``interval`` seconds.
     ``autostart=False``: no refreshing until :meth:`start` (call :meth:`refresh` yourself)."""
 
     def __init__(self, client: Client | None = None, interval: float = 5, autostart=True, **kw):

@@ -43,6 +43,11 @@ async def test_a_free_cluster_starts_now_and_nothing_is_queued(service_factory):
         "queue": "team",
         "position": None,
         "earliest_finish": None,  # (a job with a deadline: tests/test_deadlines_api.py)
+        "planned_run_time": {  # (estimates: tests/test_runtime_estimates_api.py)
+            "seconds": 86_400,
+            "from": "default",
+            "message": "planned to run 1 d, the default for a job without a walltime",
+        },
     }
     assert await everything(service) == before
     # no job number was used up: the next submission gets the number it would have had
@@ -156,7 +161,8 @@ def test_the_openapi_document_describes_the_estimate():
     assert set(operation["responses"]) == {"200", "400", "401", "403", "405", "413", "429"}
     schema = openapi.SCHEMAS["Estimate"]
     assert set(schema["required"]) == {
-        *("start_now", "eta", "reason", "queue", "position", "earliest_finish")
+        *("start_now", "eta", "reason", "queue", "position", "earliest_finish"),
+        "planned_run_time",
     }
 
 

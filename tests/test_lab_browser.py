@@ -179,8 +179,14 @@ def test_status_bar_panel_cancel_and_notices(lab_hub, browser):
     sync_api.expect(panel.locator(".jp-gpusched-node")).to_contain_text("gpu1")
     sync_api.expect(item).to_contain_text("big-run: queued #1", timeout=TIMEOUT_MS)
     # why it waits: the service's message in full, its family as a small tag
-    reason = hub.service("GET", f"api/jobs/{job['id']}", token).json()["reason"]
+    view = hub.service("GET", f"api/jobs/{job['id']}", token).json()
+    reason = view["reason"]
     assert len(reason["message"]) > len(reason["family"]), reason
+    # what the scheduler plans it to run, under the reason: no walltime, so the default
+    assert view["planned_run_time"]["from"] == "default", view
+    sync_api.expect(row.locator(".jp-gpusched-planned")).to_have_text(
+        view["planned_run_time"]["message"]
+    )
     for pending in (row, queue_row):
         sync_api.expect(pending.locator(".jp-gpusched-reason-message")).to_have_text(
             reason["message"]

@@ -156,6 +156,8 @@ def _estimate(page, hub, token, **fields) -> dict:
     with page.expect_request(lambda r: r.url.endswith("api/estimate")) as sent:
         page.click("#estimate-form button[type=submit]")
     body = sent.value.post_data_json
+    if "name" in fields:
+        assert body["name"] == fields["name"], body
     answer = hub.service("POST", "api/estimate", token, json=body)
     assert answer.status_code == 200, answer.text
     answer = answer.json()
@@ -203,6 +205,10 @@ def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
     expect(waiting).to_contain_text("sandbox is at its limit")
     view = hub.service("GET", f"api/jobs/{busy['waiting']}", token).json()
     expect(waiting.locator("td").nth(7)).to_have_text(str(view["position"] + 1))
+    # under the reason, what the scheduler plans it to run, and from what
+    planned = waiting.locator(".planned")
+    expect(planned).to_have_text(view["planned_run_time"]["message"])
+    expect(planned).to_have_attribute("data-from", view["planned_run_time"]["from"])
     expect(page.locator(f"#my-jobs tr.job[data-id='{busy['running']}']")).to_contain_text("running")
     # my queues: the bars say what api/me says
     me = hub.service("GET", "api/me", token).json()
@@ -256,6 +262,14 @@ def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
     assert answer["start_now"] and answer["queue"] == "research/vision"
     answer = _estimate(page, hub, token, gpus="1", queue="sandbox")
     assert not answer["start_now"] and "sandbox is at its limit" in answer["reason"]["message"]
+    # ... and, as it would wait, the run time it would be planned with (no walltime: default)
+    assert answer["planned_run_time"]["from"] == "default"
+    planned = page.locator("#estimate-answer .planned")
+    expect(planned).to_have_text(f"; {answer['planned_run_time']['message']}")
+    # the form's name is the job's (learned estimates match earlier runs by it), sent as such
+    answer = _estimate(page, hub, token, name="nightly", gpus="1", queue="sandbox", walltime="30m")
+    assert answer["planned_run_time"]["from"] == "walltime"
+    expect(planned).to_have_text("; planned to run 30 min, its walltime")
     # times as the Lab and the CLI say them: 24-hour, and another day's with its date
     times = page.evaluate("() => [clock(Date.now() / 1000), eta(Date.now() / 1000 + 30 * 3600)]")
     assert re.fullmatch(r"\d\d:\d\d", times[0]), times

@@ -52,6 +52,24 @@ async def test_a_job_estimated_to_end_before_the_reservation_starts_in_front_of_
     # the reservation still plans with the running jobs' limits, not their estimates
     _, view = await service.client("carol").get(f"api/jobs/{blocked['id']}")
     assert view["reason"]["eta"] == pytest.approx(half["start_time"] + 86_400, abs=1)
+    # each owner sees what their job is planned with, and from what
+    assert quick["planned_run_time"]["from"] == "estimate"
+    assert quick["planned_run_time"]["seconds"] < 5  # 0.9 quantile of ~0.2 s runs, x 1.2
+    assert quick["planned_run_time"]["message"].endswith("estimated from earlier runs like it")
+    planned = view["planned_run_time"]
+    assert (planned["from"], planned["seconds"]) == ("default", 86_400)
+    assert planned["message"] == "planned to run 1 d, the default for a job without a walltime"
+    # ... and no one else: an estimate comes from the owner's own runs
+    _, seen_by_alice = await service.client("alice").get(f"api/jobs/{blocked['id']}")
+    assert "planned_run_time" not in seen_by_alice
+    # "When would I start?" says what the job would be planned with: alice's next "quick" run
+    # from her history, the same without a name (her 4-GPU runs), a 2-GPU job the default
+    alice = service.client("alice")
+    cases = (("quick", 4, "estimate"), (None, 4, "estimate"), (None, 2, "default"))
+    for name, gpus, source in cases:
+        request = h100(gpus, command="true", **({"name": name} if name else {}))
+        _, answer = await alice.post("api/estimate", request)
+        assert answer["planned_run_time"]["from"] == source, (name, gpus, answer)
 
 
 async def test_without_estimates_the_same_job_waits_for_the_reservation(service_factory):
@@ -59,3 +77,14 @@ async def test_without_estimates_the_same_job_waits_for_the_reservation(service_
     _, _, quick = await a_reservation_and_alices_quick_job(service)
     assert quick["state"] == "pending"  # planned 24 h: it would outlast carol's start
     assert quick["reason"]["detail"] == "reservation", quick["reason"]
+    # what it is planned with says why, and what would let it start sooner
+    assert quick["planned_run_time"] == {
+        "seconds": 86_400,
+        "from": "default",
+        "message": "planned to run 1 d, the default for a job without a walltime",
+    }
+    _, answer = await service.client("alice").post(
+        "api/estimate", h100(4, command="true", name="quick", walltime="10m")
+    )
+    assert answer["planned_run_time"]["from"] == "walltime"
+    assert answer["planned_run_time"]["message"] == "planned to run 10 min, its walltime"

@@ -121,6 +121,11 @@ def test_utilization_is_only_for_running_jobs_and_only_the_owners(service):
         alice.submit(command="sleep 30", gpus=8, gpu_model="H100")
     waiting = alice.jobs(["pending"])
     assert waiting and all("utilization" not in j.summary() for j in waiting)
+    # what a job is planned to run shows while it is unfinished (the job view's, in words)
+    planned = "1 d, the default for a job without a walltime"
+    assert all(j.summary()["planned"] == planned for j in waiting)
+    assert "<th style='text-align:left;padding-right:1em'>planned</th>" in waiting[0]._repr_html_()
+    assert "planned" not in ended.summary() and "planned_run_time" not in ended.data
 
 
 def test_utilization_view_and_text():

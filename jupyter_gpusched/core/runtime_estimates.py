@@ -50,6 +50,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from .durations import describe_duration
+
 MODES = ("missing", "always", "never")
 MAX_NAME = 200  # characters of a name (or command) kept in a key
 MAX_KEYS = 20_000  # keys kept (each holds at most ``history`` run times)
@@ -172,6 +174,29 @@ class RuntimeEstimates:
             planned, job.estimated = self.planned(job, settings)
             job.planned_run_time = planned
         return planned
+
+
+PLAN_SOURCES = ("estimate", "walltime", "default")
+
+
+def plan_source(job) -> str:
+    """Where ``job``'s frozen planned run time came from: ``estimate`` (learned from earlier
+    runs like it), ``walltime`` (its own) or ``default`` (the policy's, for a job without one)."""
+    if job.estimated:
+        return "estimate"
+    return "walltime" if job.walltime else "default"
+
+
+def planned_text(seconds: float, source: str) -> str:
+    """A job's planned run time in words, as the job view's ``planned_run_time.message`` and
+    ``POST api/estimate`` give it: how long, and from what. (A shorter plan may start a job in
+    front of a reservation: a user who sees the default knows to give a walltime.)"""
+    run = describe_duration(seconds)
+    if source == "estimate":
+        return f"planned to run {run}, estimated from earlier runs like it"
+    if source == "walltime":
+        return f"planned to run {run}, its walltime"
+    return f"planned to run {run}, the default for a job without a walltime"
 
 
 def overrun_end(settings, job, now: float) -> float:

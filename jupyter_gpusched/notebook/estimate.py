@@ -27,6 +27,9 @@ class Estimate:
         self.queue: str = data["queue"]
         self.position: int | None = data["position"]
         self.earliest_finish: float | None = data.get("earliest_finish")
+        # how long the engine would plan it to run, in words ("planned to run 2 min, estimated
+        # from earlier runs like it"; its walltime; the default), or None
+        self.planned: str | None = (data.get("planned_run_time") or {}).get("message")
         self._now = now  # the time to count the wait from (None: when printed)
 
     def text(self, clock: bool = True) -> str:
@@ -36,15 +39,19 @@ class Estimate:
         return estimate_text(self.start_now, self.eta, message, now, clock)
 
     def line(self) -> str:
-        """The words and where: ``starts now (queue team)``, ``waits: ... (#3 in queue
-        small)``: what ``%%gpujob --estimate`` and ``jupyter-gpusched estimate`` print."""
+        """The words and where, and for a job that would wait the run time it would be planned
+        with: ``starts now (queue team)``, ``waits: ... (#3 in queue small); planned to run
+        1 h, its walltime``: what ``%%gpujob --estimate`` and ``jupyter-gpusched estimate``
+        print."""
         where = f"queue {self.queue}"
         if not self.start_now and self.position is not None:
             where = f"#{self.position} in {where}"
         finish = ""
         if self.earliest_finish is not None:
             finish = f"; can finish at {utc_clock(self.earliest_finish, self._now)}"
-        return f"{self.text()}{finish} ({where})"
+        # what it would be planned with decides whether it may start in front of a reservation
+        planned = f"; {self.planned}" if self.planned and not self.start_now else ""
+        return f"{self.text()}{finish} ({where}){planned}"
 
     def __str__(self) -> str:
         return self.text()

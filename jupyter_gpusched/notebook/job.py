@@ -174,6 +174,8 @@ class Job:
             out["position"] = f"#{position + 1}" if position is not None else ""
             out["reason"] = reason.get("message") or reason.get("detail") or ""
             out["eta"] = _clock(reason.get("eta"))
+        if d.get("planned_run_time"):  # what the engine plans it to run, and from what
+            out["planned"] = d["planned_run_time"]["message"].removeprefix("planned to run ")
         if d.get("allocation"):
             out["where"] = ", ".join(_where(part) for part in d["allocation"])
         if d.get("state") == "running":

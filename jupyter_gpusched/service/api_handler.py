@@ -30,7 +30,7 @@ from tornado import web
 from ..core.errors import ConfigError
 from ..core.reason_now import reason_now
 from .expected_starts import with_expected_start
-from .records import placement_view, public_job, reason_dict, utilization_view
+from .records import placement_view, planned_view, public_job, reason_dict, utilization_view
 from .requests import MAX_BODY_BYTES, MAX_WHOLE, RequestError, parse_body
 
 #: A number in a query argument, written as JSON writes one (float() also takes '1_000' and '１')
@@ -257,6 +257,13 @@ class APIHandler(web.RequestHandler):
             row, mine=mine, full=mine or self.admin, position=self.live.engine.position(row["id"])
         )
         view["reason"] = shown_reason(self.live, row["id"], view["reason"])
+        job = self.live.engine.jobs.get(row["id"])
+        if job is not None and (mine or self.admin) and row["state"] in ("pending", "running"):
+            # how long the engine plans it to run: from the owner's history when estimated,
+            # so only the owner (and admins) see it
+            planned = planned_view(job)
+            if planned is not None:
+                view["planned_run_time"] = planned
         placement = self.live.engine.state.allocations.get(row["id"])
         if placement is not None and row["state"] == "running":
             view["allocation"] = placement_view(placement, self.live.cluster)

@@ -18,7 +18,7 @@ from ..core.fairshare import fair_share_rank
 from ..core.jobs import JobState
 from .api_handler import APIError, APIHandler, api, shown_reason
 from .arrays import cancel_array, unfinished_elements
-from .records import reason_dict
+from .records import planned_view, reason_dict
 from .requests import MAX_LIST_LIMIT, MAX_LOG_BYTES, parse_job_request, take_array
 from .server_stops import MAX_REASON
 
@@ -209,6 +209,7 @@ class EstimateHandler(APIHandler):
                 "queue": answer.job.queue,
                 "position": answer.position,
                 "earliest_finish": finish,  # with a deadline only (service/deadlines.py)
+                "planned_run_time": planned_view(answer.job),  # estimated, walltime or default
             }
         )
 

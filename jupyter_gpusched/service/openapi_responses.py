@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..core.jobs import JobState
 from ..core.jobspec import FIELDS, SpecField
+from ..core.runtime_estimates import PLAN_SOURCES
 
 
 def ref(name: str) -> dict:
@@ -130,11 +131,24 @@ _JOB_RUNNING = {
     ),
     "stopping": {"type": ["string", "null"], "enum": ["cancelled", "preempted", None]},
 }
+# what the engine plans a job to run (service/records.py planned_view)
+PLANNED_RUN_TIME = strict(
+    {
+        "seconds": NUMBER,
+        "from": {"type": "string", "enum": list(PLAN_SOURCES)},
+        "message": STRING,  # "planned to run 2 min, estimated from earlier runs like it"
+    }
+)
+# ... and an unfinished job of the caller's own (or any, for an admin) this
+_JOB_UNFINISHED = {"planned_run_time": PLANNED_RUN_TIME}
 
 JOB = {
     "description": "A job as the caller sees it: their own in full, other users' without who "
     "and what (user, name, command, environment, directory are left out).",
-    **strict({**_JOB_ALWAYS, **_JOB_FULL, **_JOB_RUNNING}, required=list(_JOB_ALWAYS)),
+    **strict(
+        {**_JOB_ALWAYS, **_JOB_FULL, **_JOB_RUNNING, **_JOB_UNFINISHED},
+        required=list(_JOB_ALWAYS),
+    ),
 }
 
 QUEUE_ENTRY = strict(
@@ -270,6 +284,7 @@ ESTIMATE = strict(
         "queue": STRING,  # the leaf queue it would go to
         "position": {"type": ["integer", "null"], "minimum": 1},  # 1-based; null: starts now
         "earliest_finish": nullable("number"),  # a job with a deadline: epoch s; else null
+        "planned_run_time": nullable(PLANNED_RUN_TIME),  # null: none frozen (never for a job)
     }
 )
 

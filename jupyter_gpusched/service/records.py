@@ -14,7 +14,7 @@ from ..core import reasons
 from ..core.cluster import Cluster
 from ..core.jobs import Job, JobState, Reason
 from ..core.jobspec import FIELDS, JobSpec, SpecField
-from ..core.runtime_estimates import run_name
+from ..core.runtime_estimates import plan_source, planned_text, run_name
 from ..core.state import Part, Placement
 
 
@@ -232,6 +232,17 @@ def public_job(row: dict, *, mine: bool, full: bool, position: int | None = None
         view.update((key, row.get(key)) for key in OWNER_VIEW)
         view["exit_code"], view["message"] = row.get("exit_code"), row.get("message")
     return view
+
+
+def planned_view(job: Job) -> dict | None:
+    """What the engine plans an unfinished job to run (the job view's ``planned_run_time``):
+    ``{"seconds", "from": estimate | walltime | default, "message"}``; None before the engine
+    froze it (it does at submission: ``core/runtime_estimates.py``)."""
+    seconds = job.planned_run_time
+    if seconds is None:
+        return None
+    source = plan_source(job)
+    return {"seconds": seconds, "from": source, "message": planned_text(seconds, source)}
 
 
 def utilization_view(sample: dict | None, gpus: float) -> dict | None:

@@ -252,6 +252,11 @@ export class GPUPanel extends Widget {
         deadlineNode(job)
       ),
       job.state === 'pending' ? reasonNode(job.reason) : null,
+      // how long the scheduler plans it to run (an estimate from earlier runs, its walltime,
+      // or the default): what decides whether it may start in front of a reservation
+      job.state === 'pending' && job.planned_run_time
+        ? el('div', { class: 'jp-gpusched-planned', 'data-from': job.planned_run_time.from }, job.planned_run_time.message)
+        : null,
       actions.childElementCount ? actions : null
     );
   }

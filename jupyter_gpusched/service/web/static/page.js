@@ -158,7 +158,13 @@ function drawMyJobs(jobs, sessions, names) {
       el('td', { text: job.queue }),
       el('td', {}, tierBadge(job.tier)),
       el('td', { class: 'num', text: gpus(job.gpus * (job.gpu_fraction || 1)) }),
-      el('td', { class: 'reason', text: waiting ? reasonText(waiting.reason) : '' }),
+      el(
+        'td',
+        { class: 'reason' },
+        waiting ? reasonText(waiting.reason) : '',
+        // how long the scheduler plans it to run (estimated, its walltime, or the default)
+        waiting && waiting.planned_run_time ? el('div', { class: 'muted planned', 'data-from': waiting.planned_run_time.from, text: waiting.planned_run_time.message }) : null,
+      ),
       el('td', { class: 'num', text: waiting && waiting.position !== null ? waiting.position + 1 : '' }),
       el('td', { class: 'when', text: waiting && waiting.reason ? eta(waiting.reason.eta) : '' }),
       el('td', {}, notebookGPUs ? sparkline(spark.get(job.id) || []) : '', cancel),
@@ -305,6 +311,9 @@ async function estimate(event) {
   for (const old of form.querySelectorAll('.field-error')) old.remove();
   // what a user would submit; the command does not change when it would start
   const job = { command: 'true', gpus: Number(form.elements.gpus.value) };
+  // its name: the scheduler estimates a run time from earlier runs of that name (when the
+  // policy learns them), as it would for the job submitted
+  if (form.elements.name.value.trim()) job.name = form.elements.name.value.trim();
   if (form.elements.queue.value) job.queue = form.elements.queue.value;
   if (form.elements.tier.value) job.tier = Number(form.elements.tier.value);
   if (form.elements.walltime.value.trim()) job.walltime = form.elements.walltime.value.trim();
@@ -315,7 +324,12 @@ async function estimate(event) {
     const words = estimateText(result.start_now, result.eta, result.reason && result.reason.message, Date.now() / 1000);
     const where = `queue ${result.queue}${result.position ? `, ${ordinal(result.position)} in its pending order` : ''}`;
     answer.dataset.startNow = result.start_now;
-    answer.replaceChildren(el('span', { class: 'words', text: words }), el('span', { class: 'muted', text: ` (${where})` }));
+    const planned = result.planned_run_time;
+    answer.replaceChildren(
+      el('span', { class: 'words', text: words }),
+      el('span', { class: 'muted', text: ` (${where})` }),
+      planned && !result.start_now ? el('span', { class: 'planned', 'data-from': planned.from, text: `; ${planned.message}` }) : null,
+    );
   } catch (error) {
     // a 400 names the field it refuses: the message goes next to that field
     const field = error.field && form.elements[error.field];

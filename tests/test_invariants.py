@@ -599,6 +599,29 @@ class Harness:
         up = [node.index for node in cluster.nodes if state.node_state[node.index] == "up"]
         assert state.free_total == sum(state.free[i] for i in up), "free_total is stale"
 
+        # the ledger's GPUs per node that pre-emption could free, and the part of them held by
+        # victims already signalled (which the victim search passes by), as the jobs say
+        ledger = sched.ledger
+        room = {key: [0.0] * n for key in ("t3", "t23", "l3", "l23")}
+        for job in sched.running.values():
+            if job.tier == 1:
+                continue
+            for part in state.allocations[job.id].parts:
+                gpus = part.gpus * part.fraction
+                kinds = ("t3", "t23") if job.tier == 3 else ("t23",)
+                if job.preempted_by is not None:
+                    kinds += ("l3", "l23") if job.tier == 3 else ("l23",)
+                for kind in kinds:
+                    room[kind][part.node] += gpus
+        for kind, kept in (
+            ("t3", ledger.tier3_on_node),
+            ("t23", ledger.tiers23_on_node),
+            ("l3", ledger.leaving3_on_node),
+            ("l23", ledger.leaving23_on_node),
+        ):
+            for i in range(n):
+                assert math.isclose(kept[i], room[kind][i], abs_tol=EPS), (kind, i, kept[i])
+
         # the adapter's view: exactly the jobs it was told to start are running, where told
         running = {j.id for j in jobs.values() if j.state == JobState.RUNNING}
         assert set(sched.running) == running

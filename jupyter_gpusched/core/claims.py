@@ -142,6 +142,7 @@ class Preemptions:
                 queue,
                 self.running,
                 self.ledger.victim_room(reclaiming),
+                self.ledger.leaving_room(reclaiming),
                 now,
                 reclaim=reclaiming,
                 limit_node=limit_node,
@@ -244,7 +245,11 @@ class Preemptions:
         self.agenda.freed = True
 
     def leaving(self, victim: Job, sign: int) -> None:
-        """Count a signalled victim's GPUs as leaving its queues (guarantee checks see it gone)."""
+        """Count a signalled victim's GPUs as leaving its queues (guarantee checks see it gone)
+        and, while it runs, its nodes (what a victim search could still free there)."""
+        held = self.state.allocations.get(victim.id)
+        if held is not None and victim.id in self.running:  # (an ended one: ledger.ended)
+            self.ledger.signalled(victim, held, sign)
         if self.policy.quotas:
             for node in self.tree.get(victim.queue).chain():
                 node.leaving += sign * victim.amount

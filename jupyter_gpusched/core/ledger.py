@@ -24,6 +24,10 @@ class RunningLedger:
         # and tier-3 jobs together (what a reclaim of borrowed GPUs may take)
         self.tier3_on_node = [0.0] * nodes
         self.tiers23_on_node = [0.0] * nodes
+        # the same, of the jobs already signalled (``preempted_by``: they are leaving and no
+        # other claim may take them): what pre-emption could still free is the difference
+        self.leaving3_on_node = [0.0] * nodes
+        self.leaving23_on_node = [0.0] * nodes
         self.by_user: dict[str, list] = {}  # user -> [running GPUs, running jobs]
         self.by_array: dict[str, int] = {}  # array id -> its running elements
         self.ends: list[tuple[float, str]] = []  # (end by its limit, job id), soonest first
@@ -34,13 +38,28 @@ class RunningLedger:
         return copy_parts(
             self,
             memo,
-            flat=("tier3_on_node", "tiers23_on_node", "ends"),
+            flat=(
+                "tier3_on_node",
+                "tiers23_on_node",
+                "leaving3_on_node",
+                "leaving23_on_node",
+                "ends",
+            ),
             nested=("by_user", "recent_starts"),
         )
 
     def victim_room(self, reclaim: bool) -> list[float]:
         """Per node, the GPUs pre-emption could free: tier 3, or tiers 2 and 3 to reclaim."""
         return self.tiers23_on_node if reclaim else self.tier3_on_node
+
+    def leaving_room(self, reclaim: bool) -> list[float]:
+        """Per node, the part of :meth:`victim_room` held by jobs already signalled."""
+        return self.leaving23_on_node if reclaim else self.leaving3_on_node
+
+    def signalled(self, job: Job, placement: Placement, sign: int) -> None:
+        """``job`` was signalled to leave for a pre-emption (+1), or is no longer counted as
+        leaving (-1: its claim was called off, or it has ended)."""
+        self._on_nodes(job, placement, sign, self.leaving3_on_node, self.leaving23_on_node)
 
     def preemptible_gpus(self, reclaim: bool) -> float:
         """GPUs held by the jobs pre-emption may take (tier 3; tier 2 too to reclaim)."""
@@ -63,6 +82,8 @@ class RunningLedger:
     def ended(self, job: Job, placement: Placement, end: float) -> None:
         """``job`` has stopped (``end``: the end it was recorded with)."""
         self._on_nodes(job, placement, -1)
+        if job.preempted_by is not None:  # a signalled victim: no longer leaving
+            self.signalled(job, placement, -1)
         self.tier_gpus[job.tier] -= job.amount
         used = self.by_user[job.user]
         used[0] -= job.amount
@@ -75,11 +96,13 @@ class RunningLedger:
                 del self.by_array[job.array_id]
         del self.ends[bisect_left(self.ends, (end, job.id))]
 
-    def _on_nodes(self, job: Job, placement: Placement, sign: int) -> None:
+    def _on_nodes(self, job: Job, placement: Placement, sign: int, tier3=None, tiers23=None):
         if job.tier == 1:
             return  # tier 1 is never pre-empted: no one needs its GPUs by node
+        tier3 = self.tier3_on_node if tier3 is None else tier3
+        tiers23 = self.tiers23_on_node if tiers23 is None else tiers23
         for part in placement.parts:
             gpus = sign * part.gpus * part.fraction
             if job.tier == 3:
-                self.tier3_on_node[part.node] += gpus
-            self.tiers23_on_node[part.node] += gpus
+                tier3[part.node] += gpus
+            tiers23[part.node] += gpus

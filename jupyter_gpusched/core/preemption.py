@@ -53,6 +53,7 @@ def find_victims(
     queue: Queue,
     jobs: dict[str, Job],
     room: list[int],
+    leaving: list[float],
     now: float,
     reclaim: bool,
     limit_node: Queue | None,
@@ -63,6 +64,9 @@ def find_victims(
 
     ``room[node]`` bounds what pre-emption could free on each node (the GPUs of running tier-3
     jobs there, plus tier-2 when reclaiming); nodes where even that is too little are skipped.
+    ``leaving[node]``: the part of it held by jobs already signalled, which no search may take:
+    a node where the rest is too little is passed by without looking at its jobs (the same
+    nodes are examined, and the same answer given, as looking at each).
     """
     state, cluster = ctx.state, ctx.state.cluster
     per_node = job.gpus_per_node or (job.gpus if job.gpus <= cluster.max_node_gpus else None)
@@ -96,8 +100,10 @@ def find_victims(
     if per_node and len(promising) < job.gpus // per_node:
         return None  # a gang of n nodes needs n nodes where room can be made
     for idx in promising:
-        node = nodes[idx]
         free = state.free[idx]
+        if free + room[idx] - leaving[idx] < need - 1e-6:
+            continue  # what pre-emption could free here is leaving for another claim already
+        node = nodes[idx]
         if job.gpu_models is not None and node.gpu_model not in job.gpu_models:
             continue
         if not node_fits(state, job, idx, 0.0):  # labels

@@ -216,7 +216,7 @@ def test_a_cpu_only_job_shows_as_no_gpu(service):
     alice = service.client("alice")
     job = alice.submit(command="sleep 30", gpus=0, cpus=1, name="cpu work")
     summary = job.summary()
-    assert job.state == "running" and summary["gpus"] == "no"
+    assert job.state == "running" and summary["gpus"] == "none"
     assert summary["where"] == job.data["allocation"][0]["node"]  # no "node:" without GPUs
     widget = QueueWidget(alice, interval=60, autostart=False)
     widget.refresh()

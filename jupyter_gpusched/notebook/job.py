@@ -269,8 +269,8 @@ def _gpus_text(d: dict) -> str:
     gpus, fraction = d.get("gpus"), d.get("gpu_fraction") or 1.0
     if gpus is None:
         return ""
-    if gpus == 0:  # a CPU-only job: the displays say "no GPU", not "0 GPU"
-        return "no"
+    if gpus == 0:  # a CPU-only job: its table's row reads "gpus  none", not "gpus  0"
+        return "none"
     text = f"{fraction:g}" if fraction < 1 else f"{gpus:g}"
     if d.get("gpu_models"):
         text += "x " + "|".join(d["gpu_models"])

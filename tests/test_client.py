@@ -18,6 +18,7 @@ import threading
 import time
 
 import pytest
+from IPython.core.error import UsageError
 from service_helpers import TOKENS, start_service
 
 from jupyter_gpusched.notebook import client as gc
@@ -263,6 +264,13 @@ def test_gpujob_help_and_a_job_array(shell, workdir, capsys):
     assert "--array ARRAY a job array" in out and "(not a limit)" in out, out
     assert "%%gpujob [--gpus GPUS]" in out, out  # the cell magic's name
     assert not list(workdir.glob(".gpusched/cell-*.py"))  # nothing written, nothing submitted
+    # a cell of the magic line alone has no body, which IPython refuses, pointing to the line
+    # magic %gpujob: it gives the help too, and anything else is an error that says what to do
+    assert run(shell, "%gpujob --help") is None
+    assert "%%gpujob [--gpus GPUS]" in capsys.readouterr().out
+    with pytest.raises(UsageError, match=r"write %%gpujob \(two %\) .* on the cell's first line"):
+        run(shell, "%gpujob --gpus 1")
+    assert not list(workdir.glob(".gpusched/cell-*.py"))
     cell = "import os\nprint('index', os.environ['GPUSCHED_ARRAY_INDEX'])\n"
     array = run(shell, "%%gpujob --gpus 1 --walltime 5m --array 0-2%1 --wait\n" + cell)
     out = capsys.readouterr().out

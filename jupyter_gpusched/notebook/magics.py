@@ -37,7 +37,7 @@ import sys
 from collections import Counter
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .client import Client, GPUSchedError, Job, JobArray
@@ -106,13 +106,20 @@ class GPUSchedMagics(Magics):
         help="print the output as it comes, until the end (an array: each element's end)",
     )
     @argument("--estimate", action="store_true", help="print when it would start; submit nothing")
-    @cell_magic
-    def gpujob(self, line, cell):
-        """Run this cell as a batch job on the GPU scheduler (see the module's docstring)."""
+    @line_cell_magic
+    def gpujob(self, line, cell=None):
+        """Run this cell as a batch job on the GPU scheduler (see the module's docstring).
+        As a line magic, ``%gpujob --help`` only: IPython refuses a cell magic with no body,
+        and its message points to the line magic."""
         args = parse_argstring(self.gpujob, line)
-        if args.help:  # (IPython names it %gpujob: it is a cell magic)
+        if args.help:  # (IPython names it %gpujob: its usage line says %%gpujob)
             print(self.gpujob.parser.format_help().replace("%gpujob", "%%gpujob"))
             return None
+        if cell is None:
+            raise UsageError(
+                "%gpujob runs a cell: write %%gpujob (two %) and its options on the cell's first "
+                "line, and the code to run below it (%gpujob --help: the options)"
+            )
         fields = {"gpus": args.gpus, "name": args.name or "gpujob"}
         options = ("tier", "queue", "gpu_model", "walltime", "deadline", "cpus", "memory_gb")
         for key in (*options, "array"):

@@ -100,3 +100,37 @@ def test_a_job_waiting_on_its_queue_limit_says_what_the_queue_uses_now():
     scheduler.job_ended("b1", 10)
     assert reason_now(scheduler, b2, 10) is b2.reason  # room now: the pass to come says
     assert set(started(scheduler.schedule(10))) == {"b2"}
+
+
+def test_a_job_behind_the_reservation_whose_queue_filled_up_since_says_so():
+    """A pass looks at a job's quota before its GPUs: bob's 2-GPU job, waiting on GPUs behind
+    alice's reservation, reads its queue's limit once a short job of his queue took the room
+    under it (started by the pass over new jobs, which does not look at bob's again). A tour saw
+    the old reason for 7 minutes with the queue full."""
+    two = cluster(("n[1-2]", 4, "leaf"))
+    limits = {"busy": (2, 8), "research": (4, 8), "team": (2, 3)}
+    tree = queues({q: {"guaranteed": g, "limit": lim} for q, (g, lim) in limits.items()}, two)
+    scheduler = Scheduler(two, tree)
+    for name, gpus in (("long", 4), ("short", 2), ("other", 2)):
+        scheduler.submit(job(name, gpus, queue="busy", walltime=3600.0, user=name), 0)
+    assert set(started(scheduler.schedule(0))) == {"long", "short", "other"}
+    scheduler.submit(job("alice", 4, t=1, queue="research", walltime=600.0, user="alice"), 1)
+    scheduler.submit(job("bob", 2, t=1, queue="team", walltime=60.0, user="bob"), 1)
+    scheduler.schedule(1)
+    bob = scheduler.jobs["bob"]
+    assert (scheduler.reservation.job_id, bob.reason.detail) == ("alice", "gpus-busy")
+    scheduler.job_ended("short", 20)
+    scheduler.schedule(20)
+    assert reason_now(scheduler, bob, 20).detail == "awaiting-backfill"  # its quota lets it
+    scheduler.submit(job("r1", 2, t=21, queue="team", walltime=30.0, user="carol"), 21)
+    assert set(started(scheduler.schedule(21))) == {"r1"}
+    assert bob.reason.detail == "gpus-busy"  # the engine's, from its last look
+    now = reason_now(scheduler, bob, 21)
+    assert (now.family, now.detail, now.message) == (
+        "policy",
+        "queue-limit",
+        "queue team is at its limit of 3 GPUs (2 in use, the job asks for 2)",
+    )
+    # a held job keeps its reason whatever its queue uses (an admin's hold comes first)
+    scheduler._set_reason(bob, reasons.HELD.reason())
+    assert reason_now(scheduler, bob, 21).detail == "held"

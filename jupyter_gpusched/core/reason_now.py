@@ -16,7 +16,10 @@ A job waiting on its queue's quota (a GPU, CPU or memory limit, or the tier-1 gu
 what its queue uses now: "queue research is at its limit of 8 GPUs (8 in use, ...)" once a job
 submitted after it started there (a pass over new jobs does not look at it again), not the
 "6 in use" of its last examination. Where the quota would now let it start, it keeps the
-engine's reason until the pass that the freed GPUs bring.
+engine's reason until the pass that the freed GPUs bring. A job that waited on GPUs, on the
+reservation or on placement, whose queue has since reached its limit, gets the quota's reason:
+a pass looks at the quota first (a tour saw "reserved for job j-8" for 7 minutes while the
+queue was full).
 
 Other reasons are as the engine gave them. Nothing here changes a decision: the service shows
 a job's reason through it (its queue and job views), and the engine's own reasons stay those
@@ -32,6 +35,15 @@ from .jobs import Job, JobState, Reason
 QUOTA_DETAILS = frozenset(
     ("queue-limit", "queue-cpu-limit", "queue-memory-limit", "tier1-guarantee")
 )
+# Reasons a pass gives only after the job's quota let it through (core/passes.py evaluate):
+# where the quota blocks it now, the quota's reason is the one a pass would give. (Not a
+# pre-emption's, whose claim its queue already counts, nor a launch's back-off.)
+WOULD_CHECK_QUOTA_FIRST = frozenset(
+    (
+        *("gpus-busy", "cpus-busy", "node-down", "preempted", "preemption-dropped"),
+        *("fragmented", "gang-shape", "constraints", "one-leaf", "reservation"),
+    )
+)
 
 
 def reason_now(sched, job: Job, now: float) -> Reason | None:
@@ -42,6 +54,10 @@ def reason_now(sched, job: Job, now: float) -> Reason | None:
         return reason
     if reason.detail in QUOTA_DETAILS:
         return _quota_now(sched, job, reason)
+    if reason.detail in WOULD_CHECK_QUOTA_FIRST and sched.policy.quotas:
+        block = policy_block(job, sched.tree.get(job.queue), sched.policy.guarantees)
+        if block is not None:  # its queue filled up since: a pass would say so first
+            return block[0].with_eta(reason.eta)
     if reason.detail != "gpus-busy":
         return reason
     free = sched.state.free_for(job)

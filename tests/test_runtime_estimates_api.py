@@ -58,8 +58,17 @@ async def test_a_job_estimated_to_end_before_the_reservation_starts_in_front_of_
     assert quick["planned_run_time"]["message"].endswith("estimated from earlier runs like it")
     planned = view["planned_run_time"]
     assert (planned["from"], planned["seconds"]) == ("default", 86_400)
-    assert planned["message"] == "planned to run 1 d, the default for a job without a walltime"
-    # ... and no one else: an estimate comes from the owner's own runs
+    assert planned["message"] == (
+        "planned to run 1 d, the default for a job without a walltime: give one if it runs "
+        "less, and it may start sooner"
+    )
+    # bob's 4-GPU job, with no runs of his own, is planned from his queue's (alice's runs)
+    _, half = await service.client("bob").get(f"api/jobs/{half['id']}")
+    assert half["planned_run_time"]["from"] == "estimate"
+    assert half["planned_run_time"]["message"].endswith(
+        "estimated from its queue's earlier runs of its size"
+    )
+    # ... and no one else sees a job's plan
     _, seen_by_alice = await service.client("alice").get(f"api/jobs/{blocked['id']}")
     assert "planned_run_time" not in seen_by_alice
     # "When would I start?" says what the job would be planned with: alice's next "quick" run
@@ -81,7 +90,8 @@ async def test_without_estimates_the_same_job_waits_for_the_reservation(service_
     assert quick["planned_run_time"] == {
         "seconds": 86_400,
         "from": "default",
-        "message": "planned to run 1 d, the default for a job without a walltime",
+        "message": "planned to run 1 d, the default for a job without a walltime: give one if "
+        "it runs less, and it may start sooner",
     }
     _, answer = await service.client("alice").post(
         "api/estimate", h100(4, command="true", name="quick", walltime="10m")

@@ -204,6 +204,11 @@ async def test_bad_requests_get_400_naming_the_field_and_change_nothing(service_
         assert error["error"], what
     status, error = await alice.post("api/jobs", {**JOB, "tier": 4})  # says what to fix
     assert error["error"].startswith("'tier' must be 1 (") and error["error"].endswith("got 4")
+    status, error = await alice.post("api/jobs", {**JOB, "walltime": "soon"})  # as people write
+    assert error["error"] == (
+        "'walltime' must be seconds or a duration (30m, 2h, 1d) longer than 0 and at most 365d "
+        "(one year), got 'soon'"
+    )
     status, error = await alice.post("api/jobs", raw=b'{"gpus": 1, "gpus": 8, "command": "x"}')
     assert error["error"] == "the body is not valid JSON: 'gpus' is given twice: keep one"
     for number in ("1_000", "\uff11", "0x10"):  # float() takes the first two

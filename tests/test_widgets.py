@@ -122,7 +122,8 @@ def test_utilization_is_only_for_running_jobs_and_only_the_owners(service):
     waiting = alice.jobs(["pending"])
     assert waiting and all("utilization" not in j.summary() for j in waiting)
     # what a job is planned to run shows while it is unfinished (the job view's, in words)
-    planned = "1 d, the default for a job without a walltime"
+    planned = "1 d, the default for a job without a walltime: give one if it runs less, and it "
+    planned += "may start sooner"
     assert all(j.summary()["planned"] == planned for j in waiting)
     assert "<th style='text-align:left;padding-right:1em'>planned</th>" in waiting[0]._repr_html_()
     assert "planned" not in ended.summary() and "planned_run_time" not in ended.data

@@ -94,6 +94,7 @@ class Job:
     run_name: str | None = None
     planned_run_time: float | None = None
     estimated: bool = False
+    estimated_from: str | None = None  # "user": its user's runs; "queue": its queue's, anyone's
     # GPUs this job counts for against quotas and in usage: a fraction counts as itself (set
     # once: a pass reads it for every job it looks at, and a request never changes)
     amount: float = field(init=False, repr=False, compare=False, default=0.0)

@@ -135,11 +135,16 @@ class RuntimeEstimates:
 
     def estimate(self, job) -> float | None:
         """The run time ``job`` is expected to stay within, or None without enough history."""
+        found = self._matched(job)
+        return None if found is None else found[1]
+
+    def _matched(self, job) -> tuple[tuple, float] | None:
+        """The first of ``job``'s keys with an estimate, and that estimate."""
         by_key = self._by_key
         for key in self.keys(job):
             found = by_key.get(key)
             if found is not None and found[1] is not None:
-                return found[1]
+                return key, found[1]
         return None
 
     def completed(self, job, now: float) -> None:
@@ -153,25 +158,29 @@ class RuntimeEstimates:
         found = self._by_key.get(key)
         return found[0] if found else ()
 
-    def planned(self, job, settings) -> tuple[float, bool]:
-        """What the engine plans ``job`` to run, and whether that is an estimate: see the
-        module's text for the modes (``settings.estimate``)."""
+    def planned(self, job, settings) -> tuple[float, str | None]:
+        """What the engine plans ``job`` to run, and where an estimate it is, what it learned
+        from: ``user`` (the job's user's runs) or ``queue`` (its queue's runs of its kind and
+        size, anyone's); None: a walltime or the default. See the module's text for the modes
+        (``settings.estimate``)."""
         mode = settings.estimate
         if mode == "never" or (mode == "missing" and job.walltime):
-            return settings.walltime(job), False
-        estimate = self.estimate(job)
-        if estimate is None:
-            return settings.walltime(job), False
+            return settings.walltime(job), None
+        matched = self._matched(job)
+        if matched is None:
+            return settings.walltime(job), None
+        key, estimate = matched
         if job.walltime and job.walltime <= estimate:
-            return job.walltime, False  # the limit is shorter: it stands
-        return estimate, True
+            return job.walltime, None  # the limit is shorter: it stands
+        return estimate, key[0]
 
     def frozen_plan(self, settings, job) -> float:
         """The run time the engine plans ``job`` with (:meth:`planned`), frozen on the job at the
         first ask (the scheduler asks at submission) and the same from then until it ends."""
         planned = job.planned_run_time
         if planned is None:
-            planned, job.estimated = self.planned(job, settings)
+            planned, job.estimated_from = self.planned(job, settings)
+            job.estimated = job.estimated_from is not None
             job.planned_run_time = planned
         return planned
 
@@ -181,22 +190,28 @@ PLAN_SOURCES = ("estimate", "walltime", "default")
 
 def plan_source(job) -> str:
     """Where ``job``'s frozen planned run time came from: ``estimate`` (learned from earlier
-    runs like it), ``walltime`` (its own) or ``default`` (the policy's, for a job without one)."""
+    runs), ``walltime`` (its own) or ``default`` (the policy's, for a job without one)."""
     if job.estimated:
         return "estimate"
     return "walltime" if job.walltime else "default"
 
 
-def planned_text(seconds: float, source: str) -> str:
-    """A job's planned run time in words, as the job view's ``planned_run_time.message`` and
-    ``POST api/estimate`` give it: how long, and from what. (A shorter plan may start a job in
-    front of a reservation: a user who sees the default knows to give a walltime.)"""
-    run = describe_duration(seconds)
+def planned_text(job) -> str:
+    """``job``'s frozen planned run time in words, as the job view's
+    ``planned_run_time.message`` and ``POST api/estimate`` give it: how long, and from what.
+    (A shorter plan may start a job in front of a reservation: the default says so.)"""
+    run = describe_duration(job.planned_run_time)
+    source = plan_source(job)
+    if source == "estimate" and job.estimated_from == "queue":
+        return f"planned to run {run}, estimated from its queue's earlier runs of its size"
     if source == "estimate":
         return f"planned to run {run}, estimated from earlier runs like it"
     if source == "walltime":
         return f"planned to run {run}, its walltime"
-    return f"planned to run {run}, the default for a job without a walltime"
+    return (
+        f"planned to run {run}, the default for a job without a walltime: give one if it runs "
+        "less, and it may start sooner"
+    )
 
 
 def overrun_end(settings, job, now: float) -> float:

@@ -241,8 +241,7 @@ def planned_view(job: Job) -> dict | None:
     seconds = job.planned_run_time
     if seconds is None:
         return None
-    source = plan_source(job)
-    return {"seconds": seconds, "from": source, "message": planned_text(seconds, source)}
+    return {"seconds": seconds, "from": plan_source(job), "message": planned_text(job)}
 
 
 def utilization_view(sample: dict | None, gpus: float) -> dict | None:

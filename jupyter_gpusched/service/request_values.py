@@ -87,7 +87,7 @@ def read_walltime(value) -> float:
     if not 0 < seconds <= MAX_WALLTIME:  # NaN too
         raise RequestError(
             f"'walltime' must be seconds or a duration (30m, 2h, 1d) longer than 0 and at most "
-            f"{MAX_WALLTIME:g} s (one year), got {quote(value)}",
+            f"{MAX_WALLTIME / 86_400:g}d (one year), got {quote(value)}",
             "walltime",
         )
     return seconds

@@ -259,8 +259,8 @@ class APIHandler(web.RequestHandler):
         view["reason"] = shown_reason(self.live, row["id"], view["reason"])
         job = self.live.engine.jobs.get(row["id"])
         if job is not None and (mine or self.admin) and row["state"] in ("pending", "running"):
-            # how long the engine plans it to run (part of the owner's full view: another
-            # user's job says neither what it runs nor for how long)
+            # how long the engine plans it to run: in the owner's full view, with the name
+            # and command an estimate is matched by (other users' views leave those out)
             planned = planned_view(job)
             if planned is not None:
                 view["planned_run_time"] = planned

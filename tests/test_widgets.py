@@ -101,6 +101,8 @@ def test_a_measured_utilization_is_in_the_job_view_the_widget_and_the_display(se
 
 
 def test_utilization_is_only_for_running_jobs_and_only_the_owners(service):
+    from jupyter_gpusched.notebook.widgets import QueueWidget
+
     alice, bob = service.client("alice"), service.client("bob")
     server = start_notebook(alice)
     assert measured(service, alice, server["id"], [90.0, 0.0])["percent"] == 45.0
@@ -127,6 +129,10 @@ def test_utilization_is_only_for_running_jobs_and_only_the_owners(service):
     assert all(j.summary()["planned"] == planned for j in waiting)
     assert "<th style='text-align:left;padding-right:1em'>planned</th>" in waiting[0]._repr_html_()
     assert "planned" not in ended.summary() and "planned_run_time" not in ended.data
+    widget = QueueWidget(alice, interval=60, autostart=False)
+    widget.refresh()
+    assert f"planned to run {planned}</span>" in widget.rows[waiting[0].id]["html"].value
+    widget.close()
 
 
 def test_utilization_view_and_text():

@@ -29,6 +29,9 @@ def job_line(job: Job) -> str:
         )
     if state == "pending":
         parts += _waiting(s, "queued")
+        if s.get("planned"):  # what decides whether it may start in front of a reservation
+            planned = html.escape(f"planned to run {s['planned']}")
+            parts.append(f"<span class='gpusched-planned' style='color:#616161'>{planned}</span>")
     else:
         if s.get("where"):
             parts.append(f"on {html.escape(s['where'])}")

@@ -46,8 +46,8 @@ async def test_a_free_cluster_starts_now_and_nothing_is_queued(service_factory):
         "planned_run_time": {  # (estimates: tests/test_runtime_estimates_api.py)
             "seconds": 86_400,
             "from": "default",
-            "message": "planned to run 1 d, the default for a job without a walltime: give one if "
-            "it runs less, and it may start sooner",
+            # (it starts now: the default's advice, to give a walltime, is for a job that waits)
+            "message": "planned to run 1 d, the default for a job without a walltime",
         },
     }
     assert await everything(service) == before

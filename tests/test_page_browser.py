@@ -205,7 +205,11 @@ def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
     expect(waiting).to_contain_text("sandbox is at its limit")
     view = hub.service("GET", f"api/jobs/{busy['waiting']}", token).json()
     expect(waiting.locator("td").nth(7)).to_have_text(str(view["position"] + 1))
-    # under the reason, what the scheduler plans it to run, and from what
+    # under the reason, what the scheduler plans it to run, and from what (its queue is full:
+    # a walltime would not start it sooner, and the default's message does not say it would)
+    assert view["planned_run_time"]["message"] == (
+        "planned to run 1 d, the default for a job without a walltime"
+    )
     planned = waiting.locator(".planned")
     expect(planned).to_have_text(view["planned_run_time"]["message"])
     expect(planned).to_have_attribute("data-from", view["planned_run_time"]["from"])

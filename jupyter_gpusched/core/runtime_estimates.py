@@ -196,10 +196,11 @@ def plan_source(job) -> str:
     return "walltime" if job.walltime else "default"
 
 
-def planned_text(job) -> str:
+def planned_text(job, advise: bool = False) -> str:
     """``job``'s frozen planned run time in words, as the job view's
     ``planned_run_time.message`` and ``POST api/estimate`` give it: how long, and from what.
-    (A shorter plan may start a job in front of a reservation: the default says so.)"""
+    ``advise``: it waits where its run time decides (GPUs, placement, a reservation): the
+    default then says that a walltime may start it sooner."""
     run = describe_duration(job.planned_run_time)
     source = plan_source(job)
     if source == "estimate" and job.estimated_from == "queue":
@@ -208,10 +209,8 @@ def planned_text(job) -> str:
         return f"planned to run {run}, estimated from earlier runs like it"
     if source == "walltime":
         return f"planned to run {run}, its walltime"
-    return (
-        f"planned to run {run}, the default for a job without a walltime: give one if it runs "
-        "less, and it may start sooner"
-    )
+    text = f"planned to run {run}, the default for a job without a walltime"
+    return f"{text}: give one if it runs less, and it may start sooner" if advise else text
 
 
 def overrun_end(settings, job, now: float) -> float:

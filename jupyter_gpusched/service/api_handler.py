@@ -261,7 +261,7 @@ class APIHandler(web.RequestHandler):
         if job is not None and (mine or self.admin) and row["state"] in ("pending", "running"):
             # how long the engine plans it to run: in the owner's full view, with the name
             # and command an estimate is matched by (other users' views leave those out)
-            planned = planned_view(job)
+            planned = planned_view(job, view["reason"] if row["state"] == "pending" else None)
             if planned is not None:
                 view["planned_run_time"] = planned
         placement = self.live.engine.state.allocations.get(row["id"])

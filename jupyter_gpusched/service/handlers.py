@@ -201,15 +201,16 @@ class EstimateHandler(APIHandler):
     @api
     def post(self):
         answer, finish = self.live.estimate(self.identity, job_request(self))
+        reason = reason_dict(answer.reason)  # the caller's own job: nothing hidden
         self.send(
             {
                 "start_now": answer.start_now,
                 "eta": answer.eta,
-                "reason": reason_dict(answer.reason),  # the caller's own job: nothing hidden
+                "reason": reason,
                 "queue": answer.job.queue,
                 "position": answer.position,
                 "earliest_finish": finish,  # with a deadline only (service/deadlines.py)
-                "planned_run_time": planned_view(answer.job),  # estimated, walltime or default
+                "planned_run_time": planned_view(answer.job, reason),  # estimate, walltime...
             }
         )
 

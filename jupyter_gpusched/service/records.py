@@ -234,14 +234,20 @@ def public_job(row: dict, *, mine: bool, full: bool, position: int | None = None
     return view
 
 
-def planned_view(job: Job) -> dict | None:
+def planned_view(job: Job, reason: dict | None) -> dict | None:
     """What the engine plans an unfinished job to run (the job view's ``planned_run_time``):
     ``{"seconds", "from": estimate | walltime | default, "message"}``; None before the engine
-    froze it (it does at submission: ``core/runtime_estimates.py``)."""
+    froze it (it does at submission: ``core/runtime_estimates.py``). ``reason``: the reason it
+    is shown with (wire form); where it waits on GPUs, placement, a reservation or maintenance,
+    its run time decides when it can start, and the default's message says to give a walltime
+    (not under a quota, where a walltime changes nothing)."""
     seconds = job.planned_run_time
     if seconds is None:
         return None
-    return {"seconds": seconds, "from": plan_source(job), "message": planned_text(job)}
+    advise = reason is not None and (
+        reason["family"] != "policy" or reason["detail"] in ("reservation", "maintenance")
+    )
+    return {"seconds": seconds, "from": plan_source(job), "message": planned_text(job, advise)}
 
 
 def utilization_view(sample: dict | None, gpus: float) -> dict | None:

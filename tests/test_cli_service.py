@@ -341,7 +341,7 @@ def test_estimate_text_follows_the_contract():
             "position": 3,
         }
     )
-    assert text == "waits: queue small is at its limit (#3 in queue small)"
+    assert text == "waits: queue small is at its limit (#3 in line, queue small)"
 
 
 def test_tables_cut_the_widest_column_with_an_ellipsis_and_never_wrap():

@@ -263,6 +263,7 @@ def test_gpujob_help_and_a_job_array(shell, workdir, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "--array ARRAY a job array" in out and "(not a limit)" in out, out
     assert "%%gpujob [--gpus GPUS]" in out, out  # the cell magic's name
+    assert "%%%" not in out and "::" not in out, out  # (IPython's rst marks)
     assert not list(workdir.glob(".gpusched/cell-*.py"))  # nothing written, nothing submitted
     # a cell of the magic line alone has no body, which IPython refuses, pointing to the line
     # magic %gpujob: it gives the help too, and anything else is an error that says what to do
@@ -385,7 +386,8 @@ def test_gpujob_estimate_prints_it_and_submits_nothing(shell, service, workdir, 
     before = alice.queue()
     estimate = run(shell, "%%gpujob --estimate --gpus 8 --gpu-model H100 --walltime 1h\nprint(1)\n")
     out = capsys.readouterr().out
-    assert out.startswith("%%gpujob: about ") and "UTC): needs 8 GPUs; 0 free (#1 in queue" in out
+    assert out.startswith("%%gpujob: about ")
+    assert "UTC): needs 8 GPUs; 0 free (#1 in line, queue" in out
     assert estimate.position == 1 and alice.queue() == before
     assert not list(workdir.glob(".gpusched/cell-*.py"))  # no cell file either
     run(shell, "%%gpujob --estimate --gpus 1 --gpu-model L40S\nprint(1)\n")

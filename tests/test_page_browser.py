@@ -264,6 +264,7 @@ def test_a_user_sees_their_jobs_queues_gpus_and_the_queue(hub, busy, browser):
     # when would I start? The words POST api/estimate's answer makes for the same body
     answer = _estimate(page, hub, token, gpus="1", queue="research/vision")
     assert answer["start_now"] and answer["queue"] == "research/vision"
+    expect(page.locator("#estimate-answer")).to_have_text("starts now (queue research/vision)")
     answer = _estimate(page, hub, token, gpus="1", queue="sandbox")
     assert not answer["start_now"] and "sandbox is at its limit" in answer["reason"]["message"]
     # ... and, as it would wait, the run time it would be planned with (no walltime: default)

@@ -40,12 +40,12 @@ class Estimate:
 
     def line(self) -> str:
         """The words and where, and for a job that would wait the run time it would be planned
-        with: ``starts now (queue team)``, ``waits: ... (#3 in queue small); planned to run
+        with: ``starts now (queue team)``, ``waits: ... (#3 in line, queue small); planned to run
         1 h, its walltime``: what ``%%gpujob --estimate`` and ``jupyter-gpusched estimate``
         print."""
         where = f"queue {self.queue}"
         if not self.start_now and self.position is not None:
-            where = f"#{self.position} in {where}"
+            where = f"#{self.position} in line, {where}"  # (the cluster's pending order)
         finish = ""
         if self.earliest_finish is not None:
             finish = f"; can finish at {utc_clock(self.earliest_finish, self._now)}"

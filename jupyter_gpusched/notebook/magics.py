@@ -108,12 +108,14 @@ class GPUSchedMagics(Magics):
     @argument("--estimate", action="store_true", help="print when it would start; submit nothing")
     @line_cell_magic
     def gpujob(self, line, cell=None):
-        """Run this cell as a batch job on the GPU scheduler (see the module's docstring).
-        As a line magic, ``%gpujob --help`` only: IPython refuses a cell magic with no body,
-        and its message points to the line magic."""
+        """Run the cell as a batch job on the GPU scheduler: %%gpujob and its options on the
+        cell's first line, the code to run below it (more: docs/notebook.md)."""
+        # (%gpujob, the line magic, only for --help: IPython refuses a cell magic without a
+        # body, pointing to the line magic. This docstring is the help's text: no markup here)
         args = parse_argstring(self.gpujob, line)
         if args.help:  # (IPython names it %gpujob: its usage line says %%gpujob)
-            print(self.gpujob.parser.format_help().replace("%gpujob", "%%gpujob"))
+            text = self.gpujob.parser.format_help().removeprefix("::\n\n")  # (IPython's rst)
+            print(text.replace("  %gpujob [", "  %%gpujob [", 1))  # its usage line
             return None
         if cell is None:
             raise UsageError(

@@ -206,7 +206,7 @@ class QueueWidget(w.VBox):
             hint.add_class("gpusched-server-hint")
             return {"job": job, "html": line, "cancel": None, "box": w.HBox([hint, line])}
         button = w.Button(description="Cancel", button_style="danger", tooltip=f"cancel {job.id}")
-        button.layout.width = "80px"
+        button.layout.width, button.layout.flex = "auto", "0 0 auto"  # (80px cut it to "Can…")
         row = {"job": job, "html": line, "cancel": button}
         row["box"] = w.HBox([button, line])
         button.on_click(lambda _button, job_id=job.id: self.cancel(job_id))

@@ -322,14 +322,12 @@ async function estimate(event) {
   try {
     const result = await api('api/estimate', { method: 'POST', json: job });
     const words = estimateText(result.start_now, result.eta, result.reason && result.reason.message, Date.now() / 1000);
-    const where = `queue ${result.queue}${result.position ? `, ${ordinal(result.position)} in its pending order` : ''}`;
+    const where = `queue ${result.queue}${result.position ? `, ${ordinal(result.position)} in line` : ''}`;
     answer.dataset.startNow = result.start_now;
     const planned = result.planned_run_time;
-    answer.replaceChildren(
-      el('span', { class: 'words', text: words }),
-      el('span', { class: 'muted', text: ` (${where})` }),
-      planned && !result.start_now ? el('span', { class: 'planned', 'data-from': planned.from, text: `; ${planned.message}` }) : null,
-    );
+    const parts = [el('span', { class: 'words', text: words }), el('span', { class: 'muted', text: ` (${where})` })];
+    if (planned && !result.start_now) parts.push(el('span', { class: 'planned', 'data-from': planned.from, text: `; ${planned.message}` }));
+    answer.replaceChildren(...parts); // (a DOM method: a null would show as "null")
   } catch (error) {
     // a 400 names the field it refuses: the message goes next to that field
     const field = error.field && form.elements[error.field];

@@ -62,6 +62,10 @@ def _wait(predicate, what: str, timeout: float = SERVER_TIMEOUT):
     return value
 
 
+def _state(hub, view: str, token: str) -> str:
+    return hub.service("GET", view, token).json()["state"]
+
+
 def _login(hub, user) -> requests.Session:
     """A browser session of ``user`` on the hub (the spawn page takes no API token)."""
     session = requests.Session()
@@ -166,3 +170,6 @@ def test_the_spawn_form_shows_when_each_profile_would_start(hub):
     finally:
         for user, job_id in held:
             hub.service("DELETE", f"api/jobs/{job_id}", hub.token(user))
+        for user, job_id in held:  # gone, not only signalled: the module's hub stops next
+            view, token = f"api/jobs/{job_id}", hub.token(user)
+            _wait(lambda v=view, t=token: _state(hub, v, t) != "running", view)

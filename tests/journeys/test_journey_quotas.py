@@ -196,13 +196,14 @@ def test_the_shorter_job_takes_the_hole_and_the_big_job_says_why_it_waits(demo, 
     alice = people("alice")
     alice.goto(f"{hub.url}/services/gpusched/")
     row = alice.locator(f"#my-jobs tr.job[data-id='{big}']")
-    expect(row.locator("td.reason")).to_have_text("needs 4 GPUs; 0 free", timeout=TIMEOUT_MS)
+    expect(row.locator("td.reason .why")).to_have_text("needs 4 GPUs; 0 free", timeout=TIMEOUT_MS)
     expect(row.locator("td").nth(8)).not_to_have_text("", timeout=TIMEOUT_MS)  # its start
     running = alice.locator(f"#my-jobs tr.job.running[data-id='{planned_1m}']")
     expect(running).to_contain_text("plan-1m", timeout=TIMEOUT_MS)
     # the job behind has its reason and its expected start too: when plan-1m's minute is up
     behind = alice.locator(f"#my-jobs tr.job.pending[data-id='{planned_5m}']")
-    expect(behind.locator("td.reason")).to_have_text("needs 2 GPUs; 0 free", timeout=TIMEOUT_MS)
+    why = behind.locator("td.reason .why")  # (under it: how long it is planned to run)
+    expect(why).to_have_text("needs 2 GPUs; 0 free", timeout=TIMEOUT_MS)
     expected_words = re.compile(r"^(about 1 min|any moment)")  # (the page refreshes every 5 s)
     expect(behind.locator("td").nth(8)).to_have_text(expected_words, timeout=TIMEOUT_MS)
     shown = ts.service_job(hub, "alice", planned_5m)["reason"]["eta"]

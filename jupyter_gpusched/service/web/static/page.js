@@ -161,7 +161,7 @@ function drawMyJobs(jobs, sessions, names) {
       el(
         'td',
         { class: 'reason' },
-        waiting ? reasonText(waiting.reason) : '',
+        waiting ? el('span', { class: 'why', text: reasonText(waiting.reason) }) : '',
         // how long the scheduler plans it to run (estimated, its walltime, or the default)
         waiting && waiting.planned_run_time ? el('div', { class: 'muted planned', 'data-from': waiting.planned_run_time.from, text: waiting.planned_run_time.message }) : null,
       ),

@@ -90,11 +90,11 @@ class Job:
     deadline_missed: bool = False  # it was still unfinished at its deadline (core/deadlines.py)
     # what matches it with similar earlier runs (its name, notebook or command; None: unknown),
     # and the run time the engine plans it with, frozen at submission: its walltime, the
-    # default, or a learned estimate (``estimated``; core/runtime_estimates.py)
+    # default, or a learned estimate (``estimated_from`` says which runs taught it: "user", its
+    # user's; "queue", its queue's, anyone's; None: no estimate; core/runtime_estimates.py)
     run_name: str | None = None
     planned_run_time: float | None = None
-    estimated: bool = False
-    estimated_from: str | None = None  # "user": its user's runs; "queue": its queue's, anyone's
+    estimated_from: str | None = None
     # GPUs this job counts for against quotas and in usage: a fraction counts as itself (set
     # once: a pass reads it for every job it looks at, and a request never changes)
     amount: float = field(init=False, repr=False, compare=False, default=0.0)
@@ -125,6 +125,11 @@ class Job:
     @property
     def fractional(self) -> bool:
         return self.gpu_fraction < 1.0
+
+    @property
+    def estimated(self) -> bool:
+        """Its planned run time is a learned estimate (not a walltime or the default)."""
+        return self.estimated_from is not None
 
 
 def set_reason(tally: dict[str, float], job: Job, reason: Reason | None) -> None:

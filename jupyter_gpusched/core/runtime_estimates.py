@@ -180,7 +180,6 @@ class RuntimeEstimates:
         planned = job.planned_run_time
         if planned is None:
             planned, job.estimated_from = self.planned(job, settings)
-            job.estimated = job.estimated_from is not None
             job.planned_run_time = planned
         return planned
 

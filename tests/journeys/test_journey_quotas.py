@@ -197,6 +197,9 @@ def test_the_shorter_job_takes_the_hole_and_the_big_job_says_why_it_waits(demo, 
     alice.goto(f"{hub.url}/services/gpusched/")
     row = alice.locator(f"#my-jobs tr.job[data-id='{big}']")
     expect(row.locator("td.reason .why")).to_have_text("needs 4 GPUs; 0 free", timeout=TIMEOUT_MS)
+    # under it, how long it is planned to run: the walltime she gave, as the API says it
+    assert waiting["planned_run_time"]["message"] == "planned to run 1 min, its walltime"
+    expect(row.locator("td.reason .planned")).to_have_text("planned to run 1 min, its walltime")
     expect(row.locator("td").nth(8)).not_to_have_text("", timeout=TIMEOUT_MS)  # its start
     running = alice.locator(f"#my-jobs tr.job.running[data-id='{planned_1m}']")
     expect(running).to_contain_text("plan-1m", timeout=TIMEOUT_MS)
